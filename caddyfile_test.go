@@ -1,0 +1,159 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+)
+
+func adapt(t *testing.T, src string) (string, error) {
+	t.Helper()
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": "Caddyfile"})
+	return string(out), err
+}
+
+func TestCaddyfileAdapts(t *testing.T) {
+	out, err := adapt(t, `:8080 {
+	rate_limit {
+		zone api {
+			match {
+				path /api/*
+			}
+			key   {http.request.header.X-API-Key}
+			rate  100r/m
+			burst 20
+		}
+		zone per_ip {
+			key  {client_ip}
+			rate 5r/s
+		}
+	}
+	respond "ok"
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Apps struct {
+			HTTP struct {
+				Servers map[string]struct {
+					Routes []struct {
+						Handle []json.RawMessage `json:"handle"`
+					} `json:"routes"`
+				} `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal([]byte(out), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	var handlers []string
+	for _, srv := range cfg.Apps.HTTP.Servers {
+		for _, r := range srv.Routes {
+			for _, h := range r.Handle {
+				handlers = append(handlers, string(h))
+			}
+		}
+	}
+	want := `{"handler":"rate_limit","zones":{"api":{"match":[{"path":["/api/*"]}],"key":"{http.request.header.X-API-Key}","rate":"100r/m","burst":20},"per_ip":{"key":"{http.vars.client_ip}","rate":"5r/s"}}}`
+	found := false
+	for _, h := range handlers {
+		found = found || sameJSON(t, h, want)
+	}
+	if !found {
+		t.Fatalf("rate_limit handler not found as\n%s\nin\n%s", want, out)
+	}
+	// Ordered before respond without a global order option.
+	if !strings.Contains(handlers[0], `"handler":"rate_limit"`) {
+		t.Fatalf("rate_limit is not the first handler: %v", handlers)
+	}
+}
+
+func sameJSON(t *testing.T, a, b string) bool {
+	t.Helper()
+	var x, y any
+	if err := json.Unmarshal([]byte(a), &x); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(b), &y); err != nil {
+		t.Fatal(err)
+	}
+	return reflect.DeepEqual(x, y)
+}
+
+func TestCaddyfileOrderedBeforeBasicAuth(t *testing.T) {
+	out, err := adapt(t, `:8080 {
+	reverse_proxy 127.0.0.1:9
+	basic_auth {
+		bob $2a$14$Zkx19XLiW6VYouLHR5NmfOFU0z2GTNmpkT/5qqR7hx4IjWJPDhjvG
+	}
+	rate_limit {
+		zone z {
+			key {client_ip}
+			rate 1r/s
+		}
+	}
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl, auth, proxy := strings.Index(out, `"rate_limit"`), strings.Index(out, `"authentication"`), strings.Index(out, `"reverse_proxy"`)
+	if rl < 0 || auth < 0 || proxy < 0 || !(rl < auth && auth < proxy) {
+		t.Fatalf("want rate_limit < basic_auth < reverse_proxy, got positions %d %d %d in\n%s", rl, auth, proxy, out)
+	}
+}
+
+func TestCaddyfileErrors(t *testing.T) {
+	zone := func(body string) string {
+		return ":8080 {\n\trate_limit {\n\t\tzone api {\n" + body + "\n\t\t}\n\t}\n}\n"
+	}
+	cases := []struct {
+		name, src, want string
+	}{
+		{"duplicate zone", ":8080 {\n\trate_limit {\n\t\tzone a {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t\tzone a {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t}\n}", `duplicate zone "a", at Caddyfile:7`},
+		{"missing key", zone("\t\t\trate 1r/s"), `zone "api": key is required, at Caddyfile:3`},
+		{"missing rate", zone("\t\t\tkey {client_ip}"), `zone "api": rate is required, at Caddyfile:3`},
+		{"zero rate", zone("\t\t\tkey k\n\t\t\trate 0r/s"), `out of range [1, 1099511627776], at Caddyfile:5`},
+		{"negative rate", zone("\t\t\tkey k\n\t\t\trate -1r/s"), `-1 is out of range [1, 1099511627776], at Caddyfile:5`},
+		{"unparseable rate", zone("\t\t\tkey k\n\t\t\trate fast"), `rate "fast": want <N>r/<s|m|h|d>, e.g. 100r/m, at Caddyfile:5`},
+		{"bad unit", zone("\t\t\tkey k\n\t\t\trate 10r/w"), `unknown unit "w" (want s, m, h or d), at Caddyfile:5`},
+		{"zero burst", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tburst 0"), `burst "0": want a whole number of at least 1, at Caddyfile:6`},
+		{"negative burst", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tburst -3"), `burst "-3"`},
+		{"unparseable burst", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tburst lots"), `burst "lots"`},
+		{"unknown zone subdirective", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tlimit 5"), `zone "api": unrecognized subdirective "limit", at Caddyfile:6`},
+		{"unknown subdirective", ":8080 {\n\trate_limit {\n\t\tzones x\n\t}\n}", `unrecognized subdirective "zones", at Caddyfile:3`},
+		{"zone without name", ":8080 {\n\trate_limit {\n\t\tzone {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t}\n}", `zone needs a name`},
+		{"no zones", ":8080 {\n\trate_limit {\n\t}\n}", `rate_limit needs at least one zone`},
+		{"key without value", zone("\t\t\tkey\n\t\t\trate 1r/s"), `wrong argument count or unexpected line ending after 'key', at Caddyfile:4`},
+		{"two keys", zone("\t\t\tkey a b\n\t\t\trate 1r/s"), `wrong argument count`},
+		{"unknown matcher", zone("\t\t\tmatch {\n\t\t\t\tnope x\n\t\t\t}\n\t\t\tkey k\n\t\t\trate 1r/s"), `getting matcher module 'nope'`},
+		{"directive argument", ":8080 {\n\trate_limit 5 {\n\t}\n}", `wrong argument count`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := adapt(t, c.src)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error = %v\nwant it to contain %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestCaddyfileExampleAdapts(t *testing.T) {
+	src, err := os.ReadFile("Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := adapt(t, string(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, `"handler":"rate_limit"`) {
+		t.Fatalf("no rate_limit handler in\n%s", out)
+	}
+}

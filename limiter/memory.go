@@ -1,0 +1,205 @@
+package limiter
+
+import (
+	"context"
+	"encoding/binary"
+	"slices"
+	"sync"
+	"time"
+)
+
+// memShards is the number of independently locked parts of a MemoryStore.
+const memShards = 64
+
+// DefaultSweepInterval is how often a MemoryStore drops full buckets.
+const DefaultSweepInterval = 30 * time.Second
+
+// MemoryStore keeps buckets in this process: exact for one instance, and
+// the store used when no Redis is configured. It is safe for concurrent
+// use. Buckets that are full again are dropped by a sweeper, so memory
+// holds active clients only.
+type MemoryStore struct {
+	shards [memShards]memShard
+	stop   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+}
+
+type memShard struct {
+	mu      sync.Mutex
+	buckets map[memKey]bucket
+	peak    int // largest len(buckets) since the map was last rebuilt
+	_       [40]byte
+}
+
+type memKey struct {
+	zone string
+	hash [16]byte
+}
+
+// NewMemoryStore returns a store whose sweeper runs every sweepEvery
+// (DefaultSweepInterval when zero or negative) until Close.
+func NewMemoryStore(sweepEvery time.Duration) *MemoryStore {
+	if sweepEvery <= 0 {
+		sweepEvery = DefaultSweepInterval
+	}
+	s := &MemoryStore{stop: make(chan struct{}), done: make(chan struct{})}
+	for i := range s.shards {
+		s.shards[i].buckets = make(map[memKey]bucket)
+	}
+	go s.sweepLoop(sweepEvery)
+	return s
+}
+
+// Take is TakeAt with the current time; it never fails.
+func (s *MemoryStore) Take(_ context.Context, reqs []Request) ([]Decision, error) {
+	return s.TakeAt(time.Now(), reqs), nil
+}
+
+// TakeAt charges the buckets of reqs at time now, all or nothing (see
+// Store.Take).
+func (s *MemoryStore) TakeAt(now time.Time, reqs []Request) []Decision {
+	keys := make([]memKey, len(reqs))
+	for i, r := range reqs {
+		keys[i] = memKey{zone: r.Zone, hash: KeyHash(r.Key)}
+	}
+	shards := s.lock(keys)
+	defer s.unlock(shards)
+	return s.takeLocked(now.UnixNano(), reqs, keys)
+}
+
+// takeLocked applies each request in turn and rolls all of them back, in
+// reverse order, if one is refused.
+func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []memKey) []Decision {
+	type saved struct {
+		b     bucket
+		known bool
+	}
+	decisions := make([]Decision, len(reqs))
+	before := make([]saved, len(reqs))
+	allowed := true
+	for i, r := range reqs {
+		m := s.shard(keys[i]).buckets
+		b, known := m[keys[i]]
+		before[i] = saved{b, known}
+		m[keys[i]], decisions[i] = r.Policy.take(b, known, now, r.Cost)
+		allowed = allowed && decisions[i].Allowed
+	}
+	if allowed {
+		return decisions
+	}
+	for i := len(reqs) - 1; i >= 0; i-- {
+		m := s.shard(keys[i]).buckets
+		if before[i].known {
+			m[keys[i]] = before[i].b
+		} else {
+			delete(m, keys[i])
+		}
+	}
+	return decisions
+}
+
+func (s *MemoryStore) shardIndex(k memKey) int {
+	return int(binary.LittleEndian.Uint64(k.hash[:8]) % memShards)
+}
+
+func (s *MemoryStore) shard(k memKey) *memShard {
+	return &s.shards[s.shardIndex(k)]
+}
+
+// lock locks the shards of keys in ascending order (so that concurrent
+// multi-key calls cannot deadlock) and returns them for unlock.
+func (s *MemoryStore) lock(keys []memKey) []int {
+	idx := make([]int, 0, len(keys))
+	for _, k := range keys {
+		idx = append(idx, s.shardIndex(k))
+	}
+	slices.Sort(idx)
+	idx = slices.Compact(idx)
+	for _, i := range idx {
+		s.shards[i].mu.Lock()
+	}
+	return idx
+}
+
+func (s *MemoryStore) unlock(idx []int) {
+	for _, i := range idx {
+		s.shards[i].mu.Unlock()
+	}
+}
+
+// Len is the number of buckets held.
+func (s *MemoryStore) Len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += len(sh.buckets)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Sweep drops the buckets that are full at now, since a missing bucket
+// means a full one, and returns how many it dropped.
+func (s *MemoryStore) Sweep(now time.Time) int {
+	dropped := 0
+	for i := range s.shards {
+		dropped += s.shards[i].sweep(now.UnixNano())
+	}
+	return dropped
+}
+
+func (sh *memShard) sweep(now int64) int {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	before := len(sh.buckets)
+	sh.peak = max(sh.peak, before)
+	for k, b := range sh.buckets {
+		if b.full <= now {
+			delete(sh.buckets, k)
+		}
+	}
+	// Go maps never shrink: after a flood of keys, copy the survivors
+	// into a new map so that the memory of the flood is released.
+	if sh.peak > 1024 && len(sh.buckets) < sh.peak/4 {
+		sh.buckets = shrink(sh.buckets)
+		sh.peak = len(sh.buckets)
+	}
+	return before - len(sh.buckets)
+}
+
+// shrink copies m into a map sized for its contents (maps.Clone would keep
+// the old capacity).
+func shrink(m map[memKey]bucket) map[memKey]bucket {
+	n := make(map[memKey]bucket, len(m))
+	for k, v := range m {
+		n[k] = v
+	}
+	return n
+}
+
+func (s *MemoryStore) sweepLoop(every time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case now := <-t.C:
+			s.Sweep(now)
+		}
+	}
+}
+
+// Close stops the sweeper and waits for it to end. It is safe to call
+// more than once.
+func (s *MemoryStore) Close() error {
+	s.once.Do(func() { close(s.stop) })
+	<-s.done
+	return nil
+}
+
+// Interface guard.
+var _ Store = (*MemoryStore)(nil)

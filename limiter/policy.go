@@ -1,0 +1,127 @@
+// Package limiter decides whether a request may pass a rate limit. It knows
+// nothing of Caddy: a Policy describes a limit, a Store keeps the state of
+// every bucket and answers Take with one Decision per bucket.
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Policy is a token bucket: Burst tokens of capacity, refilled at Rate
+// tokens per Period.
+type Policy struct {
+	Rate   int64
+	Period time.Duration
+	Burst  int64
+}
+
+// units maps the unit letter of a rate ("100r/m") to its duration.
+var units = map[byte]time.Duration{
+	's': time.Second,
+	'm': time.Minute,
+	'h': time.Hour,
+	'd': 24 * time.Hour,
+}
+
+// maxRate bounds the numbers of a rate so that every computation stays
+// exact in a float64 (and in Lua, whose numbers are doubles).
+const maxRate = 1 << 40
+
+// ParseRate parses a rate such as "100r/m", "5r/s" or "30r/10m": N requests
+// per unit, where the unit is s, m, h or d and may carry a multiplier.
+func ParseRate(s string) (n int64, period time.Duration, err error) {
+	count, per, ok := strings.Cut(s, "r/")
+	if !ok {
+		return 0, 0, fmt.Errorf("rate %q: want <N>r/<s|m|h|d>, e.g. 100r/m", s)
+	}
+	n, err = parsePositive(count)
+	if err != nil {
+		return 0, 0, fmt.Errorf("rate %q: requests: %w", s, err)
+	}
+	period, err = parsePeriod(per)
+	if err != nil {
+		return 0, 0, fmt.Errorf("rate %q: period: %w", s, err)
+	}
+	return n, period, nil
+}
+
+// parsePeriod parses "m", "s", "10m": an optional multiplier and a unit.
+func parsePeriod(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, errors.New("missing unit (s, m, h or d)")
+	}
+	unit, ok := units[s[len(s)-1]]
+	if !ok {
+		return 0, fmt.Errorf("unknown unit %q (want s, m, h or d)", s[len(s)-1:])
+	}
+	mult := int64(1)
+	if len(s) > 1 {
+		var err error
+		if mult, err = parsePositive(s[:len(s)-1]); err != nil {
+			return 0, err
+		}
+	}
+	if mult > int64(365*24*time.Hour/unit) {
+		return 0, errors.New("longer than a year")
+	}
+	return time.Duration(mult) * unit, nil
+}
+
+// parsePositive parses a decimal integer in [1, maxRate].
+func parsePositive(s string) (int64, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a whole number", s)
+	}
+	if n < 1 || n > maxRate {
+		return 0, fmt.Errorf("%d is out of range [1, %d]", n, int64(maxRate))
+	}
+	return n, nil
+}
+
+// Validate reports what is wrong with p, if anything.
+func (p Policy) Validate() error {
+	switch {
+	case p.Rate < 1 || p.Rate > maxRate:
+		return fmt.Errorf("rate %d is out of range [1, %d]", p.Rate, int64(maxRate))
+	case p.Period < time.Millisecond || p.Period > 366*24*time.Hour:
+		return fmt.Errorf("period %s is out of range [1ms, 366d]", p.Period)
+	case p.Burst < 1 || p.Burst > maxRate:
+		return fmt.Errorf("burst %d is out of range [1, %d]", p.Burst, int64(maxRate))
+	}
+	return nil
+}
+
+// Interval is the time one token takes to refill, in nanoseconds.
+func (p Policy) Interval() float64 {
+	return float64(p.Period) / float64(p.Rate)
+}
+
+// String describes the rate for people: "100 requests per minute".
+func (p Policy) String() string {
+	noun := "requests"
+	if p.Rate == 1 {
+		noun = "request"
+	}
+	return fmt.Sprintf("%d %s per %s", p.Rate, noun, periodName(p.Period))
+}
+
+func periodName(d time.Duration) string {
+	names := []struct {
+		unit time.Duration
+		name string
+	}{{24 * time.Hour, "day"}, {time.Hour, "hour"}, {time.Minute, "minute"}, {time.Second, "second"}}
+	for _, u := range names {
+		switch {
+		case d == u.unit:
+			return u.name
+		case d%u.unit == 0:
+			return strconv.FormatInt(int64(d/u.unit), 10) + " " + u.name + "s"
+		}
+	}
+	return d.String()
+}

@@ -1,0 +1,62 @@
+package limiter
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseRate(t *testing.T) {
+	good := []struct {
+		in     string
+		n      int64
+		period time.Duration
+	}{
+		{"100r/m", 100, time.Minute},
+		{"5r/s", 5, time.Second},
+		{"1r/h", 1, time.Hour},
+		{"2r/d", 2, 24 * time.Hour},
+		{"30r/10m", 30, 10 * time.Minute},
+	}
+	for _, c := range good {
+		n, p, err := ParseRate(c.in)
+		if err != nil || n != c.n || p != c.period {
+			t.Errorf("ParseRate(%q) = %d, %s, %v; want %d, %s", c.in, n, p, err, c.n, c.period)
+		}
+	}
+	bad := map[string]string{
+		"":                        "want <N>r/",
+		"100":                     "want <N>r/",
+		"100/m":                   "want <N>r/",
+		"r/m":                     "not a whole number",
+		"0r/m":                    "out of range",
+		"-5r/m":                   "out of range",
+		"1.5r/s":                  "not a whole number",
+		"10r/":                    "missing unit",
+		"10r/w":                   "unknown unit",
+		"10r/0m":                  "out of range",
+		"10r/xm":                  "not a whole number",
+		"10r/400d":                "longer than a year",
+		"99999999999999999999r/s": "not a whole number",
+	}
+	for in, want := range bad {
+		if _, _, err := ParseRate(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseRate(%q) error = %v; want it to mention %q", in, err, want)
+		}
+	}
+}
+
+func TestPolicyString(t *testing.T) {
+	cases := map[Policy]string{
+		{Rate: 100, Period: time.Minute}:           "100 requests per minute",
+		{Rate: 1, Period: time.Hour}:               "1 request per hour",
+		{Rate: 30, Period: 10 * time.Minute}:       "30 requests per 10 minutes",
+		{Rate: 5, Period: 48 * time.Hour}:          "5 requests per 2 days",
+		{Rate: 5, Period: 1500 * time.Millisecond}: "5 requests per 1.5s",
+	}
+	for p, want := range cases {
+		if got := p.String(); got != want {
+			t.Errorf("%+v.String() = %q; want %q", p, got, want)
+		}
+	}
+}

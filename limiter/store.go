@@ -1,0 +1,39 @@
+package limiter
+
+import (
+	"context"
+	"crypto/sha256"
+)
+
+// Request asks a store to charge Cost tokens from one bucket: the bucket of
+// Key in Zone, shaped by Policy.
+type Request struct {
+	// Zone names the limit. Buckets of different zones are distinct.
+	Zone string
+	// Key is the client key as resolved from the HTTP request (an IP, an
+	// API key...). Stores keep only a digest of it.
+	Key string
+	// Policy is the bucket's shape. A bucket whose policy changed keeps its
+	// tokens, capped at the new burst.
+	Policy Policy
+	// Cost is the number of tokens the request uses; at least 1.
+	Cost int64
+}
+
+// Store keeps the state of every bucket.
+type Store interface {
+	// Take charges every request's bucket, all or nothing: if one bucket
+	// lacks the tokens, no bucket is charged. decisions[i] answers reqs[i].
+	// The requests must name distinct (zone, key) pairs.
+	Take(ctx context.Context, reqs []Request) (decisions []Decision, err error)
+	// Close stops the store's background work and releases its resources.
+	Close() error
+}
+
+// KeyHash is the fixed-length digest under which a client key is stored:
+// the first 16 bytes of its SHA-256. Raw keys, which may be long or
+// sensitive, are never kept.
+func KeyHash(key string) [16]byte {
+	sum := sha256.Sum256([]byte(key))
+	return [16]byte(sum[:16])
+}

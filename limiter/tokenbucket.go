@@ -1,0 +1,68 @@
+package limiter
+
+import (
+	"math"
+	"time"
+)
+
+// epsilon absorbs float rounding when tokens are compared or floored, so
+// that 2.9999999999 tokens count as 3.
+const epsilon = 1e-9
+
+// bucket is the state of one token bucket: tokens held at time last, and
+// when the bucket is full again (after which the state can be dropped).
+// Times are Unix nanoseconds.
+type bucket struct {
+	tokens float64
+	last   int64
+	full   int64
+}
+
+// take refills b up to now and charges cost tokens if it holds them.
+// known is false for a bucket never seen (or dropped), which starts full.
+// The returned bucket is the state to keep if the charge is committed.
+func (p Policy) take(b bucket, known bool, now, cost int64) (bucket, Decision) {
+	tokens := float64(p.Burst)
+	if known {
+		tokens = p.refill(b, now)
+	}
+	allowed := cost <= p.Burst && tokens+epsilon >= float64(cost)
+	if allowed {
+		tokens = max(tokens-float64(cost), 0)
+	}
+	toFull := p.nanos(float64(p.Burst) - tokens)
+	d := Decision{
+		Allowed:   allowed,
+		Limit:     p.Burst,
+		Remaining: int64(math.Floor(tokens + epsilon)),
+		Reset:     time.Unix(0, now+toFull),
+	}
+	if !allowed {
+		d.RetryAfter = p.retryAfter(tokens, cost, toFull)
+	}
+	return bucket{tokens: tokens, last: now, full: now + toFull}, d
+}
+
+// refill is the number of tokens b holds at now. A bucket from an older
+// policy keeps its tokens, capped at the current burst.
+func (p Policy) refill(b bucket, now int64) float64 {
+	elapsed := max(now-b.last, 0)
+	return min(float64(p.Burst), b.tokens+float64(elapsed)/p.Interval())
+}
+
+// retryAfter is how long until cost tokens are in the bucket. A cost above
+// the burst never passes; its client is told to wait for a full bucket.
+func (p Policy) retryAfter(tokens float64, cost, toFull int64) time.Duration {
+	if cost > p.Burst {
+		return time.Duration(max(toFull, p.nanos(1)))
+	}
+	return time.Duration(p.nanos(float64(cost) - tokens))
+}
+
+// nanos is the time n tokens take to refill, rounded up to a nanosecond.
+func (p Policy) nanos(n float64) int64 {
+	if n <= epsilon {
+		return 0
+	}
+	return int64(math.Ceil(n * p.Interval()))
+}

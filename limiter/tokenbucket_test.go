@@ -1,0 +1,109 @@
+package limiter
+
+import (
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+// step is one request of a timed sequence and what the store must answer.
+type step struct {
+	at        time.Duration // since t0
+	cost      int64
+	allowed   bool
+	remaining int64
+	reset     time.Duration // since t0
+	retry     time.Duration // zero when allowed
+}
+
+func runSteps(t *testing.T, p Policy, steps []step) {
+	t.Helper()
+	s := NewMemoryStore(time.Hour)
+	defer s.Close()
+	for i, st := range steps {
+		d := s.TakeAt(t0.Add(st.at), []Request{{Zone: "z", Key: "k", Policy: p, Cost: st.cost}})[0]
+		want := Decision{Allowed: st.allowed, Limit: p.Burst, Remaining: st.remaining,
+			Reset: t0.Add(st.reset), RetryAfter: st.retry}
+		if !sameDecision(d, want) {
+			t.Fatalf("step %d (at %s, cost %d):\n got %+v\nwant %+v", i, st.at, st.cost, d, want)
+		}
+	}
+}
+
+func sameDecision(a, b Decision) bool {
+	return a.Allowed == b.Allowed && a.Limit == b.Limit && a.Remaining == b.Remaining &&
+		a.Reset.Equal(b.Reset) && a.RetryAfter == b.RetryAfter
+}
+
+func TestTokenBucketBurstThenRefill(t *testing.T) {
+	p := Policy{Rate: 10, Period: time.Second, Burst: 3} // a token every 100ms
+	ms := time.Millisecond
+	runSteps(t, p, []step{
+		{0, 1, true, 2, 100 * ms, 0},
+		{0, 1, true, 1, 200 * ms, 0},
+		{0, 1, true, 0, 300 * ms, 0},
+		{0, 1, false, 0, 300 * ms, 100 * ms},
+		{50 * ms, 1, false, 0, 300 * ms, 50 * ms},
+		{100 * ms, 1, true, 0, 400 * ms, 0},
+		{1000 * ms, 1, true, 2, 1100 * ms, 0},
+		{5000 * ms, 1, true, 2, 5100 * ms, 0}, // capped at the burst
+	})
+}
+
+func TestTokenBucketSlowRate(t *testing.T) {
+	p := Policy{Rate: 1, Period: time.Hour, Burst: 2}
+	h := time.Hour
+	runSteps(t, p, []step{
+		{0, 1, true, 1, h, 0},
+		{0, 1, true, 0, 2 * h, 0},
+		{0, 1, false, 0, 2 * h, h},
+		{30 * time.Minute, 1, false, 0, 2 * h, 30 * time.Minute},
+		{h, 1, true, 0, 3 * h, 0},
+		{90 * time.Minute, 1, false, 0, 3 * h, 30 * time.Minute},
+	})
+}
+
+func TestTokenBucketFractionalInterval(t *testing.T) {
+	// 3r/s: a token every 333.33ms; three tokens must be back after 1s.
+	p := Policy{Rate: 3, Period: time.Second, Burst: 3}
+	third := time.Second / 3
+	runSteps(t, p, []step{
+		{0, 3, true, 0, time.Second, 0},
+		{0, 1, false, 0, time.Second, third + 1}, // rounded up to the nanosecond
+		{time.Second, 3, true, 0, 2 * time.Second, 0},
+	})
+}
+
+func TestTokenBucketCost(t *testing.T) {
+	p := Policy{Rate: 10, Period: time.Second, Burst: 10}
+	ms := time.Millisecond
+	runSteps(t, p, []step{
+		{0, 5, true, 5, 500 * ms, 0},
+		{0, 4, true, 1, 900 * ms, 0},
+		{0, 5, false, 1, 900 * ms, 400 * ms}, // a refusal takes nothing
+		{0, 1, true, 0, time.Second, 0},
+		// A cost above the burst can never pass; wait for a full bucket.
+		{2 * time.Second, 11, false, 10, 2 * time.Second, 100 * ms},
+	})
+}
+
+func TestPolicyChangeCarriesTokensOver(t *testing.T) {
+	s := NewMemoryStore(time.Hour)
+	defer s.Close()
+	take := func(p Policy, at time.Duration) Decision {
+		return s.TakeAt(t0.Add(at), []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1}})[0]
+	}
+	old := Policy{Rate: 100, Period: time.Minute, Burst: 100}
+	for range 10 {
+		take(old, 0)
+	}
+	// Lower burst: the 90 tokens left are capped at 5.
+	if d := take(Policy{Rate: 5, Period: time.Minute, Burst: 5}, 0); d.Remaining != 4 {
+		t.Fatalf("after lowering the burst: remaining %d; want 4", d.Remaining)
+	}
+	// Raised again: tokens carry over (4), not reset to a full 100.
+	if d := take(old, 0); d.Remaining != 3 {
+		t.Fatalf("after raising the burst: remaining %d; want 3", d.Remaining)
+	}
+}

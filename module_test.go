@@ -1,0 +1,101 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// provision provisions h as Caddy would, releasing it when the test ends.
+func provision(t testing.TB, h *Handler) error {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(func() { h.Cleanup(); cancel() })
+	if err := h.Provision(ctx); err != nil {
+		return err
+	}
+	return h.Validate()
+}
+
+func TestProvisionErrors(t *testing.T) {
+	cases := map[string]struct {
+		zones map[string]*Zone
+		want  string
+	}{
+		"no zones":       {nil, "no zones"},
+		"nil zone":       {map[string]*Zone{"a": nil}, `zone "a": empty zone`},
+		"empty name":     {map[string]*Zone{"": {Key: "k", Rate: "1r/s"}}, "zone has no name"},
+		"no key":         {map[string]*Zone{"a": {Rate: "1r/s"}}, `zone "a": key is required`},
+		"no rate":        {map[string]*Zone{"a": {Key: "k"}}, `zone "a": rate is required`},
+		"bad rate":       {map[string]*Zone{"a": {Key: "k", Rate: "1/s"}}, `zone "a": rate "1/s"`},
+		"negative burst": {map[string]*Zone{"a": {Key: "k", Rate: "1r/s", Burst: -1}}, `zone "a": burst -1 is out of range`},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			err := provision(t, &Handler{Zones: c.zones})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error = %v; want it to contain %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestCleanupReleasesStore(t *testing.T) {
+	h := &Handler{Zones: map[string]*Zone{"a": {Key: "k", Rate: "1r/s"}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if refs, ok := stores.References(memoryPoolKey); ok {
+		t.Fatalf("store still has %d references after Cleanup", refs)
+	}
+}
+
+// serve runs one request through h and returns the recorder.
+func serve(h *Handler, r *http.Request) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	repl := caddy.NewReplacer()
+	ctx := context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl)
+	ok := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	if err := h.ServeHTTP(w, r.WithContext(ctx), ok); err != nil {
+		w.Code = http.StatusInternalServerError
+		var he caddyhttp.HandlerError
+		if errors.As(err, &he) {
+			w.Code = he.StatusCode
+		}
+	}
+	return w
+}
+
+func BenchmarkServeHTTP(b *testing.B) {
+	for _, zones := range []int{1, 3} {
+		b.Run(map[int]string{1: "one_zone", 3: "three_zones"}[zones], func(b *testing.B) {
+			h := &Handler{Zones: map[string]*Zone{}}
+			for i := range zones {
+				h.Zones[string(rune('a'+i))] = &Zone{Key: "{http.request.header.X-Key}", Rate: "1000000r/s"}
+			}
+			if err := provision(b, h); err != nil {
+				b.Fatal(err)
+			}
+			r := httptest.NewRequest(http.MethodGet, "/", nil)
+			r.Header.Set("X-Key", "client-1")
+			b.ReportAllocs()
+			for b.Loop() {
+				if w := serve(h, r); w.Code != http.StatusOK {
+					b.Fatalf("status %d", w.Code)
+				}
+			}
+		})
+	}
+}
