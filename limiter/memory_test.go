@@ -8,20 +8,31 @@ import (
 	"time"
 )
 
-func TestMemoryAllOrNothing(t *testing.T) {
-	s := NewMemoryStore(time.Hour)
-	defer s.Close()
+func TestAllOrNothing(t *testing.T) {
+	for name, newStore := range testStores {
+		// One key: both zones in one hash slot (one script run). Two keys:
+		// two slots in a cluster, so a refused request is refunded.
+		for _, tightKey := range []string{"k", "other"} {
+			t.Run(name+"/"+tightKey, func(t *testing.T) { testAllOrNothing(t, newStore(t), tightKey) })
+		}
+	}
+}
+
+func testAllOrNothing(t *testing.T, take takeAtFunc, tightKey string) {
 	loose := Request{Zone: "loose", Key: "k", Policy: Policy{Rate: 100, Period: time.Minute, Burst: 100}, Cost: 1}
-	tight := Request{Zone: "tight", Key: "k", Policy: Policy{Rate: 2, Period: time.Minute, Burst: 2}, Cost: 1}
+	tight := Request{Zone: "tight", Key: tightKey, Policy: Policy{Rate: 2, Period: time.Minute, Burst: 2}, Cost: 1}
 	for i := range 5 {
-		d := s.TakeAt(t0, []Request{loose, tight})
+		d, err := take(t0, []Request{loose, tight})
+		if err != nil {
+			t.Fatal(err)
+		}
 		if want := i < 2; d[0].Allowed != true || d[1].Allowed != want {
 			t.Fatalf("request %d: loose %v tight %v; want true %v", i, d[0].Allowed, d[1].Allowed, want)
 		}
 	}
 	// Three refusals by the tight zone took nothing from the loose one.
-	if d := s.TakeAt(t0, []Request{loose})[0]; d.Remaining != 97 {
-		t.Fatalf("loose zone remaining %d; want 97", d.Remaining)
+	if d, err := take(t0, []Request{loose}); err != nil || d[0].Remaining != 97 {
+		t.Fatalf("loose zone remaining %d (%v); want 97", d[0].Remaining, err)
 	}
 }
 

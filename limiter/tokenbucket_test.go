@@ -17,23 +17,34 @@ type step struct {
 	retry     time.Duration // zero when allowed
 }
 
+// runSteps runs a timed sequence against every store: memory, standalone
+// Redis and Redis Cluster.
 func runSteps(t *testing.T, p Policy, steps []step) {
 	t.Helper()
-	s := NewMemoryStore(time.Hour)
-	defer s.Close()
-	for i, st := range steps {
-		d := s.TakeAt(t0.Add(st.at), []Request{{Zone: "z", Key: "k", Policy: p, Cost: st.cost}})[0]
-		want := Decision{Allowed: st.allowed, Limit: p.Burst, Remaining: st.remaining,
-			Reset: t0.Add(st.reset), RetryAfter: st.retry}
-		if !sameDecision(d, want) {
-			t.Fatalf("step %d (at %s, cost %d):\n got %+v\nwant %+v", i, st.at, st.cost, d, want)
-		}
+	for name, newStore := range testStores {
+		t.Run(name, func(t *testing.T) {
+			take := newStore(t)
+			for i, st := range steps {
+				d, err := take(t0.Add(st.at), []Request{{Zone: "z", Key: "k", Policy: p, Cost: st.cost}})
+				if err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				want := Decision{Allowed: st.allowed, Limit: p.Burst, Remaining: st.remaining,
+					Reset: t0.Add(st.reset), RetryAfter: st.retry}
+				if !sameDecision(d[0], want) {
+					t.Fatalf("step %d (at %s, cost %d):\n got %+v\nwant %+v", i, st.at, st.cost, d[0], want)
+				}
+			}
+		})
 	}
 }
 
+// sameDecision compares decisions, times to the microsecond: Redis counts
+// microseconds, the memory store nanoseconds, both rounding up.
 func sameDecision(a, b Decision) bool {
+	near := func(d time.Duration) bool { return d > -time.Microsecond && d < time.Microsecond }
 	return a.Allowed == b.Allowed && a.Limit == b.Limit && a.Remaining == b.Remaining &&
-		a.Reset.Equal(b.Reset) && a.RetryAfter == b.RetryAfter
+		near(a.Reset.Sub(b.Reset)) && near(a.RetryAfter-b.RetryAfter)
 }
 
 func TestTokenBucketBurstThenRefill(t *testing.T) {
@@ -89,10 +100,18 @@ func TestTokenBucketCost(t *testing.T) {
 }
 
 func TestPolicyChangeCarriesTokensOver(t *testing.T) {
-	s := NewMemoryStore(time.Hour)
-	defer s.Close()
+	for name, newStore := range testStores {
+		t.Run(name, func(t *testing.T) { testPolicyChange(t, newStore(t)) })
+	}
+}
+
+func testPolicyChange(t *testing.T, takeAt takeAtFunc) {
 	take := func(p Policy, at time.Duration) Decision {
-		return s.TakeAt(t0.Add(at), []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1}})[0]
+		d, err := takeAt(t0.Add(at), []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d[0]
 	}
 	old := Policy{Rate: 100, Period: time.Minute, Burst: 100}
 	for range 10 {

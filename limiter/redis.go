@@ -1,0 +1,230 @@
+package limiter
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
+)
+
+// DefaultKeyPrefix starts every Redis key of a RedisStore unless set.
+const DefaultKeyPrefix = "rl:"
+
+var tokenBucket = redis.NewScript(luascripts.TokenBucket)
+
+// RedisStore keeps buckets in Redis (standalone, Sentinel or Cluster), so
+// that every Caddy instance using the same Redis enforces one limit. Each
+// decision is one Lua script run, atomic in Redis, on the server's clock.
+//
+// A bucket's key is prefix + "{" + digest of the client key + "}:" + zone:
+// the raw client key is not stored, keys have a bounded length, and the hash
+// tag is the digest, so a client cannot pick the hash slot, while zones keyed
+// by the same client share one slot and one script run.
+type RedisStore struct {
+	client  redis.UniversalClient
+	prefix  string
+	cluster bool
+}
+
+// NewRedisStore returns a store on client, whose keys start with prefix
+// (DefaultKeyPrefix when empty). Close closes the client.
+func NewRedisStore(client redis.UniversalClient, prefix string) (*RedisStore, error) {
+	if prefix == "" {
+		prefix = DefaultKeyPrefix
+	}
+	if strings.ContainsAny(prefix, "{}") {
+		return nil, fmt.Errorf("key prefix %q: must not contain { or }", prefix)
+	}
+	_, cluster := client.(*redis.ClusterClient)
+	return &RedisStore{client: client, prefix: prefix, cluster: cluster}, nil
+}
+
+// Key is the Redis key of the bucket of key in zone.
+func (s *RedisStore) Key(zone, key string) string {
+	h := KeyHash(key)
+	return s.prefix + "{" + base64.RawURLEncoding.EncodeToString(h[:]) + "}:" + zone
+}
+
+// Take charges the buckets of reqs on the Redis server's clock, all or
+// nothing (see Store.Take).
+func (s *RedisStore) Take(ctx context.Context, reqs []Request) ([]Decision, error) {
+	return s.take(ctx, "", reqs)
+}
+
+// TakeAt is Take at an explicit time instead of the server's clock.
+func (s *RedisStore) TakeAt(ctx context.Context, now time.Time, reqs []Request) ([]Decision, error) {
+	return s.take(ctx, strconv.FormatInt(now.UnixMicro(), 10), reqs)
+}
+
+// Close closes the Redis client.
+func (s *RedisStore) Close() error {
+	return s.client.Close()
+}
+
+// call is one script run: the requests (by index) whose keys share a slot.
+type call struct {
+	idx  []int
+	keys []string
+}
+
+func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]Decision, error) {
+	calls := s.calls(reqs)
+	replies, err := s.run(ctx, calls, now, "take", reqs)
+	if err != nil {
+		s.reloadTopology(err)
+		return nil, err
+	}
+	decisions := make([]Decision, len(reqs))
+	allowed := true
+	for i, c := range calls {
+		ok, err := decode(replies[i], c.idx, reqs, decisions)
+		if err != nil {
+			return nil, err
+		}
+		allowed = allowed && ok
+	}
+	if !allowed && len(calls) > 1 {
+		err = s.refund(ctx, now, calls, replies, reqs)
+	}
+	return decisions, err
+}
+
+// reloadTopology asks a cluster client to reload the slot map after a
+// network error: a failed master's replica may have taken over its slots,
+// and go-redis would otherwise keep calling the dead node until its next
+// periodic reload. Reloads are asynchronous and coalesced by go-redis.
+func (s *RedisStore) reloadTopology(err error) {
+	c, ok := s.client.(*redis.ClusterClient)
+	var replyErr redis.Error
+	if ok && !errors.As(err, &replyErr) {
+		c.ReloadState(context.Background())
+	}
+}
+
+// calls groups reqs into script runs: one for all in standalone Redis, one
+// per hash slot (that is, per client key) in a cluster.
+func (s *RedisStore) calls(reqs []Request) []call {
+	var calls []call
+	byKey := map[string]int{}
+	for i, r := range reqs {
+		group := ""
+		if s.cluster {
+			group = r.Key
+		}
+		j, ok := byKey[group]
+		if !ok {
+			j = len(calls)
+			byKey[group] = j
+			calls = append(calls, call{})
+		}
+		calls[j].idx = append(calls[j].idx, i)
+		calls[j].keys = append(calls[j].keys, s.Key(r.Zone, r.Key))
+	}
+	return calls
+}
+
+// args are the script's arguments for the requests of c.
+func args(c call, now, mode string, reqs []Request) []any {
+	a := make([]any, 0, 2+4*len(c.idx))
+	a = append(a, now, mode)
+	for _, i := range c.idx {
+		p := reqs[i].Policy
+		a = append(a, p.Rate, p.Period.Microseconds(), p.Burst, reqs[i].Cost)
+	}
+	return a
+}
+
+// run runs the calls in one round trip (a pipeline per node when there are
+// several) with EVALSHA, and EVAL for those that found no script cached.
+func (s *RedisStore) run(ctx context.Context, calls []call, now, mode string, reqs []Request) ([]any, error) {
+	if len(calls) == 1 {
+		v, err := tokenBucket.Run(ctx, s.client, calls[0].keys, args(calls[0], now, mode, reqs)...).Result()
+		return []any{v}, err
+	}
+	cmds := make([]*redis.Cmd, len(calls))
+	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, c := range calls {
+			cmds[i] = tokenBucket.EvalSha(ctx, p, c.keys, args(c, now, mode, reqs)...)
+		}
+		return nil
+	})
+	replies := make([]any, len(calls))
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			cmd = tokenBucket.Eval(ctx, s.client, calls[i].keys, args(calls[i], now, mode, reqs)...)
+		}
+		v, err := cmd.Result()
+		if err != nil {
+			return nil, err
+		}
+		replies[i] = v
+	}
+	return replies, nil
+}
+
+// refund gives back the tokens of the calls that were charged, since
+// another call refused the request.
+func (s *RedisStore) refund(ctx context.Context, now string, calls []call, replies []any, reqs []Request) error {
+	var charged []call
+	for i, c := range calls {
+		if all, _ := replyInts(replies[i], 2+4*len(c.idx)); all[1] == 1 {
+			charged = append(charged, c)
+		}
+	}
+	if len(charged) == 0 {
+		return nil
+	}
+	_, err := s.run(ctx, charged, now, "refund", reqs)
+	if err != nil {
+		return fmt.Errorf("refunding zones of a refused request: %w", err)
+	}
+	return nil
+}
+
+var errReply = errors.New("unexpected reply from the rate limit script")
+
+// replyInts checks that v is a list of n integers.
+func replyInts(v any, n int) ([]int64, error) {
+	list, ok := v.([]any)
+	if !ok || len(list) != n {
+		return make([]int64, n), fmt.Errorf("%w: %T of %d", errReply, v, len(list))
+	}
+	ints := make([]int64, n)
+	for i, x := range list {
+		if ints[i], ok = x.(int64); !ok {
+			return ints, fmt.Errorf("%w: element %d is %T", errReply, i, x)
+		}
+	}
+	return ints, nil
+}
+
+// decode fills the decisions of the requests idx from a script reply and
+// reports whether the call allowed them all.
+func decode(v any, idx []int, reqs []Request, decisions []Decision) (bool, error) {
+	ints, err := replyInts(v, 2+4*len(idx))
+	if err != nil {
+		return false, err
+	}
+	now := ints[0]
+	for j, i := range idx {
+		r := ints[2+4*j:]
+		decisions[i] = Decision{
+			Allowed:    r[0] == 1,
+			Limit:      reqs[i].Policy.Burst,
+			Remaining:  r[1],
+			Reset:      time.UnixMicro(now + r[2]),
+			RetryAfter: time.Duration(r[3]) * time.Microsecond,
+		}
+	}
+	return ints[1] == 1, nil
+}
+
+// Interface guard.
+var _ Store = (*RedisStore)(nil)

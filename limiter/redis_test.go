@@ -1,0 +1,201 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+)
+
+func clusterClient(t testing.TB, addrs []string) *redis.ClusterClient {
+	return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+}
+
+// flushScripts empties the script cache of every master.
+func flushScripts(t *testing.T, c *redis.ClusterClient) {
+	t.Helper()
+	err := c.ForEachShard(context.Background(), func(ctx context.Context, n *redis.Client) error {
+		return n.ScriptFlush(ctx).Err()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRedisScriptFlush(t *testing.T) {
+	c := clusterClient(t, redistest.ClusterAddrs(t))
+	s := newRedisStore(t, c)
+	p := Policy{Rate: 1, Period: time.Hour, Burst: 100}
+	oneSlot := []Request{{Zone: "a", Key: "k", Policy: p, Cost: 1}, {Zone: "b", Key: "k", Policy: p, Cost: 1}}
+	slots := []Request{{Zone: "a", Key: "x", Policy: p, Cost: 1}, {Zone: "a", Key: "y", Policy: p, Cost: 1}, {Zone: "a", Key: "z", Policy: p, Cost: 1}}
+	for i := range 3 {
+		for _, reqs := range [][]Request{oneSlot, slots} {
+			d, err := s.Take(t.Context(), reqs)
+			if err != nil {
+				t.Fatalf("round %d after SCRIPT FLUSH: %v", i, err)
+			}
+			if want := int64(99 - i); d[0].Remaining != want {
+				t.Fatalf("round %d: remaining %d; want %d", i, d[0].Remaining, want)
+			}
+		}
+		flushScripts(t, c)
+	}
+}
+
+func TestRedisKeysHashed(t *testing.T) {
+	c := clusterClient(t, redistest.ClusterAddrs(t))
+	s := newRedisStore(t, c)
+	p := Policy{Rate: 1, Period: time.Second, Burst: 5}
+	odd := []string{"", "{", "}", "{}", "{a}", "{a}b", "x{a}", "héllo, 世界 🚦", strings.Repeat("k", 10<<10), "\x00\xff", "a:b:c"}
+	want := len(s.Key("zone", ""))
+	slots := map[int64]bool{}
+	for _, k := range odd {
+		key := s.Key("zone", k)
+		if len(key) != want {
+			t.Errorf("key of %.20q has length %d; want %d", k, len(key), want)
+		}
+		if d, err := s.Take(t.Context(), []Request{{Zone: "zone", Key: k, Policy: p, Cost: 1}}); err != nil || d[0].Remaining != 4 {
+			t.Fatalf("key %.20q: %+v, %v", k, d, err)
+		}
+		slot, err := c.ClusterKeySlot(t.Context(), key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots[slot] = true
+	}
+	// "{a}" and "{a}b" would share a slot if the client chose the tag.
+	if len(slots) != len(odd) {
+		t.Fatalf("%d keys in %d slots; want each in its own", len(odd), len(slots))
+	}
+	spread := map[int64]bool{}
+	for i := range 1000 {
+		slot, _ := c.ClusterKeySlot(t.Context(), s.Key("zone", fmt.Sprintf("{same}%d", i))).Result()
+		spread[slot] = true
+	}
+	if len(spread) < 900 {
+		t.Fatalf("1000 client keys with one {tag} fell in %d slots; want them spread", len(spread))
+	}
+}
+
+func TestRedisTTL(t *testing.T) {
+	c := clusterClient(t, redistest.ClusterAddrs(t))
+	s := newRedisStore(t, c)
+	p := Policy{Rate: 1, Period: time.Second, Burst: 10}
+	if _, err := s.Take(t.Context(), []Request{{Zone: "z", Key: "ttl", Policy: p, Cost: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	ttl, err := c.PTTL(t.Context(), s.Key("z", "ttl")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The bucket is full again, and dropped, 3 s later.
+	if ttl < 2500*time.Millisecond || ttl > 3*time.Second {
+		t.Fatalf("PTTL %s; want about 3s", ttl)
+	}
+	// The raw client key is not stored anywhere.
+	keys, _ := c.Keys(t.Context(), "*ttl*").Result()
+	if len(keys) != 0 {
+		t.Fatalf("raw key stored: %v", keys)
+	}
+}
+
+// TestRedisConcurrentExact: four clients, as four Caddy instances would
+// have, share one bucket; exactly the burst passes.
+func TestRedisConcurrentExact(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	prefix := newRedisStore(t, clusterClient(t, addrs)).prefix
+	var stores []*RedisStore
+	for range 4 {
+		s, _ := NewRedisStore(clusterClient(t, addrs), prefix)
+		t.Cleanup(func() { s.Close() })
+		stores = append(stores, s)
+	}
+	hot := Policy{Rate: 1, Period: time.Hour, Burst: 100}
+	each := Policy{Rate: 1, Period: time.Hour, Burst: 10}
+	var hotAllowed atomic.Int64
+	var perKey [50]atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := stores[g%len(stores)]
+			for i := range 25 {
+				d, err := s.Take(context.Background(), []Request{{Zone: "hot", Key: "one", Policy: hot, Cost: 1}})
+				if err == nil && d[0].Allowed {
+					hotAllowed.Add(1)
+				}
+				k := (g*25 + i) % 50
+				d, err = s.Take(context.Background(), []Request{{Zone: "many", Key: fmt.Sprint(k), Policy: each, Cost: 1}})
+				if err == nil && d[0].Allowed {
+					perKey[k].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := hotAllowed.Load(); n != 100 {
+		t.Fatalf("hot key: %d of 1000 allowed; want exactly the burst, 100", n)
+	}
+	for k := range perKey {
+		if n := perKey[k].Load(); n != 10 {
+			t.Fatalf("key %d: %d of 20 allowed; want exactly 10", k, n)
+		}
+	}
+}
+
+// TestRedisClusterFailover kills the master of a bucket's slot: the store
+// rides through the replica's promotion with the same client, and finds
+// the script missing from the new master's cache.
+func TestRedisClusterFailover(t *testing.T) {
+	cl := redistest.NewCluster(t)
+	c := clusterClient(t, cl.Addrs())
+	s := newRedisStore(t, c)
+	p := Policy{Rate: 1, Period: time.Hour, Burst: 1000}
+	req := []Request{{Zone: "z", Key: "failover", Policy: p, Cost: 1}}
+	if _, err := s.Take(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	master, err := c.MasterForKey(t.Context(), s.Key("z", "failover"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := master.Options().Addr
+	for _, srv := range cl.Servers {
+		if srv.Addr == addr {
+			srv.Kill()
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	var last error
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		d, err := s.Take(ctx, req)
+		cancel()
+		if err == nil && d[0].Allowed {
+			newMaster, _ := c.MasterForKey(t.Context(), s.Key("z", "failover"))
+			if newMaster != nil && newMaster.Options().Addr != addr {
+				return
+			}
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, srv := range cl.Servers {
+		if srv.Addr != addr {
+			n := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			nodes, _ := n.ClusterNodes(t.Context()).Result()
+			n.Close()
+			t.Logf("cluster nodes seen by %s:\n%s", srv.Addr, nodes)
+			break
+		}
+	}
+	t.Fatalf("no decision from a promoted replica within 20s: %v", last)
+}
