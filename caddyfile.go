@@ -2,7 +2,9 @@ package ratelimit
 
 import (
 	"strconv"
+	"strings"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -26,6 +28,25 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
 //	rate_limit [<matcher>] {
+//		redis {
+//			addresses   <host:port>...
+//			cluster
+//			master_name <name>
+//			username    <user>
+//			password    <password>
+//			db          <n>
+//			tls {
+//				ca                   <pem file>
+//				cert                 <pem file>
+//				key                  <pem file>
+//				server_name          <name>
+//				insecure_skip_verify
+//			}
+//			key_prefix  <text>
+//			pool_size   <n>
+//			timeout     <duration>
+//		}
+//		on_store_error allow | deny [<status>] | local [instances <n>]
 //		zone <name> {
 //			match {
 //				<matchers>
@@ -41,13 +62,19 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	for d.NextBlock(0) {
+		var err error
 		switch d.Val() {
 		case "zone":
-			if err := h.unmarshalZone(d.NewFromNextSegment()); err != nil {
-				return err
-			}
+			err = h.unmarshalZone(d.NewFromNextSegment())
+		case "redis":
+			err = h.unmarshalRedis(d)
+		case "on_store_error":
+			err = h.unmarshalStoreError(d)
 		default:
-			return d.Errf("unrecognized subdirective %q", d.Val())
+			err = d.Errf("unrecognized subdirective %q", d.Val())
+		}
+		if err != nil {
+			return err
 		}
 	}
 	if len(h.Zones) == 0 {
@@ -136,6 +163,137 @@ func parseZoneBurst(d *caddyfile.Dispenser, z *Zone) error {
 	return nil
 }
 
+// unmarshalRedis parses the redis block.
+func (h *Handler) unmarshalRedis(d *caddyfile.Dispenser) error {
+	if h.Redis != nil {
+		return d.Err("redis is already configured")
+	}
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	h.Redis = new(RedisConfig)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		parse, ok := redisOptions[d.Val()]
+		if !ok {
+			return d.Errf("redis: unrecognized subdirective %q", d.Val())
+		}
+		if err := parse(d, h.Redis); err != nil {
+			return err
+		}
+	}
+	if len(h.Redis.Addresses) == 0 {
+		return d.Err("redis: addresses is required")
+	}
+	return nil
+}
+
+// redisOptions parse the subdirectives of the redis block, one each.
+var redisOptions = map[string]func(*caddyfile.Dispenser, *RedisConfig) error{
+	"addresses": func(d *caddyfile.Dispenser, c *RedisConfig) error {
+		c.Addresses = append(c.Addresses, d.RemainingArgs()...)
+		if len(c.Addresses) == 0 {
+			return d.ArgErr()
+		}
+		return nil
+	},
+	"cluster":     func(d *caddyfile.Dispenser, c *RedisConfig) error { return noArgs(d, &c.Cluster) },
+	"master_name": func(d *caddyfile.Dispenser, c *RedisConfig) error { return oneArg(d, &c.MasterName) },
+	"username":    func(d *caddyfile.Dispenser, c *RedisConfig) error { return oneArg(d, &c.Username) },
+	"password":    func(d *caddyfile.Dispenser, c *RedisConfig) error { return oneArg(d, &c.Password) },
+	"key_prefix":  parseKeyPrefix,
+	"db":          func(d *caddyfile.Dispenser, c *RedisConfig) error { return intArg(d, &c.DB, 0) },
+	"pool_size":   func(d *caddyfile.Dispenser, c *RedisConfig) error { return intArg(d, &c.PoolSize, 1) },
+	"timeout":     parseRedisTimeout,
+	"tls":         parseRedisTLS,
+}
+
+func parseKeyPrefix(d *caddyfile.Dispenser, c *RedisConfig) error {
+	if err := oneArg(d, &c.KeyPrefix); err != nil {
+		return err
+	}
+	if strings.ContainsAny(c.KeyPrefix, "{}") {
+		return d.Errf("redis: key_prefix %q must not contain { or } (they would choose the cluster slot)", c.KeyPrefix)
+	}
+	return nil
+}
+
+func parseRedisTimeout(d *caddyfile.Dispenser, c *RedisConfig) error {
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	t, err := caddy.ParseDuration(s)
+	if err != nil || t <= 0 {
+		return d.Errf("redis: timeout %q: want a positive duration such as 100ms", s)
+	}
+	c.Timeout = caddy.Duration(t)
+	return nil
+}
+
+func parseRedisTLS(d *caddyfile.Dispenser, c *RedisConfig) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	c.TLS = new(RedisTLS)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch d.Val() {
+		case "ca":
+			err = oneArg(d, &c.TLS.CA)
+		case "cert":
+			err = oneArg(d, &c.TLS.Cert)
+		case "key":
+			err = oneArg(d, &c.TLS.Key)
+		case "server_name":
+			err = oneArg(d, &c.TLS.ServerName)
+		case "insecure_skip_verify":
+			err = noArgs(d, &c.TLS.InsecureSkipVerify)
+		default:
+			err = d.Errf("redis tls: unrecognized subdirective %q", d.Val())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unmarshalStoreError parses: on_store_error allow | deny [<status>] |
+// local [instances <n>].
+func (h *Handler) unmarshalStoreError(d *caddyfile.Dispenser) error {
+	if h.OnStoreError != nil {
+		return d.Err("on_store_error is already set")
+	}
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return d.ArgErr()
+	}
+	p := &StoreErrorPolicy{Mode: args[0]}
+	h.OnStoreError = p
+	switch {
+	case args[0] == "allow" && len(args) == 1:
+	case args[0] == "deny" && len(args) <= 2:
+		if len(args) == 2 {
+			n, err := strconv.Atoi(args[1])
+			if err != nil || n < 400 || n > 599 {
+				return d.Errf("on_store_error deny: status %q: want an error status, 400-599", args[1])
+			}
+			p.Status = n
+		}
+	case args[0] == "local" && (len(args) == 1 || len(args) == 3 && args[1] == "instances"):
+		if len(args) == 3 {
+			n, err := strconv.Atoi(args[2])
+			if err != nil || n < 1 {
+				return d.Errf("on_store_error local: instances %q: want a whole number of at least 1", args[2])
+			}
+			p.Instances = n
+		}
+	default:
+		return d.Errf("on_store_error: want allow, deny [<status>] or local [instances <n>], got %q", strings.Join(args, " "))
+	}
+	return nil
+}
+
 // oneArg reads the single argument of the current subdirective into dst.
 func oneArg(d *caddyfile.Dispenser, dst *string) error {
 	if !d.NextArg() {
@@ -145,6 +303,29 @@ func oneArg(d *caddyfile.Dispenser, dst *string) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	return nil
+}
+
+// noArgs sets a flag subdirective, which takes no argument.
+func noArgs(d *caddyfile.Dispenser, dst *bool) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = true
+	return nil
+}
+
+// intArg reads a single whole-number argument of at least min.
+func intArg(d *caddyfile.Dispenser, dst *int, min int) error {
+	name, s := d.Val(), ""
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < min {
+		return d.Errf("%s %q: want a whole number of at least %d", name, s, min)
+	}
+	*dst = n
 	return nil
 }
 

@@ -228,3 +228,13 @@ func decode(v any, idx []int, reqs []Request, decisions []Decision) (bool, error
 
 // Interface guard.
 var _ Store = (*RedisStore)(nil)
+
+// Ping checks that Redis answers (every master, in a cluster).
+func (s *RedisStore) Ping(ctx context.Context) error {
+	if c, ok := s.client.(*redis.ClusterClient); ok {
+		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			return n.Ping(ctx).Err()
+		})
+	}
+	return s.client.Ping(ctx).Err()
+}

@@ -108,7 +108,8 @@ func TestMatcherLimitsOnlyItsPaths(t *testing.T) {
 	}
 }
 
-func first(resp *http.Response, _ string) *http.Response { return resp }
+// first is the first of two results.
+func first[A, B any](a A, _ B) A { return a }
 
 func TestTighterZoneDecides(t *testing.T) {
 	c := testcaddy.Start(t, `

@@ -116,6 +116,7 @@ func (s *Server) signal(sig syscall.Signal) {
 	default:
 	}
 	_ = syscall.Kill(s.cmd.Process.Pid, sig)
+	_ = syscall.Kill(s.cmd.Process.Pid, syscall.SIGCONT)
 	select {
 	case <-s.done:
 	case <-time.After(5 * time.Second):
@@ -123,6 +124,13 @@ func (s *Server) signal(sig syscall.Signal) {
 		<-s.done
 	}
 }
+
+// Pause stops the server with SIGSTOP: it keeps accepting connections (the
+// kernel does) but answers nothing, like a hung or overloaded server.
+func (s *Server) Pause() { _ = syscall.Kill(s.cmd.Process.Pid, syscall.SIGSTOP) }
+
+// Resume continues a paused server.
+func (s *Server) Resume() { _ = syscall.Kill(s.cmd.Process.Pid, syscall.SIGCONT) }
 
 // Cluster is a Redis Cluster of masters, each with replicas.
 type Cluster struct {
