@@ -133,6 +133,20 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"two keys", zone("\t\t\tkey a b\n\t\t\trate 1r/s"), `wrong argument count`},
 		{"unknown matcher", zone("\t\t\tmatch {\n\t\t\t\tnope x\n\t\t\t}\n\t\t\tkey k\n\t\t\trate 1r/s"), `getting matcher module 'nope'`},
 		{"directive argument", ":8080 {\n\trate_limit 5 {\n\t}\n}", `wrong argument count`},
+		{"redis without addresses", withRedis("\t\t\ttimeout 1s"), `redis: addresses is required, at Caddyfile:5`},
+		{"redis unknown option", withRedis("\t\t\taddresses a:1\n\t\t\tnodes 3"), `redis: unrecognized subdirective "nodes", at Caddyfile:5`},
+		{"redis bad timeout", withRedis("\t\t\taddresses a:1\n\t\t\ttimeout soon"), `redis: timeout "soon": want a positive duration such as 100ms, at Caddyfile:5`},
+		{"redis zero timeout", withRedis("\t\t\taddresses a:1\n\t\t\ttimeout 0s"), `redis: timeout "0s"`},
+		{"redis bad db", withRedis("\t\t\taddresses a:1\n\t\t\tdb -1"), `db "-1": want a whole number of at least 0, at Caddyfile:5`},
+		{"redis bad pool", withRedis("\t\t\taddresses a:1\n\t\t\tpool_size 0"), `pool_size "0": want a whole number of at least 1`},
+		{"redis prefix tag", withRedis("\t\t\taddresses a:1\n\t\t\tkey_prefix {x}"), `key_prefix "{x}" must not contain { or }`},
+		{"redis tls option", withRedis("\t\t\taddresses a:1\n\t\t\ttls {\n\t\t\t\tcafile x\n\t\t\t}"), `redis tls: unrecognized subdirective "cafile", at Caddyfile:6`},
+		{"redis twice", ":8080 {\n\trate_limit {\n\t\tredis {\n\t\t\taddresses a:1\n\t\t}\n\t\tredis {\n\t\t\taddresses a:1\n\t\t}\n\t}\n}", `redis is already configured, at Caddyfile:6`},
+		{"on_store_error unknown", withStoreError("retry"), `on_store_error: want allow, deny [<status>] or local [instances <n>], got "retry", at Caddyfile:3`},
+		{"on_store_error bad status", withStoreError("deny 200"), `on_store_error deny: status "200": want an error status, 400-599`},
+		{"on_store_error bad instances", withStoreError("local instances 0"), `instances "0": want a whole number of at least 1`},
+		{"on_store_error allow extra", withStoreError("allow 5"), `got "allow 5"`},
+		{"on_store_error empty", withStoreError(""), `wrong argument count`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -141,6 +155,54 @@ func TestCaddyfileErrors(t *testing.T) {
 				t.Fatalf("error = %v\nwant it to contain %q", err, c.want)
 			}
 		})
+	}
+}
+
+func withRedis(block string) string {
+	return ":8080 {\n\trate_limit {\n\t\tredis {\n" + block + "\n\t\t}\n\t\tzone z {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t}\n}"
+}
+
+func withStoreError(args string) string {
+	return ":8080 {\n\trate_limit {\n\t\ton_store_error " + args + "\n\t\tzone z {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t}\n}"
+}
+
+func TestCaddyfileRedis(t *testing.T) {
+	out, err := adapt(t, `:8080 {
+	rate_limit {
+		redis {
+			addresses   10.0.0.1:6379 10.0.0.2:6379
+			addresses   10.0.0.3:6379
+			username    limiter
+			password    {env.REDIS_PASSWORD}
+			key_prefix  gw:
+			pool_size   20
+			timeout     50ms
+			tls {
+				ca          /etc/redis/ca.pem
+				server_name redis.internal
+			}
+		}
+		on_store_error local instances 3
+		zone z {
+			key  {client_ip}
+			rate 10r/s
+		}
+	}
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`"on_store_error":{"instances":3,"mode":"local"}`,
+		`"redis":{"addresses":["10.0.0.1:6379","10.0.0.2:6379","10.0.0.3:6379"],"key_prefix":"gw:","password":"{env.REDIS_PASSWORD}","pool_size":20,"timeout":50000000,"tls":{"ca":"/etc/redis/ca.pem","server_name":"redis.internal"},"username":"limiter"}`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("adapted config lacks\n%s\nin\n%s", want, out)
+		}
+	}
+	out, err = adapt(t, withStoreError("deny 429"))
+	if err != nil || !strings.Contains(out, `"on_store_error":{"mode":"deny","status":429}`) {
+		t.Fatalf("deny 429: %v\n%s", err, out)
 	}
 }
 

@@ -46,6 +46,35 @@ func TestProvisionErrors(t *testing.T) {
 	}
 }
 
+func TestProvisionRedisErrors(t *testing.T) {
+	zones := map[string]*Zone{"a": {Key: "k", Rate: "1r/s"}}
+	cases := map[string]struct {
+		h    Handler
+		want string
+	}{
+		"on_store_error without redis": {Handler{OnStoreError: &StoreErrorPolicy{Mode: "deny"}}, "on_store_error applies only with redis"},
+		"no addresses":                 {Handler{Redis: &RedisConfig{}}, "redis: addresses: at least one host:port"},
+		"empty address":                {Handler{Redis: &RedisConfig{Addresses: []string{"{env.RL_TEST_UNSET}"}}}, "none empty"},
+		"negative timeout":             {Handler{Redis: &RedisConfig{Addresses: []string{"a:1"}, Timeout: -1}}, "timeout -1ns: must be positive"},
+		"db in cluster":                {Handler{Redis: &RedisConfig{Addresses: []string{"a:1", "b:1"}, DB: 2}}, "Redis Cluster has only db 0"},
+		"prefix with tag":              {Handler{Redis: &RedisConfig{Addresses: []string{"a:1"}, KeyPrefix: "a{b}"}}, "must not contain { or }"},
+		"unknown mode":                 {Handler{Redis: &RedisConfig{Addresses: []string{"a:1"}}, OnStoreError: &StoreErrorPolicy{Mode: "open"}}, `unknown mode "open"`},
+		"bad status":                   {Handler{Redis: &RedisConfig{Addresses: []string{"a:1"}}, OnStoreError: &StoreErrorPolicy{Mode: "deny", Status: 302}}, "status 302 is not an error status"},
+		"tls missing ca":               {Handler{Redis: &RedisConfig{Addresses: []string{"a:1"}, TLS: &RedisTLS{CA: "/nonexistent.pem"}}}, "redis: tls: reading ca"},
+		"tls cert without key":         {Handler{Redis: &RedisConfig{Addresses: []string{"a:1"}, TLS: &RedisTLS{Cert: "c.pem"}}}, "cert and key go together"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			h := c.h
+			h.Zones = zones
+			err := provision(t, &h)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error = %v; want it to contain %q", err, c.want)
+			}
+		})
+	}
+}
+
 func TestCleanupReleasesStore(t *testing.T) {
 	h := &Handler{Zones: map[string]*Zone{"a": {Key: "k", Rate: "1r/s"}}}
 	if err := provision(t, h); err != nil {

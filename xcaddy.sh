@@ -43,6 +43,50 @@ cmd_run() {
 	exec ./caddy run --config Caddyfile.example --adapter caddyfile "$@"
 }
 
+# ensure_redis installs redis-server (Debian's package, with redis-cli)
+# when it is missing.
+ensure_redis() {
+	if type -P redis-server >/dev/null && type -P redis-cli >/dev/null; then
+		return
+	fi
+	echo "installing redis-server" >&2
+	local sudo=""
+	[ "$(id -u)" = 0 ] || sudo=sudo
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+	# The package starts a system service on port 6379; the tests use their own.
+}
+
+TEST_TMP=""
+FLEET_PID=""
+
+# cleanup stops the Redis fleet (by its PID; it stops its redis-servers)
+# and removes the temporary files.
+cleanup() {
+	if [ -n "$FLEET_PID" ]; then
+		kill "$FLEET_PID" 2>/dev/null || true
+		wait "$FLEET_PID" 2>/dev/null || true
+	fi
+	[ -z "$TEST_TMP" ] || rm -rf "$TEST_TMP"
+}
+
+# start_redis_fleet starts a Redis Cluster (3 masters, 3 replicas) and a
+# standalone Redis on loopback and exports their addresses.
+start_redis_fleet() {
+	go build -o "$TEST_TMP/redisfleet" ./internal/redistest/redisfleet
+	mkdir -p "$TEST_TMP/redis"
+	"$TEST_TMP/redisfleet" -env "$TEST_TMP/redis.env" -dir "$TEST_TMP/redis" &
+	FLEET_PID=$!
+	for _ in $(seq 300); do
+		[ -f "$TEST_TMP/redis.env" ] && break
+		kill -0 "$FLEET_PID" 2>/dev/null || { echo "redis fleet failed to start" >&2; return 1; }
+		sleep 0.1
+	done
+	# shellcheck disable=SC1091
+	source "$TEST_TMP/redis.env"
+	export RL_REQUIRE_REDIS=1
+}
+
 cmd_test() {
 	local unformatted
 	unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
@@ -51,13 +95,15 @@ cmd_test() {
 		return 1
 	fi
 	go vet ./...
-	local tmp
-	tmp=$(mktemp -d)
-	trap 'rm -rf "$tmp"' EXIT
+	ensure_redis
+	TEST_TMP=$(mktemp -d)
+	trap cleanup EXIT
+	trap 'exit 130' INT TERM
+	start_redis_fleet
 	# The end-to-end tests run this binary, built as users build it, with
 	# the race detector on.
-	XCADDY_RACE_DETECTOR=1 build_caddy "$tmp/caddy"
-	CADDY_BIN="$tmp/caddy" go test -race -count=1 -timeout 15m ./... "$@"
+	XCADDY_RACE_DETECTOR=1 build_caddy "$TEST_TMP/caddy"
+	CADDY_BIN="$TEST_TMP/caddy" go test -race -count=1 -timeout 15m ./... "$@"
 }
 
 case "${1:-}" in

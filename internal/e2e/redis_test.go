@@ -33,8 +33,12 @@ func status(t *testing.T, base, path, key string) int {
 	return resp.StatusCode
 }
 
+// redisBlock configures Redis for tests that count exactly: a timeout long
+// enough for a loaded test machine, and deny on errors (503), so that no
+// request is decided by the local fallback.
 func redisBlock(prefix string, addrs ...string) string {
-	return fmt.Sprintf("\t\tredis {\n\t\t\taddresses %s\n\t\t\tkey_prefix %s\n\t\t}\n", strings.Join(addrs, " "), prefix)
+	return fmt.Sprintf("\t\tredis {\n\t\t\taddresses %s\n\t\t\tkey_prefix %s\n\t\t\ttimeout 10s\n\t\t}\n\t\ton_store_error deny\n",
+		strings.Join(addrs, " "), prefix)
 }
 
 // TestFleetSharesOneExactLimit: three Caddy instances share the cluster;
@@ -87,10 +91,14 @@ func TestFleetSharesOneExactLimit(t *testing.T) {
 				for i := w; i < keys*perKey; i += 50 {
 					time.Sleep(pace)
 					k := i % keys
-					if status(t, fleet[i%3].URL, path, fmt.Sprint("key-", k)) == 200 {
+					switch s := status(t, fleet[i%3].URL, path, fmt.Sprint("key-", k)); s {
+					case 200:
 						mu.Lock()
 						allowed[k]++
 						mu.Unlock()
+					case 429:
+					default:
+						t.Errorf("%s: status %d", path, s)
 					}
 				}
 			}()
@@ -286,5 +294,39 @@ func TestRedisDown(t *testing.T) {
 	}
 	if n := strings.Count(logs, "redis store available again"); n != 1 {
 		t.Errorf("leaving the failure mode logged %d times; want once", n)
+	}
+}
+
+func TestRedisUnreachableAtStart(t *testing.T) {
+	srv := redistest.NewServer(t)
+	srv.Stop()
+	c := testcaddy.Start(t, fmt.Sprintf(`
+	rate_limit {
+		redis {
+			addresses %s
+		}
+		on_store_error deny
+		zone api {
+			key   {http.request.header.X-API-Key}
+			rate  10r/m
+		}
+	}
+	respond "ok"
+`, srv.Addr))
+	if !strings.Contains(c.Logs(), "redis not reachable at start") {
+		t.Fatalf("no warning about the unreachable Redis:\n%s", c.Logs())
+	}
+	if s := status(t, c.URL, "/", "k"); s != http.StatusServiceUnavailable {
+		t.Fatalf("Redis down, on_store_error deny: status %d; want 503", s)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for status(t, c.URL, "/", "k") != 200 {
+		if time.Now().After(deadline) {
+			t.Fatal("Redis up: still refused after 10s")
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
