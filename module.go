@@ -17,6 +17,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -130,15 +131,18 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.now == nil {
 		h.now = time.Now
 	}
-	if err := h.provisionStoreErrorPolicy(); err != nil {
+	err := h.provisionStoreErrorPolicy()
+	if err != nil {
 		return err
 	}
 	for _, name := range sortedNames(h.Zones) {
 		z := h.Zones[name]
-		if err := z.provision(ctx, name); err != nil {
+		if err = z.provision(ctx, name); err != nil {
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
-		z.local = localPolicy(z.policy, h.onError.Instances)
+		if z.local, err = localPolicy(z.policy, h.onError.Instances); err != nil {
+			return fmt.Errorf("zone %q: on_store_error local instances %d: %w", name, h.onError.Instances, err)
+		}
 		h.zones = append(h.zones, z)
 	}
 	if h.Redis == nil {
@@ -164,15 +168,19 @@ func (h *Handler) provisionStoreErrorPolicy() error {
 		return fmt.Errorf("on_store_error: unknown mode %q (want allow, deny or local)", p.Mode)
 	case p.Status < 400 || p.Status > 599:
 		return fmt.Errorf("on_store_error: status %d is not an error status (400-599)", p.Status)
-	case p.Instances < 1:
-		return fmt.Errorf("on_store_error: instances %d: want at least 1", p.Instances)
+	case p.Instances < 1 || p.Instances > 10000:
+		return fmt.Errorf("on_store_error: instances %d: want 1 to 10000", p.Instances)
 	}
 	return nil
 }
 
 // localPolicy is a zone's share of its limit on one of n instances.
-func localPolicy(p limiter.Policy, n int) limiter.Policy {
-	return limiter.Policy{Rate: p.Rate, Period: p.Period * time.Duration(n), Burst: max(p.Burst/int64(n), 1)}
+func localPolicy(p limiter.Policy, n int) (limiter.Policy, error) {
+	if float64(p.Period)*float64(n) > float64(limiter.MaxPeriod) {
+		return limiter.Policy{}, fmt.Errorf("period %s times %d is longer than %s", p.Period, n, limiter.MaxPeriod)
+	}
+	local := limiter.Policy{Rate: p.Rate, Period: p.Period * time.Duration(n), Burst: max(p.Burst/int64(n), 1)}
+	return local, local.Validate()
 }
 
 func sortedNames(zones map[string]*Zone) []string {
@@ -256,7 +264,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	decisions, err := h.take(r.Context(), reqs, zones)
-	if err != nil {
+	if err != nil { // Redis failed, on_store_error deny
 		if h.onError.Mode == "deny" {
 			w.Header().Set("Retry-After", strconv.FormatInt(int64(breakerCooldown/time.Second), 10))
 		}
@@ -285,36 +293,40 @@ func (h *Handler) take(ctx context.Context, reqs []limiter.Request, zones []*Zon
 		return b.local.TakeAt(h.now(), reqs), nil
 	}
 	decisions, err := h.takeRedis(ctx, reqs)
-	if err == nil {
-		return decisions, nil
+	if err != nil {
+		return h.storeFailed(reqs, zones, err)
 	}
-	if ctx.Err() != nil { // the client left: no answer is needed
-		return nil, caddyhttp.Error(499, err)
-	}
-	return h.storeFailed(reqs, zones, err)
+	return decisions, nil
 }
 
 // takeRedis asks Redis, within the timeout and unless the breaker is open.
+// A client that leaves does not cut the call short: every call that starts
+// ends as a success or a failure of the breaker (a probe included), and a
+// script that ran is not retried.
 func (h *Handler) takeRedis(ctx context.Context, reqs []limiter.Request) ([]limiter.Decision, error) {
 	b, now := h.backend, h.now()
 	if !b.breaker.Allow(now) {
 		return nil, errBreakerOpen
 	}
-	tctx, cancel := context.WithTimeout(ctx, h.timeout)
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.timeout)
 	decisions, err := b.redis.Take(tctx, reqs)
 	cancel()
-	switch {
-	case err == nil:
-		b.breaker.Success()
-		if b.failing.Load() && b.failing.CompareAndSwap(true, false) {
-			h.logger.Info("redis store available again; decisions are shared again")
-		}
-	case ctx.Err() == nil:
+	var refund *limiter.RefundError
+	if errors.As(err, &refund) { // the request is refused either way
+		h.logger.Debug("refund of a refused request failed; its tokens stay taken", zap.Error(err))
+		err = nil
+	}
+	if err != nil {
 		if b.breaker.Failure(now) {
 			h.logger.Warn("redis circuit breaker open: skipping redis", zap.Duration("cooldown", breakerCooldown))
 		}
+		return nil, err
 	}
-	return decisions, err
+	b.breaker.Success()
+	if b.failing.Load() && b.failing.CompareAndSwap(true, false) {
+		h.logger.Info("redis store available again; decisions are shared again")
+	}
+	return decisions, nil
 }
 
 var errBreakerOpen = errors.New("circuit breaker open after consecutive redis failures")
@@ -597,6 +609,8 @@ func (c *RedisConfig) check() error {
 		return fmt.Errorf("addresses: at least one host:port, none empty")
 	case c.Timeout < 0:
 		return fmt.Errorf("timeout %s: must be positive", time.Duration(c.Timeout))
+	case strings.ContainsAny(c.KeyPrefix, "{}"):
+		return fmt.Errorf("key_prefix %q: must not contain { or }", c.KeyPrefix)
 	case c.PoolSize < 0:
 		return fmt.Errorf("pool_size %d: must be positive", c.PoolSize)
 	case c.DB < 0:
@@ -623,7 +637,7 @@ func (c *RedisConfig) options() (*redis.UniversalOptions, error) {
 		WriteTimeout:          t,
 		PoolTimeout:           t,
 		ContextTimeoutEnabled: true,
-		MaxRetries:            1,
+		MaxRetries:            -1, // a script that may have run is not sent again
 	}
 	if c.TLS != nil {
 		tlsConfig, err := c.TLS.config()

@@ -91,13 +91,13 @@ func TestCleanupReleasesStore(t *testing.T) {
 // serve runs one request through h and returns the recorder.
 func serve(h *Handler, r *http.Request) *httptest.ResponseRecorder {
 	w := httptest.NewRecorder()
-	repl := caddy.NewReplacer()
-	ctx := context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl)
+	r = r.Clone(r.Context())
+	caddyhttp.NewTestReplacer(r) // the request placeholders, as Caddy's server sets them
 	ok := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		w.WriteHeader(http.StatusOK)
 		return nil
 	})
-	if err := h.ServeHTTP(w, r.WithContext(ctx), ok); err != nil {
+	if err := h.ServeHTTP(w, r, ok); err != nil {
 		w.Code = http.StatusInternalServerError
 		var he caddyhttp.HandlerError
 		if errors.As(err, &he) {

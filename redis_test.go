@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -50,5 +51,39 @@ func TestClockSkew(t *testing.T) {
 	}
 	if len(resets) > 2 { // the second may tick between requests
 		t.Fatalf("instances disagree on X-RateLimit-Reset: %v", resets)
+	}
+}
+
+// TestBreakerProbeOfALeavingClient: a probe whose client has gone still
+// completes, so the breaker closes and Redis decides again.
+func TestBreakerProbeOfALeavingClient(t *testing.T) {
+	h := &Handler{
+		Zones: map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Burst: 5}},
+		Redis: &RedisConfig{Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: fmt.Sprintf("probe%x:", rand.Uint64())},
+	}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	b := h.backend.breaker
+	past := time.Now().Add(-time.Minute)
+	for range breakerFailures {
+		b.Failure(past)
+	}
+	if !b.Open() {
+		t.Fatal("breaker not open")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := httptest.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
+	r.Header.Set("X-Key", "k")
+	serve(h, r) // the probe, for a client that left
+	if b.Open() {
+		t.Fatal("the breaker stayed open after a probe whose client left")
+	}
+	r = httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-Key", "k")
+	w := serve(h, r)
+	if w.Code != http.StatusOK || w.Header().Get("X-RateLimit-Remaining") != "3" {
+		t.Fatalf("after the probe: status %d, remaining %q; want a Redis decision", w.Code, w.Header().Get("X-RateLimit-Remaining"))
 	}
 }

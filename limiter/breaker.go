@@ -52,13 +52,14 @@ func (b *Breaker) Success() (closed bool) {
 // a closed breaker.
 func (b *Breaker) Failure(now time.Time) (opened bool) {
 	n := b.failures.Add(1)
-	wasOpen := b.openUntil.Load() != 0
-	if !wasOpen && n < b.threshold {
+	until := now.Add(b.cooldown).UnixNano()
+	if b.openUntil.Load() != 0 { // a failed probe: open again
+		b.openUntil.Store(until)
+		b.probing.Store(false)
 		return false
 	}
-	b.openUntil.Store(now.Add(b.cooldown).UnixNano())
-	b.probing.Store(false)
-	return !wasOpen
+	// Of failures racing at the threshold, one opens the breaker.
+	return n >= b.threshold && b.openUntil.CompareAndSwap(0, until)
 }
 
 // Open reports whether the breaker is open (or probing).

@@ -83,15 +83,21 @@ func parsePositive(s string) (int64, error) {
 	return n, nil
 }
 
+// MaxPeriod bounds a policy's period and the time its bucket takes to
+// refill from empty, so that times stay within int64 nanoseconds.
+const MaxPeriod = 100 * 365 * 24 * time.Hour
+
 // Validate reports what is wrong with p, if anything.
 func (p Policy) Validate() error {
 	switch {
 	case p.Rate < 1 || p.Rate > maxRate:
 		return fmt.Errorf("rate %d is out of range [1, %d]", p.Rate, int64(maxRate))
-	case p.Period < time.Millisecond || p.Period > 366*24*time.Hour:
-		return fmt.Errorf("period %s is out of range [1ms, 366d]", p.Period)
+	case p.Period < time.Millisecond || p.Period > MaxPeriod:
+		return fmt.Errorf("period %s is out of range [1ms, 100 years]", p.Period)
 	case p.Burst < 1 || p.Burst > maxRate:
 		return fmt.Errorf("burst %d is out of range [1, %d]", p.Burst, int64(maxRate))
+	case float64(p.Burst)*p.Interval() > float64(MaxPeriod):
+		return fmt.Errorf("burst %d takes over 100 years to refill at %s", p.Burst, p)
 	}
 	return nil
 }

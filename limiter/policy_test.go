@@ -46,6 +46,24 @@ func TestParseRate(t *testing.T) {
 	}
 }
 
+func TestPolicyValidate(t *testing.T) {
+	bad := map[Policy]string{
+		{Rate: 0, Period: time.Second, Burst: 1}:            "rate 0 is out of range",
+		{Rate: 1, Period: 0, Burst: 1}:                      "period 0s is out of range",
+		{Rate: 1, Period: time.Second, Burst: 0}:            "burst 0 is out of range",
+		{Rate: 1, Period: 365 * 24 * time.Hour, Burst: 300}: "takes over 100 years to refill",
+		{Rate: 1, Period: 24 * time.Hour, Burst: 1 << 40}:   "takes over 100 years to refill",
+	}
+	for p, want := range bad {
+		if err := p.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%+v.Validate() = %v; want it to mention %q", p, err, want)
+		}
+	}
+	if err := (Policy{Rate: 1, Period: 365 * 24 * time.Hour, Burst: 99}).Validate(); err != nil {
+		t.Errorf("99 years to refill: %v", err)
+	}
+}
+
 func TestPolicyString(t *testing.T) {
 	cases := map[Policy]string{
 		{Rate: 100, Period: time.Minute}:           "100 requests per minute",

@@ -74,7 +74,16 @@ type call struct {
 	keys []string
 }
 
+// RefundError reports that a request refused by one zone was refused, but
+// the tokens other zones took for it could not be given back. The
+// decisions that come with it stand.
+type RefundError struct{ Err error }
+
+func (e *RefundError) Error() string { return "refunding zones of a refused request: " + e.Err.Error() }
+func (e *RefundError) Unwrap() error { return e.Err }
+
 func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]Decision, error) {
+	start := time.Now()
 	calls := s.calls(reqs)
 	replies, err := s.run(ctx, calls, now, "take", reqs)
 	if err != nil {
@@ -91,9 +100,17 @@ func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]De
 		allowed = allowed && ok
 	}
 	if !allowed && len(calls) > 1 {
-		err = s.refund(ctx, now, calls, replies, reqs)
+		// The refund gets a time budget of its own, as long as the take's.
+		if deadline, ok := ctx.Deadline(); ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), deadline.Sub(start))
+			defer cancel()
+		}
+		if err := s.refund(ctx, now, calls, replies, reqs); err != nil {
+			return decisions, &RefundError{err}
+		}
 	}
-	return decisions, err
+	return decisions, nil
 }
 
 // reloadTopology asks a cluster client to reload the slot map after a
@@ -182,10 +199,7 @@ func (s *RedisStore) refund(ctx context.Context, now string, calls []call, repli
 		return nil
 	}
 	_, err := s.run(ctx, charged, now, "refund", reqs)
-	if err != nil {
-		return fmt.Errorf("refunding zones of a refused request: %w", err)
-	}
-	return nil
+	return err
 }
 
 var errReply = errors.New("unexpected reply from the rate limit script")

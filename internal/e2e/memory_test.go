@@ -116,7 +116,7 @@ func TestTighterZoneDecides(t *testing.T) {
 	rate_limit {
 		zone loose {
 			key   {client_ip}
-			rate  100r/m
+			rate  100r/d
 		}
 		zone tight {
 			match {

@@ -89,7 +89,9 @@ func TestFleetSharesOneExactLimit(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for i := w; i < keys*perKey; i += 50 {
-					time.Sleep(pace)
+					if i != w {
+						time.Sleep(pace)
+					}
 					k := i % keys
 					switch s := status(t, fleet[i%3].URL, path, fmt.Sprint("key-", k)); s {
 					case 200:
@@ -115,12 +117,12 @@ func TestFleetSharesOneExactLimit(t *testing.T) {
 		}
 	}
 	// At 20r/s, what passes is the burst plus what refilled meanwhile.
-	// Requests come steadily for about 1.5s (50 workers, one request each
-	// 125ms), several per refilled token, so all but the last few tokens
-	// refilled are taken.
+	// Requests come steadily for about 1.4s (50 workers, one request each
+	// 125ms), several per refilled token, so every token refilled before
+	// the last round of requests is taken.
 	got, took := count("/refill", 1, 600, 125*time.Millisecond)
 	refilled := took.Seconds() * 20
-	lo, hi := 20+int64(refilled)-5, 20+int64(refilled)+1
+	lo, hi := 20+int64(refilled-2*0.125*20)-1, 20+int64(refilled)+1
 	t.Logf("20r/s burst 20: %d of 600 allowed in %s (%.1f tokens refilled)", got[0], took, refilled)
 	if got[0] < lo || got[0] > hi {
 		t.Fatalf("20r/s burst 20 over %s: %d allowed; want the burst plus what refilled: %d to %d", took, got[0], lo, hi)
@@ -151,7 +153,7 @@ func TestReloadsReuseRedisConnections(t *testing.T) {
 		return "\trate_limit {\n" + redisBlock("reload:", srv.Addr) + fmt.Sprintf(`
 		zone api {
 			key   {http.request.header.X-API-Key}
-			rate  %dr/m
+			rate  %dr/d
 			burst 100
 		}
 	}
@@ -244,7 +246,7 @@ func TestRedisDown(t *testing.T) {
 				t.Fatalf("%s %s: %v", when, path, err)
 			}
 			// Bounded by the timeout (100ms), with room for a slow machine.
-			if took := time.Since(start); took > 1500*time.Millisecond {
+			if took := time.Since(start); took > 2*time.Second {
 				t.Fatalf("%s %s request %d took %s", when, path, i, took)
 			}
 			if resp.StatusCode != w {

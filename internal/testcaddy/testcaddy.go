@@ -104,6 +104,8 @@ func Start(t testing.TB, site string, globals ...string) *Caddy {
 	c.cmd = exec.Command(Binary(t), "run", "--config", file, "--adapter", "caddyfile")
 	c.cmd.Env = append(os.Environ(), "HOME="+c.dir, "XDG_DATA_HOME="+c.dir, "XDG_CONFIG_HOME="+c.dir)
 	c.cmd.Stdout, c.cmd.Stderr = c.logWriter(), c.logWriter()
+	// Should the test binary die without cleaning up, Caddy dies too.
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
