@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"strconv"
 	"strings"
 
@@ -107,7 +108,7 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
-	if _, err := z.parsePolicy(); err != nil {
+	if err := z.check(); err != nil {
 		d.Reset()
 		d.Next()
 		return d.Errf("zone %q: %v", name, err)
@@ -121,10 +122,14 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 
 // zoneOptions parse the subdirectives of a zone block, one each.
 var zoneOptions = map[string]func(*caddyfile.Dispenser, *Zone) error{
-	"match": parseZoneMatch,
-	"key":   parseZoneKey,
-	"rate":  parseZoneRate,
-	"burst": parseZoneBurst,
+	"match":        parseZoneMatch,
+	"key":          func(d *caddyfile.Dispenser, z *Zone) error { return oneArg(d, &z.Key) },
+	"rate":         parseZoneRate,
+	"burst":        func(d *caddyfile.Dispenser, z *Zone) error { return parseCount(d, z, &z.Burst, &z.DefaultBurst) },
+	"cost":         func(d *caddyfile.Dispenser, z *Zone) error { return parseCount(d, z, &z.Cost, &z.DefaultCost) },
+	"ipv4_prefix":  func(d *caddyfile.Dispenser, z *Zone) error { return parsePrefix(d, z, &z.IPv4Prefix, 32) },
+	"ipv6_prefix":  func(d *caddyfile.Dispenser, z *Zone) error { return parsePrefix(d, z, &z.IPv6Prefix, 128) },
+	"on_empty_key": parseOnEmptyKey,
 }
 
 func parseZoneMatch(d *caddyfile.Dispenser, z *Zone) error {
@@ -136,30 +141,82 @@ func parseZoneMatch(d *caddyfile.Dispenser, z *Zone) error {
 	return nil
 }
 
-func parseZoneKey(d *caddyfile.Dispenser, z *Zone) error {
-	return oneArg(d, &z.Key)
+// templateArgs reads "<template> [<default>]" and reports whether the
+// template holds placeholders.
+func templateArgs(d *caddyfile.Dispenser) (tmpl, dflt string, err error) {
+	args := d.RemainingArgs()
+	if len(args) == 0 || len(args) > 2 {
+		return "", "", d.ArgErr()
+	}
+	if len(args) == 2 {
+		if !hasPlaceholder(args[0]) {
+			return "", "", d.Errf("%q has no placeholder: a default is only for placeholders", args[0])
+		}
+		dflt = args[1]
+	}
+	return args[0], dflt, nil
 }
 
+// parseZoneRate parses: rate <N>r/<unit> | rate <template> <default>.
 func parseZoneRate(d *caddyfile.Dispenser, z *Zone) error {
-	if err := oneArg(d, &z.Rate); err != nil {
+	tmpl, dflt, err := templateArgs(d)
+	if err != nil {
 		return err
 	}
-	if _, _, err := limiter.ParseRate(z.Rate); err != nil {
+	z.Rate, z.DefaultRate = tmpl, dflt
+	check := cmp.Or(dflt, tmpl)
+	if hasPlaceholder(check) {
+		return d.Errf("zone %q: rate %q has placeholders: give a default rate after it", z.name, tmpl)
+	}
+	if _, _, err := limiter.ParseRate(check); err != nil {
 		return d.Errf("zone %q: %v", z.name, err)
 	}
 	return nil
 }
 
-func parseZoneBurst(d *caddyfile.Dispenser, z *Zone) error {
+// parseCount parses burst or cost: <n> | <template> [<default n>].
+func parseCount(d *caddyfile.Dispenser, z *Zone, v *caddyhttp.WeakString, dflt *int64) error {
+	field := d.Val()
+	tmpl, def, err := templateArgs(d)
+	if err != nil {
+		return err
+	}
+	*v = caddyhttp.WeakString(tmpl)
+	check := cmp.Or(def, tmpl)
+	if hasPlaceholder(check) {
+		return nil
+	}
+	n, err := strconv.ParseInt(check, 10, 64)
+	if err != nil || n < 1 {
+		return d.Errf("zone %q: %s %q: want a whole number of at least 1", z.name, field, check)
+	}
+	if def != "" {
+		*dflt = n
+	}
+	return nil
+}
+
+func parsePrefix(d *caddyfile.Dispenser, z *Zone, dst *int, maxBits int) error {
+	field := d.Val()
 	var s string
 	if err := oneArg(d, &s); err != nil {
 		return err
 	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 1 {
-		return d.Errf("zone %q: burst %q: want a whole number of at least 1", z.name, s)
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > maxBits {
+		return d.Errf("zone %q: %s %q: want 1 to %d", z.name, field, s, maxBits)
 	}
-	z.Burst = n
+	*dst = n
+	return nil
+}
+
+func parseOnEmptyKey(d *caddyfile.Dispenser, z *Zone) error {
+	if err := oneArg(d, &z.OnEmptyKey); err != nil {
+		return err
+	}
+	if z.OnEmptyKey != "shared" && z.OnEmptyKey != "skip" {
+		return d.Errf("zone %q: on_empty_key %q: want shared or skip", z.name, z.OnEmptyKey)
+	}
 	return nil
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/caddy-ratelimit/caddy-rate-limit/clientkey"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
@@ -64,13 +65,58 @@ type Handler struct {
 	// not answer within its timeout. Only with Redis. Default: local.
 	OnStoreError *StoreErrorPolicy `json:"on_store_error,omitempty"`
 
-	zones   []*Zone
-	backend *backend
+	// JWT verifies the request's bearer token and makes its claims
+	// placeholders: {http.rate_limit.jwt.sub}, and nested claims by path,
+	// {http.rate_limit.jwt.org.id}. Zones use them in keys, rates, bursts
+	// and costs; later handlers and logs may use them too. The token is
+	// verified once per request, and only when a claim is asked for. A
+	// token that fails verification (signature, algorithm, exp, nbf, iss,
+	// aud) yields no claims.
+	JWT *JWTConfig `json:"jwt,omitempty"`
+
+	zones    []*Zone
+	verifier *clientkey.Verifier
+	backend  *backend
 	poolKey string
 	timeout time.Duration
 	onError StoreErrorPolicy
 	now     func() time.Time
 	logger  *zap.Logger
+}
+
+// JWTConfig says which tokens to trust and where to find them. At least
+// one of Secret, PublicKeyFile and JWKSFile is required. The accepted
+// algorithms follow from the keys: HS256/384/512 with the secret, RS*/PS*,
+// ES* and EdDSA with public keys of their kind; never "none", and never an
+// HMAC signature made with a public key.
+type JWTConfig struct {
+	// Secret verifies HMAC tokens. Placeholders such as {env.JWT_SECRET}
+	// work.
+	Secret string `json:"secret,omitempty"`
+
+	// PublicKeyFile is a PEM file of RSA, ECDSA or Ed25519 public keys
+	// (or certificates).
+	PublicKeyFile string `json:"public_key_file,omitempty"`
+
+	// JWKSFile is a JSON Web Key Set file; a token's kid picks the key.
+	JWKSFile string `json:"jwks_file,omitempty"`
+
+	// FromHeader is the request header that carries the token, with or
+	// without a "Bearer " prefix. Default: Authorization.
+	FromHeader string `json:"from_header,omitempty"`
+
+	// FromCookie reads the token from this cookie instead of a header.
+	FromCookie string `json:"from_cookie,omitempty"`
+
+	// Issuer, when set, must equal the token's iss claim.
+	Issuer string `json:"issuer,omitempty"`
+
+	// Audience, when set, must be one of the token's aud values.
+	Audience string `json:"audience,omitempty"`
+
+	// Leeway tolerates clock differences when checking exp and nbf.
+	// Default: 30s.
+	Leeway caddy.Duration `json:"leeway,omitempty"`
 }
 
 // StoreErrorPolicy says what a handler does while its Redis fails.
@@ -107,14 +153,52 @@ type Zone struct {
 	// optionally with a multiplier: "100r/m", "5r/s", "30r/10m". Required.
 	Rate string `json:"rate,omitempty"`
 
+	// DefaultRate is the rate when Rate holds placeholders (e.g. a plan
+	// set by the map directive or read from a JWT claim) that resolve to
+	// something that is not a rate; a warning is logged once. Required when
+	// Rate holds placeholders.
+	DefaultRate string `json:"default_rate,omitempty"`
+
 	// Burst is the capacity of the bucket: how many requests may come at
-	// once after a quiet period. Default: N of the rate.
-	Burst int64 `json:"burst,omitempty"`
+	// once after a quiet period. A number or a placeholder. Default: N of
+	// the rate.
+	Burst caddyhttp.WeakString `json:"burst,omitempty"`
+
+	// DefaultBurst is the burst when Burst holds placeholders that resolve
+	// to no whole number of at least 1. Default: N of the rate.
+	DefaultBurst int64 `json:"default_burst,omitempty"`
+
+	// Cost is the number of tokens a request takes, e.g. 5 for an
+	// expensive search. A number or a placeholder. A request that costs
+	// more than the burst is always refused. Default: 1.
+	Cost caddyhttp.WeakString `json:"cost,omitempty"`
+
+	// DefaultCost is the cost when Cost holds placeholders that resolve to
+	// no whole number of at least 1. Default: 1.
+	DefaultCost int64 `json:"default_cost,omitempty"`
+
+	// IPv4Prefix groups keys that are IPv4 addresses by network: with 24,
+	// every address of a /24 shares one bucket. Default: 32 (each address
+	// alone).
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// IPv6Prefix groups keys that are IPv6 addresses by network, so that a
+	// client cannot escape its limit by rotating addresses inside its own
+	// subnet. Default: 64 (one bucket per /64, the usual end-site subnet).
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+
+	// OnEmptyKey is what happens when Key resolves to nothing (no such
+	// header, no valid token): "shared" counts all such requests in one
+	// bucket of the zone, so that leaving the header out cannot escape the
+	// limit; "skip" leaves the request to the other zones. Default: shared.
+	OnEmptyKey string `json:"on_empty_key,omitempty"`
 
 	name     string
 	matchers caddyhttp.MatcherSets
-	policy   limiter.Policy
-	local    limiter.Policy // while Redis fails, in local mode
+	static   bool           // no placeholders in rate, burst and cost
+	policy   limiter.Policy // the static policy, or the defaults
+	cost     int64
+	warned   [3]atomic.Bool // rate, burst, cost
 }
 
 // CaddyModule returns the Caddy module information.
@@ -135,12 +219,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
+	if h.JWT != nil {
+		if h.verifier, err = h.JWT.verifier(); err != nil {
+			return fmt.Errorf("jwt: %w", err)
+		}
+	}
 	for _, name := range sortedNames(h.Zones) {
 		z := h.Zones[name]
 		if err = z.provision(ctx, name); err != nil {
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
-		if z.local, err = localPolicy(z.policy, h.onError.Instances); err != nil {
+		if _, err = localPolicy(z.policy, h.onError.Instances); err != nil {
 			return fmt.Errorf("zone %q: on_store_error local instances %d: %w", name, h.onError.Instances, err)
 		}
 		h.zones = append(h.zones, z)
@@ -197,11 +286,9 @@ func (z *Zone) provision(ctx caddy.Context, name string) error {
 		return fmt.Errorf("empty zone")
 	}
 	z.name = name
-	policy, err := z.parsePolicy()
-	if err != nil {
+	if err := z.check(); err != nil {
 		return err
 	}
-	z.policy = policy
 	if z.MatcherSetsRaw == nil {
 		return nil
 	}
@@ -212,26 +299,111 @@ func (z *Zone) provision(ctx caddy.Context, name string) error {
 	return z.matchers.FromInterface(mods)
 }
 
-// parsePolicy checks the zone's fields and turns them into a policy.
-func (z *Zone) parsePolicy() (limiter.Policy, error) {
-	if z.name == "" {
-		return limiter.Policy{}, fmt.Errorf("zone has no name")
+// hasPlaceholder reports whether s is a template rather than a literal.
+func hasPlaceholder(s string) bool { return strings.Contains(s, "{") }
+
+// check validates the zone's fields and computes its static (or default)
+// policy and cost.
+func (z *Zone) check() error {
+	switch {
+	case z.name == "":
+		return fmt.Errorf("zone has no name")
+	case z.Key == "":
+		return fmt.Errorf("key is required")
+	case z.Rate == "":
+		return fmt.Errorf("rate is required")
+	case z.OnEmptyKey != "" && z.OnEmptyKey != "shared" && z.OnEmptyKey != "skip":
+		return fmt.Errorf("on_empty_key %q: want shared or skip", z.OnEmptyKey)
+	case z.IPv4Prefix < 0 || z.IPv4Prefix > 32:
+		return fmt.Errorf("ipv4_prefix %d: want 1 to 32", z.IPv4Prefix)
+	case z.IPv6Prefix < 0 || z.IPv6Prefix > 128:
+		return fmt.Errorf("ipv6_prefix %d: want 1 to 128", z.IPv6Prefix)
 	}
-	if z.Key == "" {
-		return limiter.Policy{}, fmt.Errorf("key is required")
+	z.static = !hasPlaceholder(z.Rate) && !hasPlaceholder(string(z.Burst)) && !hasPlaceholder(string(z.Cost))
+	rate := z.Rate
+	if hasPlaceholder(rate) {
+		if z.DefaultRate == "" {
+			return fmt.Errorf("rate %q has placeholders: default_rate is required", rate)
+		}
+		rate = z.DefaultRate
 	}
-	if z.Rate == "" {
-		return limiter.Policy{}, fmt.Errorf("rate is required")
-	}
-	n, period, err := limiter.ParseRate(z.Rate)
+	n, period, err := limiter.ParseRate(rate)
 	if err != nil {
-		return limiter.Policy{}, err
+		return err
 	}
-	p := limiter.Policy{Rate: n, Period: period, Burst: z.Burst}
-	if z.Burst == 0 {
-		p.Burst = n
+	z.policy = limiter.Policy{Rate: n, Period: period, Burst: n}
+	if z.policy.Burst, err = staticCount("burst", z.Burst, z.DefaultBurst, n); err != nil {
+		return err
 	}
-	return p, p.Validate()
+	if z.cost, err = staticCount("cost", z.Cost, z.DefaultCost, 1); err != nil {
+		return err
+	}
+	return z.policy.Validate()
+}
+
+// staticCount is a burst or cost: its literal value, or for a template its
+// default, or else def.
+func staticCount(field string, v caddyhttp.WeakString, dflt, def int64) (int64, error) {
+	if dflt < 0 {
+		return 0, fmt.Errorf("default_%s %d: want at least 1", field, dflt)
+	}
+	if v == "" || hasPlaceholder(string(v)) {
+		return cmp.Or(dflt, def), nil
+	}
+	n, err := strconv.ParseInt(string(v), 10, 64)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%s %q: want a whole number of at least 1", field, v)
+	}
+	return n, nil
+}
+
+// limits are the zone's policy and cost for one request: the static ones,
+// or those its placeholders give, falling back to the defaults (with one
+// warning per zone and field) when a value is not valid.
+func (z *Zone) limits(repl *caddy.Replacer, logger *zap.Logger) (limiter.Policy, int64) {
+	if z.static {
+		return z.policy, z.cost
+	}
+	p, cost := z.policy, z.cost
+	if hasPlaceholder(z.Rate) {
+		if n, period, err := limiter.ParseRate(repl.ReplaceAll(z.Rate, "")); err == nil {
+			p.Rate, p.Period = n, period
+			if z.Burst == "" {
+				p.Burst = n
+			}
+		} else {
+			z.warn(0, logger, "rate", err)
+		}
+	}
+	p.Burst = z.dynamicCount(1, logger, "burst", z.Burst, repl, p.Burst)
+	cost = z.dynamicCount(2, logger, "cost", z.Cost, repl, cost)
+	if err := p.Validate(); err != nil {
+		z.warn(0, logger, "rate", err)
+		p = z.policy
+	}
+	return p, cost
+}
+
+// dynamicCount resolves a burst or cost template, or keeps def.
+func (z *Zone) dynamicCount(i int, logger *zap.Logger, field string, v caddyhttp.WeakString, repl *caddy.Replacer, def int64) int64 {
+	if !hasPlaceholder(string(v)) {
+		return def
+	}
+	s := repl.ReplaceAll(string(v), "")
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 1 {
+		z.warn(i, logger, field, fmt.Errorf("%q is not a whole number of at least 1", s))
+		return def
+	}
+	return n
+}
+
+// warn logs, once per zone and field, that a template gave no valid value.
+func (z *Zone) warn(i int, logger *zap.Logger, field string, err error) {
+	if z.warned[i].CompareAndSwap(false, true) {
+		logger.Warn("placeholder gave no valid value; using the zone's default (logged once)",
+			zap.String("zone", z.name), zap.String("field", field), zap.Error(err))
+	}
 }
 
 // Validate reports configuration errors that Provision did not.
@@ -256,6 +428,9 @@ func (h *Handler) Cleanup() error {
 // and otherwise passes r on with the limit headers set.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if h.verifier != nil {
+		repl.Map(h.claims(r))
+	}
 	reqs, zones, err := h.requests(r, repl)
 	if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, err)
@@ -263,7 +438,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	decisions, err := h.take(r.Context(), reqs, zones)
+	decisions, err := h.take(r.Context(), reqs)
 	if err != nil { // Redis failed, on_store_error deny
 		if h.onError.Mode == "deny" {
 			w.Header().Set("Retry-After", strconv.FormatInt(int64(breakerCooldown/time.Second), 10))
@@ -279,7 +454,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	setLimitHeaders(w.Header(), d)
 	if !d.Allowed {
 		h.logger.Debug("rate limited", zap.String("zone", z.name), zap.Int64("retry_after", d.RetryAfterSeconds()))
-		return refuse(w, z, d)
+		return refuse(w, z.name, reqs[i].Policy, d)
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -287,14 +462,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // take decides reqs with Redis when configured, else in memory. When Redis
 // fails it applies on_store_error: decisions from the local store, none
 // (allow), or an error (deny).
-func (h *Handler) take(ctx context.Context, reqs []limiter.Request, zones []*Zone) ([]limiter.Decision, error) {
+func (h *Handler) take(ctx context.Context, reqs []limiter.Request) ([]limiter.Decision, error) {
 	b := h.backend
 	if b.redis == nil {
 		return b.local.TakeAt(h.now(), reqs), nil
 	}
 	decisions, err := h.takeRedis(ctx, reqs)
 	if err != nil {
-		return h.storeFailed(reqs, zones, err)
+		return h.storeFailed(reqs, err)
 	}
 	return decisions, nil
 }
@@ -332,7 +507,7 @@ func (h *Handler) takeRedis(ctx context.Context, reqs []limiter.Request) ([]limi
 var errBreakerOpen = errors.New("circuit breaker open after consecutive redis failures")
 
 // storeFailed applies on_store_error to a request that Redis did not decide.
-func (h *Handler) storeFailed(reqs []limiter.Request, zones []*Zone, err error) ([]limiter.Decision, error) {
+func (h *Handler) storeFailed(reqs []limiter.Request, err error) ([]limiter.Decision, error) {
 	if h.backend.failing.CompareAndSwap(false, true) {
 		h.logger.Error("redis store failing; on_store_error applies until it answers again",
 			zap.String("on_store_error", h.onError.Mode), zap.Error(err))
@@ -347,11 +522,95 @@ func (h *Handler) storeFailed(reqs []limiter.Request, zones []*Zone, err error) 
 	}
 	local := make([]limiter.Request, len(reqs))
 	for i, r := range reqs {
-		r.Policy = zones[i].local
+		if p, err := localPolicy(r.Policy, h.onError.Instances); err == nil {
+			r.Policy = p
+		}
 		local[i] = r
 	}
 	return h.backend.local.TakeAt(h.now(), local), nil
 }
+
+// jwtPlaceholder starts the placeholders of verified claims.
+const jwtPlaceholder = "http.rate_limit.jwt."
+
+// claims provides the {http.rate_limit.jwt.*} placeholders of r, verifying
+// its token the first time one is asked for.
+func (h *Handler) claims(r *http.Request) caddy.ReplacerFunc {
+	var claims map[string]any
+	verified := false
+	return func(key string) (any, bool) {
+		path, ok := strings.CutPrefix(key, jwtPlaceholder)
+		if !ok {
+			return nil, false
+		}
+		if !verified {
+			verified, claims = true, h.verify(r)
+		}
+		return clientkey.Claim(claims, path)
+	}
+}
+
+// verify returns the claims of r's token, or nil.
+func (h *Handler) verify(r *http.Request) map[string]any {
+	token := h.JWT.token(r)
+	if token == "" {
+		return nil
+	}
+	claims, err := h.verifier.Verify(token, h.now())
+	if err != nil {
+		h.logger.Debug("jwt not accepted: no claims", zap.Error(err))
+		return nil
+	}
+	return claims
+}
+
+// token is the raw token r carries, or "".
+func (c *JWTConfig) token(r *http.Request) string {
+	if c.FromCookie != "" {
+		ck, err := r.Cookie(c.FromCookie)
+		if err != nil {
+			return ""
+		}
+		return ck.Value
+	}
+	v := strings.TrimSpace(r.Header.Get(cmp.Or(c.FromHeader, "Authorization")))
+	if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
+		v = strings.TrimSpace(v[7:])
+	}
+	return v
+}
+
+// verifier loads the keys of c.
+func (c *JWTConfig) verifier() (*clientkey.Verifier, error) {
+	if c.FromHeader != "" && c.FromCookie != "" {
+		return nil, fmt.Errorf("from: a header or a cookie, not both")
+	}
+	if c.Leeway < 0 {
+		return nil, fmt.Errorf("leeway %s: must not be negative", time.Duration(c.Leeway))
+	}
+	keys := clientkey.Keys{Secret: []byte(caddy.NewReplacer().ReplaceKnown(c.Secret, ""))}
+	if c.Secret != "" && len(keys.Secret) == 0 {
+		return nil, fmt.Errorf("secret %q resolves to nothing", c.Secret)
+	}
+	for _, load := range []struct {
+		file string
+		load func(string) ([]clientkey.PublicKey, error)
+	}{{c.PublicKeyFile, clientkey.LoadPublicKeyFile}, {c.JWKSFile, clientkey.LoadJWKSFile}} {
+		if load.file == "" {
+			continue
+		}
+		public, err := load.load(load.file)
+		if err != nil {
+			return nil, err
+		}
+		keys.Public = append(keys.Public, public...)
+	}
+	return clientkey.NewVerifier(keys, clientkey.VerifierOptions{Issuer: c.Issuer, Audience: c.Audience,
+		Leeway: cmp.Or(time.Duration(c.Leeway), defaultLeeway)})
+}
+
+// defaultLeeway is JWTConfig.Leeway when unset.
+const defaultLeeway = 30 * time.Second
 
 // requests builds one store request per zone that applies to r.
 func (h *Handler) requests(r *http.Request, repl *caddy.Replacer) ([]limiter.Request, []*Zone, error) {
@@ -366,7 +625,12 @@ func (h *Handler) requests(r *http.Request, repl *caddy.Replacer) ([]limiter.Req
 			continue
 		}
 		key := repl.ReplaceAll(z.Key, "")
-		reqs = append(reqs, limiter.Request{Zone: z.name, Key: key, Policy: z.policy, Cost: 1})
+		if key == "" && z.OnEmptyKey == "skip" {
+			continue
+		}
+		key = clientkey.Subnet(key, cmp.Or(z.IPv4Prefix, 32), cmp.Or(z.IPv6Prefix, 64))
+		policy, cost := z.limits(repl, h.logger)
+		reqs = append(reqs, limiter.Request{Zone: z.name, Key: key, Policy: policy, Cost: cost})
 		zones = append(zones, z)
 	}
 	return reqs, zones, nil
@@ -411,12 +675,12 @@ type refusal struct {
 }
 
 // refuse writes the 429 response.
-func refuse(w http.ResponseWriter, z *Zone, d limiter.Decision) error {
+func refuse(w http.ResponseWriter, zone string, p limiter.Policy, d limiter.Decision) error {
 	retry := d.RetryAfterSeconds()
 	body, err := json.Marshal(refusal{
 		Error:      "rate limit exceeded",
-		Message:    fmt.Sprintf("You have exceeded the rate limit of %s. Try again in %s.", z.policy, seconds(retry)),
-		Zone:       z.name,
+		Message:    fmt.Sprintf("You have exceeded the rate limit of %s. Try again in %s.", p, seconds(retry)),
+		Zone:       zone,
 		RetryAfter: retry,
 	})
 	if err != nil {

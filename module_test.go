@@ -34,7 +34,7 @@ func TestProvisionErrors(t *testing.T) {
 		"no key":         {map[string]*Zone{"a": {Rate: "1r/s"}}, `zone "a": key is required`},
 		"no rate":        {map[string]*Zone{"a": {Key: "k"}}, `zone "a": rate is required`},
 		"bad rate":       {map[string]*Zone{"a": {Key: "k", Rate: "1/s"}}, `zone "a": rate "1/s"`},
-		"negative burst": {map[string]*Zone{"a": {Key: "k", Rate: "1r/s", Burst: -1}}, `zone "a": burst -1 is out of range`},
+		"negative burst": {map[string]*Zone{"a": {Key: "k", Rate: "1r/s", Burst: "-1"}}, `zone "a": burst "-1": want a whole number of at least 1`},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

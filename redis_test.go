@@ -22,7 +22,7 @@ func TestClockSkew(t *testing.T) {
 	prefix := fmt.Sprintf("skew%x:", rand.Uint64())
 	instance := func(skew time.Duration, poolSize int) *Handler {
 		h := &Handler{
-			Zones: map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Burst: 5}},
+			Zones: map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Burst: "5"}},
 			// Distinct pool sizes: distinct clients, as on two machines.
 			Redis: &RedisConfig{Addresses: addrs, KeyPrefix: prefix, PoolSize: poolSize},
 			now:   func() time.Time { return time.Now().Add(skew) },
@@ -60,7 +60,7 @@ func TestClockSkew(t *testing.T) {
 // completes, so the breaker closes and Redis decides again.
 func TestBreakerProbeOfALeavingClient(t *testing.T) {
 	h := &Handler{
-		Zones: map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Burst: 5}},
+		Zones: map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Burst: "5"}},
 		Redis: &RedisConfig{Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: fmt.Sprintf("probe%x:", rand.Uint64())},
 	}
 	if err := provision(t, h); err != nil {
@@ -96,7 +96,7 @@ func redisHandler(t *testing.T, cfg *RedisConfig) *Handler {
 	t.Helper()
 	cfg.KeyPrefix = fmt.Sprintf("t%x:", rand.Uint64())
 	h := &Handler{
-		Zones:        map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Burst: 5}},
+		Zones:        map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Burst: "5"}},
 		Redis:        cfg,
 		OnStoreError: &StoreErrorPolicy{Mode: "deny"},
 	}
