@@ -48,13 +48,26 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			timeout     <duration>
 //		}
 //		on_store_error allow | deny [<status>] | local [instances <n>]
+//		jwt {
+//			secret          <text>
+//			public_key_file <pem file>
+//			jwks_file       <json file>
+//			from            header <name> | cookie <name>
+//			issuer          <iss>
+//			audience        <aud>
+//			leeway          <duration>
+//		}
 //		zone <name> {
 //			match {
 //				<matchers>
 //			}
-//			key   <template>
-//			rate  <N>r/<s|m|h|d>
-//			burst <N>
+//			key          <template>
+//			rate         <N>r/<s|m|h|d> | <template> <default rate>
+//			burst        <N> | <template> [<default N>]
+//			cost         <N> | <template> [<default N>]
+//			ipv4_prefix  <bits>
+//			ipv6_prefix  <bits>
+//			on_empty_key shared | skip
 //		}
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -71,6 +84,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = h.unmarshalRedis(d)
 		case "on_store_error":
 			err = h.unmarshalStoreError(d)
+		case "jwt":
+			err = h.unmarshalJWT(d)
 		default:
 			err = d.Errf("unrecognized subdirective %q", d.Val())
 		}
@@ -312,6 +327,69 @@ func parseRedisTLS(d *caddyfile.Dispenser, c *RedisConfig) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// unmarshalJWT parses the jwt block.
+func (h *Handler) unmarshalJWT(d *caddyfile.Dispenser) error {
+	if h.JWT != nil {
+		return d.Err("jwt is already configured")
+	}
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	h.JWT = new(JWTConfig)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		parse, ok := jwtOptions[d.Val()]
+		if !ok {
+			return d.Errf("jwt: unrecognized subdirective %q", d.Val())
+		}
+		if err := parse(d, h.JWT); err != nil {
+			return err
+		}
+	}
+	if h.JWT.Secret == "" && h.JWT.PublicKeyFile == "" && h.JWT.JWKSFile == "" {
+		return d.Err("jwt: needs secret, public_key_file or jwks_file")
+	}
+	return nil
+}
+
+// jwtOptions parse the subdirectives of the jwt block, one each.
+var jwtOptions = map[string]func(*caddyfile.Dispenser, *JWTConfig) error{
+	"secret":          func(d *caddyfile.Dispenser, c *JWTConfig) error { return oneArg(d, &c.Secret) },
+	"public_key_file": func(d *caddyfile.Dispenser, c *JWTConfig) error { return oneArg(d, &c.PublicKeyFile) },
+	"jwks_file":       func(d *caddyfile.Dispenser, c *JWTConfig) error { return oneArg(d, &c.JWKSFile) },
+	"issuer":          func(d *caddyfile.Dispenser, c *JWTConfig) error { return oneArg(d, &c.Issuer) },
+	"audience":        func(d *caddyfile.Dispenser, c *JWTConfig) error { return oneArg(d, &c.Audience) },
+	"from":            parseJWTFrom,
+	"leeway":          parseJWTLeeway,
+}
+
+// parseJWTFrom parses: from header <name> | from cookie <name>.
+func parseJWTFrom(d *caddyfile.Dispenser, c *JWTConfig) error {
+	args := d.RemainingArgs()
+	if len(args) != 2 || (args[0] != "header" && args[0] != "cookie") {
+		return d.Err("jwt: want from header <name> or from cookie <name>")
+	}
+	c.FromHeader, c.FromCookie = "", ""
+	if args[0] == "header" {
+		c.FromHeader = args[1]
+	} else {
+		c.FromCookie = args[1]
+	}
+	return nil
+}
+
+func parseJWTLeeway(d *caddyfile.Dispenser, c *JWTConfig) error {
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	t, err := caddy.ParseDuration(s)
+	if err != nil || t < 0 {
+		return d.Errf("jwt: leeway %q: want a duration such as 30s", s)
+	}
+	c.Leeway = caddy.Duration(t)
 	return nil
 }
 

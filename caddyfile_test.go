@@ -147,6 +147,19 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"on_store_error bad instances", withStoreError("local instances 0"), `instances "0": want a whole number of at least 1`},
 		{"on_store_error allow extra", withStoreError("allow 5"), `got "allow 5"`},
 		{"on_store_error empty", withStoreError(""), `wrong argument count`},
+		{"rate template without default", zone("\t\t\tkey k\n\t\t\trate {http.vars.plan}"), `zone "api": rate "{http.vars.plan}" has placeholders: give a default rate after it, at Caddyfile:5`},
+		{"rate default bad", zone("\t\t\tkey k\n\t\t\trate {http.vars.plan} lots"), `zone "api": rate "lots": want <N>r/<s|m|h|d>`},
+		{"rate literal with default", zone("\t\t\tkey k\n\t\t\trate 1r/s 2r/s"), `"1r/s" has no placeholder: a default is only for placeholders, at Caddyfile:5`},
+		{"cost zero", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tcost 0"), `zone "api": cost "0": want a whole number of at least 1, at Caddyfile:6`},
+		{"cost default bad", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tcost {http.vars.cost} x"), `cost "x": want a whole number of at least 1`},
+		{"burst three args", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tburst {a} 1 2"), `wrong argument count`},
+		{"ipv4 prefix", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tipv4_prefix 33"), `zone "api": ipv4_prefix "33": want 1 to 32, at Caddyfile:6`},
+		{"ipv6 prefix", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tipv6_prefix x"), `ipv6_prefix "x": want 1 to 128`},
+		{"on_empty_key", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\ton_empty_key drop"), `zone "api": on_empty_key "drop": want shared or skip, at Caddyfile:6`},
+		{"jwt without key", withJWT("\t\t\tissuer x"), `jwt: needs secret, public_key_file or jwks_file`},
+		{"jwt unknown option", withJWT("\t\t\tsecret s\n\t\t\talgorithms HS256"), `jwt: unrecognized subdirective "algorithms", at Caddyfile:5`},
+		{"jwt bad from", withJWT("\t\t\tsecret s\n\t\t\tfrom query token"), `jwt: want from header <name> or from cookie <name>, at Caddyfile:5`},
+		{"jwt bad leeway", withJWT("\t\t\tsecret s\n\t\t\tleeway -1s"), `jwt: leeway "-1s": want a duration such as 30s`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -160,6 +173,44 @@ func TestCaddyfileErrors(t *testing.T) {
 
 func withRedis(block string) string {
 	return ":8080 {\n\trate_limit {\n\t\tredis {\n" + block + "\n\t\t}\n\t\tzone z {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t}\n}"
+}
+
+func withJWT(block string) string {
+	return ":8080 {\n\trate_limit {\n\t\tjwt {\n" + block + "\n\t\t}\n\t\tzone z {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t}\n}"
+}
+
+func TestCaddyfileClients(t *testing.T) {
+	out, err := adapt(t, `:8080 {
+	rate_limit {
+		jwt {
+			secret   {env.JWT_SECRET}
+			from     cookie session
+			issuer   https://auth.example
+			audience api
+			leeway   10s
+		}
+		zone per_user {
+			key          {http.rate_limit.jwt.sub}
+			rate         {http.vars.plan_rate} 100r/m
+			burst        {http.vars.plan_burst} 20
+			cost         5
+			ipv4_prefix  24
+			ipv6_prefix  56
+			on_empty_key skip
+		}
+	}
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`"jwt":{"audience":"api","from_cookie":"session","issuer":"https://auth.example","leeway":10000000000,"secret":"{env.JWT_SECRET}"}`,
+		`"per_user":{"burst":"{http.vars.plan_burst}","cost":5,"default_burst":20,"default_rate":"100r/m","ipv4_prefix":24,"ipv6_prefix":56,"key":"{http.rate_limit.jwt.sub}","on_empty_key":"skip","rate":"{http.vars.plan_rate}"}`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("adapted config lacks\n%s\nin\n%s", want, out)
+		}
+	}
 }
 
 func withStoreError(args string) string {

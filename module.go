@@ -534,7 +534,8 @@ func (h *Handler) storeFailed(reqs []limiter.Request, err error) ([]limiter.Deci
 const jwtPlaceholder = "http.rate_limit.jwt."
 
 // claims provides the {http.rate_limit.jwt.*} placeholders of r, verifying
-// its token the first time one is asked for.
+// its token the first time one is asked for. A claim that the request's
+// token does not carry (or a token not accepted) is empty.
 func (h *Handler) claims(r *http.Request) caddy.ReplacerFunc {
 	var claims map[string]any
 	verified := false
@@ -546,7 +547,8 @@ func (h *Handler) claims(r *http.Request) caddy.ReplacerFunc {
 		if !verified {
 			verified, claims = true, h.verify(r)
 		}
-		return clientkey.Claim(claims, path)
+		v, _ := clientkey.ClaimString(claims, path)
+		return v, true
 	}
 }
 

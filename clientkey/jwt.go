@@ -201,11 +201,6 @@ func supported(key any, err error) (any, error) {
 	return nil, fmt.Errorf("unsupported public key type %T", key)
 }
 
-// Claim looks up a claim by path, as a placeholder value: see ClaimString.
-func Claim(claims map[string]any, path string) (any, bool) {
-	return ClaimString(claims, path)
-}
-
 // ClaimString looks up a claim by path: "sub", or "org.id" for the id inside the
 // org object. A claim whose own name holds dots is found too. Strings come
 // as they are, numbers and booleans in their JSON form; objects and arrays
