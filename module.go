@@ -77,11 +77,11 @@ type Handler struct {
 	zones    []*Zone
 	verifier *clientkey.Verifier
 	backend  *backend
-	poolKey string
-	timeout time.Duration
-	onError StoreErrorPolicy
-	now     func() time.Time
-	logger  *zap.Logger
+	poolKey  string
+	timeout  time.Duration
+	onError  StoreErrorPolicy
+	now      func() time.Time
+	logger   *zap.Logger
 }
 
 // JWTConfig says which tokens to trust and where to find them. At least
