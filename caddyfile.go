@@ -180,7 +180,10 @@ func parseZoneRate(d *caddyfile.Dispenser, z *Zone) error {
 	}
 	z.Rate, z.DefaultRate = tmpl, dflt
 	check := cmp.Or(dflt, tmpl)
-	if hasPlaceholder(check) {
+	switch {
+	case hasPlaceholder(dflt):
+		return d.Errf("zone %q: default rate %q: want a rate, not a placeholder", z.name, dflt)
+	case hasPlaceholder(check):
 		return d.Errf("zone %q: rate %q has placeholders: give a default rate after it", z.name, tmpl)
 	}
 	if _, _, err := limiter.ParseRate(check); err != nil {
@@ -197,6 +200,9 @@ func parseCount(d *caddyfile.Dispenser, z *Zone, v *caddyhttp.WeakString, dflt *
 		return err
 	}
 	*v = caddyhttp.WeakString(tmpl)
+	if hasPlaceholder(def) {
+		return d.Errf("zone %q: default %s %q: want a number, not a placeholder", z.name, field, def)
+	}
 	check := cmp.Or(def, tmpl)
 	if hasPlaceholder(check) {
 		return nil
@@ -389,7 +395,8 @@ func parseJWTLeeway(d *caddyfile.Dispenser, c *JWTConfig) error {
 	if err != nil || t < 0 {
 		return d.Errf("jwt: leeway %q: want a duration such as 30s", s)
 	}
-	c.Leeway = caddy.Duration(t)
+	leeway := caddy.Duration(t)
+	c.Leeway = &leeway
 	return nil
 }
 

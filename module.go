@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -85,13 +86,14 @@ type Handler struct {
 }
 
 // JWTConfig says which tokens to trust and where to find them. At least
-// one of Secret, PublicKeyFile and JWKSFile is required. The accepted
+// one of Secret, PublicKeyFile and JWKSFile is required. Tokens must carry
+// exp. The accepted
 // algorithms follow from the keys: HS256/384/512 with the secret, RS*/PS*,
 // ES* and EdDSA with public keys of their kind; never "none", and never an
 // HMAC signature made with a public key.
 type JWTConfig struct {
-	// Secret verifies HMAC tokens. Placeholders such as {env.JWT_SECRET}
-	// work.
+	// Secret verifies HMAC tokens; at least 32 bytes. Placeholders such
+	// as {env.JWT_SECRET} work; an unknown placeholder is an error.
 	Secret string `json:"secret,omitempty"`
 
 	// PublicKeyFile is a PEM file of RSA, ECDSA or Ed25519 public keys
@@ -116,7 +118,7 @@ type JWTConfig struct {
 
 	// Leeway tolerates clock differences when checking exp and nbf.
 	// Default: 30s.
-	Leeway caddy.Duration `json:"leeway,omitempty"`
+	Leeway *caddy.Duration `json:"leeway,omitempty"`
 }
 
 // StoreErrorPolicy says what a handler does while its Redis fails.
@@ -198,7 +200,7 @@ type Zone struct {
 	static   bool           // no placeholders in rate, burst and cost
 	policy   limiter.Policy // the static policy, or the defaults
 	cost     int64
-	warned   [3]atomic.Bool // rate, burst, cost
+	warned   [4]atomic.Bool // rate, burst, cost, their combination
 }
 
 // CaddyModule returns the Caddy module information.
@@ -220,8 +222,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	if h.JWT != nil {
-		if h.verifier, err = h.JWT.verifier(); err != nil {
+		var skipped []string
+		if h.verifier, skipped, err = h.JWT.verifier(); err != nil {
 			return fmt.Errorf("jwt: %w", err)
+		}
+		for _, why := range skipped {
+			h.logger.Warn("jwks key skipped", zap.String("file", h.JWT.JWKSFile), zap.String("key", why))
 		}
 	}
 	for _, name := range sortedNames(h.Zones) {
@@ -338,6 +344,9 @@ func (z *Zone) check() error {
 	if z.cost, err = staticCount("cost", z.Cost, z.DefaultCost, 1); err != nil {
 		return err
 	}
+	if z.cost > z.policy.Burst && !hasPlaceholder(string(z.Burst)) && !hasPlaceholder(z.Rate) {
+		return fmt.Errorf("cost %d is more than the burst, %d: every request would be refused", z.cost, z.policy.Burst)
+	}
 	return z.policy.Validate()
 }
 
@@ -368,17 +377,19 @@ func (z *Zone) limits(repl *caddy.Replacer, logger *zap.Logger) (limiter.Policy,
 	if hasPlaceholder(z.Rate) {
 		if n, period, err := limiter.ParseRate(repl.ReplaceAll(z.Rate, "")); err == nil {
 			p.Rate, p.Period = n, period
-			if z.Burst == "" {
-				p.Burst = n
-			}
 		} else {
 			z.warn(0, logger, "rate", err)
 		}
+		if z.Burst == "" { // N of the rate in force
+			p.Burst = p.Rate
+		}
 	}
-	p.Burst = z.dynamicCount(1, logger, "burst", z.Burst, repl, p.Burst)
+	if hasPlaceholder(string(z.Burst)) {
+		p.Burst = z.dynamicCount(1, logger, "burst", z.Burst, repl, cmp.Or(z.DefaultBurst, p.Rate))
+	}
 	cost = z.dynamicCount(2, logger, "cost", z.Cost, repl, cost)
 	if err := p.Validate(); err != nil {
-		z.warn(0, logger, "rate", err)
+		z.warn(3, logger, "rate and burst", err)
 		p = z.policy
 	}
 	return p, cost
@@ -429,7 +440,7 @@ func (h *Handler) Cleanup() error {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if h.verifier != nil {
-		repl.Map(h.claims(r))
+		h.useClaims(r, repl)
 	}
 	reqs, zones, err := h.requests(r, repl)
 	if err != nil {
@@ -533,23 +544,48 @@ func (h *Handler) storeFailed(reqs []limiter.Request, err error) ([]limiter.Deci
 // jwtPlaceholder starts the placeholders of verified claims.
 const jwtPlaceholder = "http.rate_limit.jwt."
 
-// claims provides the {http.rate_limit.jwt.*} placeholders of r, verifying
-// its token the first time one is asked for. A claim that the request's
-// token does not carry (or a token not accepted) is empty.
-func (h *Handler) claims(r *http.Request) caddy.ReplacerFunc {
-	var claims map[string]any
-	verified := false
-	return func(key string) (any, bool) {
-		path, ok := strings.CutPrefix(key, jwtPlaceholder)
-		if !ok {
-			return nil, false
-		}
-		if !verified {
-			verified, claims = true, h.verify(r)
-		}
-		v, _ := clientkey.ClaimString(claims, path)
-		return v, true
+// jwtState holds a request's claims. One provider per request answers the
+// {http.rate_limit.jwt.*} placeholders, with the verifier of the rate_limit
+// handler running now (handlers in one route may trust different keys), and
+// verifies the token at most once per handler, when a claim is first asked
+// for. A claim the token does not carry, or a token not accepted, is empty.
+type jwtState struct {
+	mu      sync.Mutex
+	r       *http.Request
+	current *Handler
+	claims  map[*Handler]map[string]any
+}
+
+// jwtStateVar names the request's jwtState among Caddy's request vars.
+const jwtStateVar = "rate_limit_jwt_state"
+
+// useClaims makes h the verifier of r's claim placeholders.
+func (h *Handler) useClaims(r *http.Request, repl *caddy.Replacer) {
+	st, _ := caddyhttp.GetVar(r.Context(), jwtStateVar).(*jwtState)
+	if st == nil {
+		st = &jwtState{r: r, claims: make(map[*Handler]map[string]any, 1)}
+		repl.Map(st.placeholder)
+		caddyhttp.SetVar(r.Context(), jwtStateVar, st)
 	}
+	st.mu.Lock()
+	st.current = h
+	st.mu.Unlock()
+}
+
+func (st *jwtState) placeholder(key string) (any, bool) {
+	path, ok := strings.CutPrefix(key, jwtPlaceholder)
+	if !ok {
+		return nil, false
+	}
+	st.mu.Lock()
+	claims, done := st.claims[st.current]
+	if !done {
+		claims = st.current.verify(st.r)
+		st.claims[st.current] = claims
+	}
+	st.mu.Unlock()
+	v, _ := clientkey.ClaimString(claims, path)
+	return v, true
 }
 
 // verify returns the claims of r's token, or nil.
@@ -582,33 +618,51 @@ func (c *JWTConfig) token(r *http.Request) string {
 	return v
 }
 
-// verifier loads the keys of c.
-func (c *JWTConfig) verifier() (*clientkey.Verifier, error) {
+// verifier loads the keys of c; skipped lists the keys of the JWKS file
+// that it cannot use.
+func (c *JWTConfig) verifier() (v *clientkey.Verifier, skipped []string, err error) {
 	if c.FromHeader != "" && c.FromCookie != "" {
-		return nil, fmt.Errorf("from: a header or a cookie, not both")
+		return nil, nil, fmt.Errorf("from: a header or a cookie, not both")
 	}
-	if c.Leeway < 0 {
-		return nil, fmt.Errorf("leeway %s: must not be negative", time.Duration(c.Leeway))
+	leeway := defaultLeeway
+	if c.Leeway != nil {
+		leeway = time.Duration(*c.Leeway)
 	}
-	keys := clientkey.Keys{Secret: []byte(caddy.NewReplacer().ReplaceKnown(c.Secret, ""))}
-	if c.Secret != "" && len(keys.Secret) == 0 {
-		return nil, fmt.Errorf("secret %q resolves to nothing", c.Secret)
+	if leeway < 0 {
+		return nil, nil, fmt.Errorf("leeway %s: must not be negative", leeway)
 	}
-	for _, load := range []struct {
-		file string
-		load func(string) ([]clientkey.PublicKey, error)
-	}{{c.PublicKeyFile, clientkey.LoadPublicKeyFile}, {c.JWKSFile, clientkey.LoadJWKSFile}} {
-		if load.file == "" {
-			continue
-		}
-		public, err := load.load(load.file)
+	keys, skipped, err := c.keys()
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err = clientkey.NewVerifier(keys, clientkey.VerifierOptions{Issuer: c.Issuer, Audience: c.Audience, Leeway: leeway})
+	return v, skipped, err
+}
+
+// keys reads the secret and the key files of c.
+func (c *JWTConfig) keys() (keys clientkey.Keys, skipped []string, err error) {
+	// An unknown placeholder is an error: left as text, it would be a
+	// secret anyone can read in the config.
+	secret, err := caddy.NewReplacer().ReplaceOrErr(c.Secret, true, true)
+	if err != nil {
+		return keys, nil, fmt.Errorf("secret: %w", err)
+	}
+	keys.Secret = []byte(secret)
+	if c.PublicKeyFile != "" {
+		public, err := clientkey.LoadPublicKeyFile(c.PublicKeyFile)
 		if err != nil {
-			return nil, err
+			return keys, nil, err
 		}
-		keys.Public = append(keys.Public, public...)
+		keys.Public = public
 	}
-	return clientkey.NewVerifier(keys, clientkey.VerifierOptions{Issuer: c.Issuer, Audience: c.Audience,
-		Leeway: cmp.Or(time.Duration(c.Leeway), defaultLeeway)})
+	if c.JWKSFile != "" {
+		public, skip, err := clientkey.LoadJWKSFile(c.JWKSFile)
+		if err != nil {
+			return keys, nil, err
+		}
+		keys.Public, skipped = append(keys.Public, public...), skip
+	}
+	return keys, skipped, nil
 }
 
 // defaultLeeway is JWTConfig.Leeway when unset.

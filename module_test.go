@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 )
 
 // provision provisions h as Caddy would, releasing it when the test ends.
@@ -128,3 +129,16 @@ func BenchmarkServeHTTP(b *testing.B) {
 		})
 	}
 }
+
+// caddyhttpTestReplacer is the request's replacer with {http.vars.*} set.
+func caddyhttpTestReplacer(r *http.Request, vars map[string]string) *caddy.Replacer {
+	ctx := context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{})
+	*r = *r.WithContext(ctx)
+	repl := caddyhttp.NewTestReplacer(r)
+	for k, v := range vars {
+		caddyhttp.SetVar(r.Context(), k, v)
+	}
+	return repl
+}
+
+func testLogger(t testing.TB) *zap.Logger { return zap.NewNop() }

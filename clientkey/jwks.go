@@ -25,44 +25,63 @@ type jwk struct {
 }
 
 // LoadJWKSFile reads the public keys of a JWKS file: RSA, EC (P-256,
-// P-384, P-521) and OKP (Ed25519) keys; keys for encryption ("use":"enc")
-// and symmetric keys are left out.
-func LoadJWKSFile(path string) ([]PublicKey, error) {
+// P-384, P-521) and OKP (Ed25519) keys. Keys for encryption ("use":"enc"),
+// symmetric keys and kinds it does not support are skipped, and said so in
+// skipped; a malformed key of a supported kind is an error.
+func LoadJWKSFile(path string) (keys []PublicKey, skipped []string, err error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var set struct {
 		Keys []jwk `json:"keys"`
 	}
 	if err := json.Unmarshal(data, &set); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
-	var keys []PublicKey
 	for i, k := range set.Keys {
-		if k.Use == "enc" || k.Kty == "oct" {
+		if why := k.unsupported(); why != "" {
+			skipped = append(skipped, fmt.Sprintf("key %d (kid %q): %s", i, k.Kid, why))
 			continue
 		}
 		key, err := k.publicKey()
 		if err != nil {
-			return nil, fmt.Errorf("%s: key %d (kid %q): %w", path, i, k.Kid, err)
+			return nil, nil, fmt.Errorf("%s: key %d (kid %q): %w", path, i, k.Kid, err)
 		}
 		keys = append(keys, PublicKey{ID: k.Kid, Key: key})
 	}
 	if len(keys) == 0 {
-		return nil, fmt.Errorf("%s: no signature verification key", path)
+		return nil, skipped, fmt.Errorf("%s: no signature verification key", path)
 	}
-	return keys, nil
+	return keys, skipped, nil
+}
+
+// unsupported says why k is not a key this package verifies with, or "".
+func (k jwk) unsupported() string {
+	switch {
+	case k.Use == "enc":
+		return "for encryption"
+	case k.Kty == "oct":
+		return "symmetric (use secret instead)"
+	case k.Kty == "EC" && k.Crv != "P-256" && k.Crv != "P-384" && k.Crv != "P-521":
+		return "unsupported curve " + k.Crv
+	case k.Kty == "OKP" && k.Crv != "Ed25519":
+		return "unsupported curve " + k.Crv
+	case k.Kty != "RSA" && k.Kty != "EC" && k.Kty != "OKP":
+		return "unsupported kty " + k.Kty
+	}
+	return ""
 }
 
 func (k jwk) publicKey() (any, error) {
 	switch k.Kty {
 	case "RSA":
 		n, e := b64int(k.N), b64int(k.E)
-		if n == nil || e == nil || !e.IsInt64() || e.Int64() < 3 || e.Int64() > 1<<31 {
+		if n == nil || e == nil || !e.IsInt64() {
 			return nil, fmt.Errorf("bad RSA n or e")
 		}
-		return &rsa.PublicKey{N: n, E: int(e.Int64())}, nil
+		key := &rsa.PublicKey{N: n, E: int(e.Int64())}
+		return key, checkRSA(key)
 	case "EC":
 		return k.ecKey()
 	case "OKP":

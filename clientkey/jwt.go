@@ -23,6 +23,13 @@ import (
 // unread.
 const MaxTokenSize = 16 << 10
 
+// MinSecretSize is the shortest HMAC secret accepted: as long as the
+// output of SHA-256.
+const MinSecretSize = 32
+
+// MinRSABits is the smallest RSA modulus accepted.
+const MinRSABits = 2048
+
 // Keys are the keys that may sign accepted tokens.
 type Keys struct {
 	// Secret verifies HS256, HS384 and HS512 tokens.
@@ -38,7 +45,8 @@ type PublicKey struct {
 	Key any
 }
 
-// Verifier checks tokens: signature, expiry, not-before, issuer, audience.
+// Verifier checks tokens: signature, expiry (required), not-before,
+// issuer, audience.
 type Verifier struct {
 	keys    Keys
 	methods []string
@@ -59,11 +67,15 @@ type VerifierOptions struct {
 // algorithms follow from the keys: HMAC only with the secret, the others
 // only with public keys of their kind, never "none".
 func NewVerifier(keys Keys, o VerifierOptions) (*Verifier, error) {
+	if n := len(keys.Secret); n > 0 && n < MinSecretSize {
+		return nil, fmt.Errorf("secret of %d bytes: want at least %d (RFC 7518, section 3.2)", n, MinSecretSize)
+	}
 	v := &Verifier{keys: keys, methods: methodsFor(keys)}
 	if len(v.methods) == 0 {
-		return nil, errors.New("jwt: no key: set a secret, a public key file or a JWKS file")
+		return nil, errors.New("no key: set a secret, a public key file or a JWKS file")
 	}
-	v.opts = []jwt.ParserOption{jwt.WithValidMethods(v.methods), jwt.WithJSONNumber(), jwt.WithLeeway(o.Leeway)}
+	v.opts = []jwt.ParserOption{jwt.WithValidMethods(v.methods), jwt.WithJSONNumber(), jwt.WithLeeway(o.Leeway),
+		jwt.WithExpirationRequired()}
 	if o.Issuer != "" {
 		v.opts = append(v.opts, jwt.WithIssuer(o.Issuer))
 	}
@@ -123,6 +135,9 @@ func (v *Verifier) Verify(token string, now time.Time) (map[string]any, error) {
 // HMAC, public keys of the token's kind (and key ID) otherwise.
 func (v *Verifier) key(t *jwt.Token) (any, error) {
 	if _, ok := t.Method.(*jwt.SigningMethodHMAC); ok {
+		if len(v.keys.Secret) == 0 {
+			return nil, errors.New("no secret for HMAC")
+		}
 		return v.keys.Secret, nil
 	}
 	kid, _ := t.Header["kid"].(string)
@@ -179,7 +194,7 @@ func parsePEMBlock(b *pem.Block) (any, error) {
 	case "PUBLIC KEY":
 		return supported(x509.ParsePKIXPublicKey(b.Bytes))
 	case "RSA PUBLIC KEY":
-		return x509.ParsePKCS1PublicKey(b.Bytes)
+		return supported(x509.ParsePKCS1PublicKey(b.Bytes))
 	case "CERTIFICATE":
 		cert, err := x509.ParseCertificate(b.Bytes)
 		if err != nil {
@@ -194,11 +209,24 @@ func supported(key any, err error) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch key.(type) {
-	case *rsa.PublicKey, *ecdsa.PublicKey, ed25519.PublicKey:
+	switch k := key.(type) {
+	case *rsa.PublicKey:
+		return k, checkRSA(k)
+	case *ecdsa.PublicKey, ed25519.PublicKey:
 		return key, nil
 	}
 	return nil, fmt.Errorf("unsupported public key type %T", key)
+}
+
+// checkRSA refuses RSA keys that Go would not verify with, or should not.
+func checkRSA(k *rsa.PublicKey) error {
+	if k.N.BitLen() < MinRSABits {
+		return fmt.Errorf("RSA key of %d bits: want at least %d", k.N.BitLen(), MinRSABits)
+	}
+	if k.E < 3 || k.E > 1<<31-1 || k.E%2 == 0 {
+		return fmt.Errorf("RSA exponent %d: want an odd number from 3 to 2^31-1", k.E)
+	}
+	return nil
 }
 
 // ClaimString looks up a claim by path: "sub", or "org.id" for the id inside the

@@ -94,6 +94,7 @@ func jwksFile(t testing.TB, dir string) string {
 		{"kty": "OKP", "kid": "ed-1", "crv": "Ed25519", "x": b64(testKeys.ed.Public().(ed25519.PublicKey))},
 		{"kty": "RSA", "kid": "enc-1", "use": "enc", "n": "AQAB", "e": "AQAB"},
 		{"kty": "oct", "kid": "hmac-1", "k": b64([]byte("not trusted for anything"))},
+		{"kty": "OKP", "kid": "x-1", "crv": "X25519", "x": b64(make([]byte, 32))},
 	}}
 	data, _ := json.Marshal(set)
 	path := filepath.Join(dir, "jwks.json")
@@ -109,12 +110,12 @@ func TestVerify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	jwks, err := LoadJWKSFile(jwksFile(t, dir))
+	jwks, skipped, err := LoadJWKSFile(jwksFile(t, dir))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(jwks) != 3 {
-		t.Fatalf("JWKS: %d keys; want 3 (encryption and symmetric keys left out)", len(jwks))
+	if len(jwks) != 3 || len(skipped) != 3 {
+		t.Fatalf("JWKS: %d keys, %d skipped (%v); want 3 and 3 (encryption, symmetric, X25519 keys)", len(jwks), len(skipped), skipped)
 	}
 	opts := VerifierOptions{Issuer: "https://issuer.example", Audience: "api", Leeway: 30 * time.Second}
 	all, _ := NewVerifier(Keys{Secret: testKeys.secret, Public: public}, opts)
@@ -142,6 +143,7 @@ func TestVerify(t *testing.T) {
 		{"JWKS unknown kid", fromJWKS, sign(t, jwt.SigningMethodES256, testKeys.ec, ok, "nope"), false},
 		{"JWKS kid of another key", fromJWKS, sign(t, jwt.SigningMethodRS256, testKeys.rsa, ok, "ec-1"), false},
 		{"JWKS oct key not trusted", fromJWKS, sign(t, jwt.SigningMethodHS256, []byte("not trusted for anything"), ok, "hmac-1"), false},
+		{"no exp", all, sign(t, jwt.SigningMethodHS256, testKeys.secret, claims(map[string]any{"exp": nil}), ""), false},
 		{"expired", all, sign(t, jwt.SigningMethodHS256, testKeys.secret, claims(map[string]any{"exp": now.Add(-time.Minute).Unix()}), ""), false},
 		{"expired within leeway", all, sign(t, jwt.SigningMethodHS256, testKeys.secret, claims(map[string]any{"exp": now.Add(-10 * time.Second).Unix()}), ""), true},
 		{"not yet valid", all, sign(t, jwt.SigningMethodHS256, testKeys.secret, claims(map[string]any{"nbf": now.Add(time.Minute).Unix()}), ""), false},
@@ -195,6 +197,14 @@ func TestNewVerifierNeedsAKey(t *testing.T) {
 	if _, err := NewVerifier(Keys{}, VerifierOptions{}); err == nil {
 		t.Fatal("a verifier without keys")
 	}
+	if _, err := NewVerifier(Keys{Secret: []byte("short")}, VerifierOptions{}); err == nil || !strings.Contains(err.Error(), "at least 32") {
+		t.Fatalf("a 5-byte secret: %v", err)
+	}
+	// The zero Verifier accepts nothing, not even HMAC with an empty key.
+	tok := sign(t, jwt.SigningMethodHS256, []byte{}, claims(nil), "")
+	if c, err := new(Verifier).Verify(tok, now); err == nil || c != nil {
+		t.Fatal("the zero Verifier accepted an HMAC token with an empty key")
+	}
 }
 
 func TestLoadErrors(t *testing.T) {
@@ -221,10 +231,13 @@ func TestLoadErrors(t *testing.T) {
 		"bad rsa":     `{"keys":[{"kty":"RSA","n":"!!","e":"AQAB"}]}`,
 		"bad curve":   `{"keys":[{"kty":"EC","crv":"P-192","x":"AA","y":"AA"}]}`,
 		"off curve":   `{"keys":[{"kty":"EC","crv":"P-256","x":"` + b64(make([]byte, 32)) + `","y":"` + b64(make([]byte, 32)) + `"}]}`,
-		"bad okp":     `{"keys":[{"kty":"OKP","crv":"X25519","x":"AA"}]}`,
+		"only x25519": `{"keys":[{"kty":"OKP","crv":"X25519","x":"AA"}]}`,
+		"bad okp":     `{"keys":[{"kty":"OKP","crv":"Ed25519","x":"AA"}]}`,
+		"small rsa":   `{"keys":[{"kty":"RSA","n":"` + b64(make([]byte, 128)) + `","e":"AQAB"}]}`,
+		"even e":      `{"keys":[{"kty":"RSA","n":"` + b64(testKeys.rsa.N.Bytes()) + `","e":"Ag"}]}`,
 		"unknown kty": `{"keys":[{"kty":"XYZ"}]}`,
 	} {
-		if _, err := LoadJWKSFile(write("jwks.json", body)); err == nil {
+		if _, _, err := LoadJWKSFile(write("jwks.json", body)); err == nil {
 			t.Errorf("LoadJWKSFile(%s): no error", name)
 		}
 	}

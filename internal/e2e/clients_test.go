@@ -174,3 +174,55 @@ func TestJWTClaimsTiersAndCosts(t *testing.T) {
 		t.Fatalf("the bad plan rate was warned about %d times; want once", n)
 	}
 }
+
+// TestTwoHandlersTrustDifferently: each rate_limit handler reads claims
+// with its own checks, even on one request.
+func TestTwoHandlersTrustDifferently(t *testing.T) {
+	t.Setenv("JWT_SECRET", jwtSecret)
+	c := testcaddy.Start(t, `
+	route {
+		rate_limit {
+			jwt {
+				secret {env.JWT_SECRET}
+			}
+			zone everyone {
+				key  {http.rate_limit.jwt.sub}
+				rate 100r/h
+			}
+		}
+		rate_limit /admin {
+			jwt {
+				secret   {env.JWT_SECRET}
+				audience admin
+			}
+			zone admin {
+				key          {http.rate_limit.jwt.sub}
+				rate         1r/h
+				burst        1
+				on_empty_key skip
+			}
+		}
+		respond "sub={http.rate_limit.jwt.sub}"
+	}
+`)
+	claims := func(aud string) jwt.MapClaims {
+		return jwt.MapClaims{"sub": "carol", "aud": aud, "exp": time.Now().Add(time.Hour).Unix()}
+	}
+	api := []string{"Authorization", "Bearer " + token(t, jwt.SigningMethodHS256, []byte(jwtSecret), claims("api"))}
+	admin := []string{"Authorization", "Bearer " + token(t, jwt.SigningMethodHS256, []byte(jwtSecret), claims("admin"))}
+	if resp, body := get(t, c, "/", api...); resp.StatusCode != 200 || body != "sub=carol" {
+		t.Fatalf("/ with an api token: %d %q", resp.StatusCode, body)
+	}
+	// The admin handler does not accept an api token: no claims there.
+	for range 3 {
+		if resp, body := get(t, c, "/admin", api...); resp.StatusCode != 200 || body != "sub=" {
+			t.Fatalf("/admin with an api token: %d %q; want 200 with no claims", resp.StatusCode, body)
+		}
+	}
+	if resp, body := get(t, c, "/admin", admin...); resp.StatusCode != 200 || body != "sub=carol" {
+		t.Fatalf("/admin with an admin token: %d %q", resp.StatusCode, body)
+	}
+	if resp, _ := get(t, c, "/admin", admin...); resp.StatusCode != 429 {
+		t.Fatalf("/admin, second admin request: %d; want 429", resp.StatusCode)
+	}
+}
