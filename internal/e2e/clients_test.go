@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/base64"
 	"strings"
 	"testing"
 	"time"
@@ -224,5 +225,35 @@ func TestTwoHandlersTrustDifferently(t *testing.T) {
 	}
 	if resp, _ := get(t, c, "/admin", admin...); resp.StatusCode != 429 {
 		t.Fatalf("/admin, second admin request: %d; want 429", resp.StatusCode)
+	}
+}
+
+// TestKeyFromAnAuthModule: after basic_auth, {http.auth.user.id} names the
+// client. (Both users' password is hunter2, hashed with bcrypt cost 4.)
+func TestKeyFromAnAuthModule(t *testing.T) {
+	c := testcaddy.Start(t, `
+	basic_auth {
+		alice $2a$04$k/0r19ajEeaLpdZlifpKou1kbHPYZH4VxQeB3ZY0wgm/fi3Kcd3ry
+		bob   $2a$04$k/0r19ajEeaLpdZlifpKou1kbHPYZH4VxQeB3ZY0wgm/fi3Kcd3ry
+	}
+	rate_limit {
+		zone per_user {
+			key   {http.auth.user.id}
+			rate  1r/h
+			burst 2
+		}
+	}
+	respond "ok"
+`, "\torder rate_limit after basic_auth")
+	auth := func(user string) []string {
+		return []string{"Authorization", "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":hunter2"))}
+	}
+	for i, want := range []int{200, 200, 429} {
+		if resp, _ := get(t, c, "/", auth("alice")...); resp.StatusCode != want {
+			t.Fatalf("alice, request %d: %d; want %d", i, resp.StatusCode, want)
+		}
+	}
+	if resp, _ := get(t, c, "/", auth("bob")...); resp.StatusCode != 200 {
+		t.Fatalf("bob: %d; want 200 (a bucket of his own)", resp.StatusCode)
 	}
 }
