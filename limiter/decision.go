@@ -18,6 +18,9 @@ type Decision struct {
 	// RetryAfter is, for a refused request, how long until the same
 	// request could pass; zero when allowed.
 	RetryAfter time.Duration
+	// Delay is, for a request a leaky bucket allowed, how long it waits
+	// for its slot before it goes on.
+	Delay time.Duration
 }
 
 // ResetUnix is Reset in Unix seconds, rounded up.

@@ -99,6 +99,24 @@ func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []memKey) []Dec
 	return decisions
 }
 
+// Release gives back the concurrency slots of reqs (see Store.Release).
+func (s *MemoryStore) Release(_ context.Context, reqs []Request) error {
+	now := time.Now().UnixNano()
+	for _, r := range reqs {
+		if r.Policy.Algorithm != Concurrency {
+			continue
+		}
+		k := memKey{zone: r.Zone, hash: KeyHash(r.Key)}
+		sh := s.shard(k)
+		sh.mu.Lock()
+		if b, ok := sh.buckets[k]; ok {
+			sh.buckets[k] = r.Policy.release(b, now, r.Cost)
+		}
+		sh.mu.Unlock()
+	}
+	return nil
+}
+
 func (s *MemoryStore) shardIndex(k memKey) int {
 	return int(binary.LittleEndian.Uint64(k.hash[:8]) % memShards)
 }

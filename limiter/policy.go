@@ -11,12 +11,22 @@ import (
 	"time"
 )
 
-// Policy is a token bucket: Burst tokens of capacity, refilled at Rate
-// tokens per Period.
+// Policy is a limit: its algorithm and numbers. For the token bucket,
+// Burst tokens of capacity refilled at Rate per Period; for the windows,
+// Rate requests per window of Period (Burst is Rate); for the leaky bucket,
+// requests leave at Rate per Period and up to Burst more wait their turn;
+// for the concurrency limit, Burst requests in flight at once.
 type Policy struct {
-	Rate   int64
-	Period time.Duration
-	Burst  int64
+	Algorithm Algorithm
+	Rate      int64
+	Period    time.Duration
+	Burst     int64
+	// NoDelay lets a leaky bucket's burst through at once instead of
+	// spacing it out (nginx's nodelay).
+	NoDelay bool
+	// Lease is how long a concurrency slot held in Redis outlives a Caddy
+	// that crashed while holding it.
+	Lease time.Duration
 }
 
 // units maps the unit letter of a rate ("100r/m") to its duration.
@@ -87,14 +97,32 @@ func parsePositive(s string) (int64, error) {
 // refill from empty, so that times stay within int64 nanoseconds.
 const MaxPeriod = 100 * 365 * 24 * time.Hour
 
+// Limit is what X-RateLimit-Limit says: the requests that may come at
+// once. For the leaky bucket, one at its rate and Burst more that wait.
+func (p Policy) Limit() int64 {
+	switch {
+	case p.Algorithm.Windowed():
+		return p.Rate
+	case p.Algorithm == LeakyBucket:
+		return p.Burst + 1
+	}
+	return p.Burst
+}
+
 // Validate reports what is wrong with p, if anything.
 func (p Policy) Validate() error {
+	if p.Algorithm == Concurrency {
+		if p.Burst < 1 || p.Burst > maxRate || p.Lease < time.Second {
+			return fmt.Errorf("concurrency: %d in flight (want at least 1), lease %s (want at least 1s)", p.Burst, p.Lease)
+		}
+		return nil
+	}
 	switch {
 	case p.Rate < 1 || p.Rate > maxRate:
 		return fmt.Errorf("rate %d is out of range [1, %d]", p.Rate, int64(maxRate))
 	case p.Period < time.Millisecond || p.Period > MaxPeriod:
 		return fmt.Errorf("period %s is out of range [1ms, 100 years]", p.Period)
-	case p.Burst < 1 || p.Burst > maxRate:
+	case p.Burst < 0 || p.Burst < 1 && p.Algorithm != LeakyBucket || p.Burst > maxRate:
 		return fmt.Errorf("burst %d is out of range [1, %d]", p.Burst, int64(maxRate))
 	case float64(p.Burst)*p.Interval() > float64(MaxPeriod):
 		return fmt.Errorf("burst %d takes over 100 years to refill at %s", p.Burst, p)
@@ -107,8 +135,11 @@ func (p Policy) Interval() float64 {
 	return float64(p.Period) / float64(p.Rate)
 }
 
-// String describes the rate for people: "100 requests per minute".
+// String describes the limit for people: "100 requests per minute".
 func (p Policy) String() string {
+	if p.Algorithm == Concurrency {
+		return fmt.Sprintf("%d requests at a time", p.Burst)
+	}
 	noun := "requests"
 	if p.Rate == 1 {
 		noun = "request"

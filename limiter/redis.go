@@ -17,7 +17,21 @@ import (
 // DefaultKeyPrefix starts every Redis key of a RedisStore unless set.
 const DefaultKeyPrefix = "rl:"
 
-var tokenBucket = redis.NewScript(luascripts.TokenBucket)
+// scripts are the Lua scripts, by algorithm.
+var scripts = [...]*redis.Script{
+	TokenBucket:          redis.NewScript(luascripts.TokenBucket),
+	FixedWindow:          redis.NewScript(luascripts.FixedWindow),
+	SlidingWindowLog:     redis.NewScript(luascripts.SlidingWindowLog),
+	SlidingWindowCounter: redis.NewScript(luascripts.SlidingWindowCounter),
+	LeakyBucket:          redis.NewScript(luascripts.LeakyBucket),
+	Concurrency:          redis.NewScript(luascripts.Concurrency),
+}
+
+// Each script takes 6 arguments per key and answers 5 integers per key.
+const (
+	argsPerKey  = 6
+	replyPerKey = 5
+)
 
 // RedisStore keeps buckets in Redis (standalone, Sentinel or Cluster), so
 // that every Caddy instance using the same Redis enforces one limit. Each
@@ -68,10 +82,12 @@ func (s *RedisStore) Close() error {
 	return s.client.Close()
 }
 
-// call is one script run: the requests (by index) whose keys share a slot.
+// call is one script run: the requests (by index) of one algorithm whose
+// keys share a slot.
 type call struct {
-	idx  []int
-	keys []string
+	script *redis.Script
+	idx    []int
+	keys   []string
 }
 
 // RefundError reports that a request refused by one zone was refused, but
@@ -125,21 +141,26 @@ func (s *RedisStore) reloadTopology(err error) {
 	}
 }
 
-// calls groups reqs into script runs: one for all in standalone Redis, one
-// per hash slot (that is, per client key) in a cluster.
+// calls groups reqs into script runs, one per algorithm: in standalone
+// Redis, all keys of an algorithm in one run; in a cluster, one run per
+// hash slot (that is, per client key).
 func (s *RedisStore) calls(reqs []Request) []call {
+	type group struct {
+		a   Algorithm
+		key string
+	}
 	var calls []call
-	byKey := map[string]int{}
+	byGroup := map[group]int{}
 	for i, r := range reqs {
-		group := ""
+		g := group{a: r.Policy.Algorithm}
 		if s.cluster {
-			group = r.Key
+			g.key = r.Key
 		}
-		j, ok := byKey[group]
+		j, ok := byGroup[g]
 		if !ok {
 			j = len(calls)
-			byKey[group] = j
-			calls = append(calls, call{})
+			byGroup[g] = j
+			calls = append(calls, call{script: scripts[min(int(g.a), len(scripts)-1)]})
 		}
 		calls[j].idx = append(calls[j].idx, i)
 		calls[j].keys = append(calls[j].keys, s.Key(r.Zone, r.Key))
@@ -149,11 +170,19 @@ func (s *RedisStore) calls(reqs []Request) []call {
 
 // args are the script's arguments for the requests of c.
 func args(c call, now, mode string, reqs []Request) []any {
-	a := make([]any, 0, 2+4*len(c.idx))
+	a := make([]any, 0, 2+argsPerKey*len(c.idx))
 	a = append(a, now, mode)
 	for _, i := range c.idx {
 		p := reqs[i].Policy
-		a = append(a, p.Rate, p.Period.Microseconds(), p.Burst, reqs[i].Cost)
+		period := p.Period.Microseconds()
+		if p.Algorithm == Concurrency {
+			period = p.Lease.Microseconds()
+		}
+		nodelay := 0
+		if p.NoDelay {
+			nodelay = 1
+		}
+		a = append(a, p.Rate, period, p.Burst, reqs[i].Cost, nodelay, reqs[i].Lease)
 	}
 	return a
 }
@@ -162,20 +191,20 @@ func args(c call, now, mode string, reqs []Request) []any {
 // several) with EVALSHA, and EVAL for those that found no script cached.
 func (s *RedisStore) run(ctx context.Context, calls []call, now, mode string, reqs []Request) ([]any, error) {
 	if len(calls) == 1 {
-		v, err := tokenBucket.Run(ctx, s.client, calls[0].keys, args(calls[0], now, mode, reqs)...).Result()
+		v, err := calls[0].script.Run(ctx, s.client, calls[0].keys, args(calls[0], now, mode, reqs)...).Result()
 		return []any{v}, err
 	}
 	cmds := make([]*redis.Cmd, len(calls))
 	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, c := range calls {
-			cmds[i] = tokenBucket.EvalSha(ctx, p, c.keys, args(c, now, mode, reqs)...)
+			cmds[i] = c.script.EvalSha(ctx, p, c.keys, args(c, now, mode, reqs)...)
 		}
 		return nil
 	})
 	replies := make([]any, len(calls))
 	for i, cmd := range cmds {
 		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			cmd = tokenBucket.Eval(ctx, s.client, calls[i].keys, args(calls[i], now, mode, reqs)...)
+			cmd = calls[i].script.Eval(ctx, s.client, calls[i].keys, args(calls[i], now, mode, reqs)...)
 		}
 		v, err := cmd.Result()
 		if err != nil {
@@ -191,7 +220,7 @@ func (s *RedisStore) run(ctx context.Context, calls []call, now, mode string, re
 func (s *RedisStore) refund(ctx context.Context, now string, calls []call, replies []any, reqs []Request) error {
 	var charged []call
 	for i, c := range calls {
-		if all, _ := replyInts(replies[i], 2+4*len(c.idx)); all[1] == 1 {
+		if all, _ := replyInts(replies[i], 2+replyPerKey*len(c.idx)); all[1] == 1 {
 			charged = append(charged, c)
 		}
 	}
@@ -222,19 +251,20 @@ func replyInts(v any, n int) ([]int64, error) {
 // decode fills the decisions of the requests idx from a script reply and
 // reports whether the call allowed them all.
 func decode(v any, idx []int, reqs []Request, decisions []Decision) (bool, error) {
-	ints, err := replyInts(v, 2+4*len(idx))
+	ints, err := replyInts(v, 2+replyPerKey*len(idx))
 	if err != nil {
 		return false, err
 	}
 	now := ints[0]
 	for j, i := range idx {
-		r := ints[2+4*j:]
+		r := ints[2+replyPerKey*j:]
 		decisions[i] = Decision{
 			Allowed:    r[0] == 1,
-			Limit:      reqs[i].Policy.Burst,
+			Limit:      reqs[i].Policy.Limit(),
 			Remaining:  r[1],
 			Reset:      time.UnixMicro(now + r[2]),
 			RetryAfter: time.Duration(r[3]) * time.Microsecond,
+			Delay:      time.Duration(r[4]) * time.Microsecond,
 		}
 	}
 	return ints[1] == 1, nil
@@ -242,6 +272,22 @@ func decode(v any, idx []int, reqs []Request, decisions []Decision) (bool, error
 
 // Interface guard.
 var _ Store = (*RedisStore)(nil)
+
+// Release gives back the concurrency slots that reqs took; requests of
+// other algorithms are left alone.
+func (s *RedisStore) Release(ctx context.Context, reqs []Request) error {
+	held := make([]Request, 0, len(reqs))
+	for _, r := range reqs {
+		if r.Policy.Algorithm == Concurrency {
+			held = append(held, r)
+		}
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	_, err := s.run(ctx, s.calls(held), "", "release", held)
+	return err
+}
 
 // Ping checks that Redis answers (every master, in a cluster).
 func (s *RedisStore) Ping(ctx context.Context) error {

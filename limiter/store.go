@@ -18,6 +18,9 @@ type Request struct {
 	Policy Policy
 	// Cost is the number of tokens the request uses; at least 1.
 	Cost int64
+	// Lease names the slot a concurrency request holds until Release: an
+	// id unique to the request. Other algorithms ignore it.
+	Lease string
 }
 
 // Store keeps the state of every bucket.
@@ -26,6 +29,9 @@ type Store interface {
 	// lacks the tokens, no bucket is charged. decisions[i] answers reqs[i].
 	// The requests must name distinct (zone, key) pairs.
 	Take(ctx context.Context, reqs []Request) (decisions []Decision, err error)
+	// Release gives back the concurrency slots that Take gave reqs, when
+	// their requests end. Requests of other algorithms are left alone.
+	Release(ctx context.Context, reqs []Request) error
 	// Close stops the store's background work and releases its resources.
 	Close() error
 }

@@ -9,19 +9,20 @@ import (
 // that 2.9999999999 tokens count as 3.
 const epsilon = 1e-9
 
-// bucket is the state of one token bucket: tokens held at time last, and
-// when the bucket is full again (after which the state can be dropped).
-// Times are Unix nanoseconds.
+// bucket is the state of one bucket, whatever its algorithm, and when it
+// may be dropped (a dropped bucket is a fresh one). Times are Unix ns.
 type bucket struct {
-	tokens float64
-	last   int64
+	tokens float64 // tokens; the count of the current window; in flight
+	prev   float64 // the count of the previous window (sliding counter)
+	last   int64   // last update; the start of the current window; the leaky bucket's TAT
+	log    []int64 // times of the counted requests, oldest first (sliding log)
 	full   int64
 }
 
-// take refills b up to now and charges cost tokens if it holds them.
+// takeToken refills b up to now and charges cost tokens if it holds them.
 // known is false for a bucket never seen (or dropped), which starts full.
 // The returned bucket is the state to keep if the charge is committed.
-func (p Policy) take(b bucket, known bool, now, cost int64) (bucket, Decision) {
+func (p Policy) takeToken(b bucket, known bool, now, cost int64) (bucket, Decision) {
 	tokens := float64(p.Burst)
 	if known {
 		tokens = p.refill(b, now)

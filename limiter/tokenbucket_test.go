@@ -15,6 +15,7 @@ type step struct {
 	remaining int64
 	reset     time.Duration // since t0
 	retry     time.Duration // zero when allowed
+	delay     time.Duration // leaky bucket: the wait before passing
 }
 
 // runSteps runs a timed sequence against every store: memory, standalone
@@ -29,8 +30,8 @@ func runSteps(t *testing.T, p Policy, steps []step) {
 				if err != nil {
 					t.Fatalf("step %d: %v", i, err)
 				}
-				want := Decision{Allowed: st.allowed, Limit: p.Burst, Remaining: st.remaining,
-					Reset: t0.Add(st.reset), RetryAfter: st.retry}
+				want := Decision{Allowed: st.allowed, Limit: p.Limit(), Remaining: st.remaining,
+					Reset: t0.Add(st.reset), RetryAfter: st.retry, Delay: st.delay}
 				if !sameDecision(d[0], want) {
 					t.Fatalf("step %d (at %s, cost %d):\n got %+v\nwant %+v", i, st.at, st.cost, d[0], want)
 				}
@@ -44,21 +45,21 @@ func runSteps(t *testing.T, p Policy, steps []step) {
 func sameDecision(a, b Decision) bool {
 	near := func(d time.Duration) bool { return d > -time.Microsecond && d < time.Microsecond }
 	return a.Allowed == b.Allowed && a.Limit == b.Limit && a.Remaining == b.Remaining &&
-		near(a.Reset.Sub(b.Reset)) && near(a.RetryAfter-b.RetryAfter)
+		near(a.Reset.Sub(b.Reset)) && near(a.RetryAfter-b.RetryAfter) && near(a.Delay-b.Delay)
 }
 
 func TestTokenBucketBurstThenRefill(t *testing.T) {
 	p := Policy{Rate: 10, Period: time.Second, Burst: 3} // a token every 100ms
 	ms := time.Millisecond
 	runSteps(t, p, []step{
-		{0, 1, true, 2, 100 * ms, 0},
-		{0, 1, true, 1, 200 * ms, 0},
-		{0, 1, true, 0, 300 * ms, 0},
-		{0, 1, false, 0, 300 * ms, 100 * ms},
-		{50 * ms, 1, false, 0, 300 * ms, 50 * ms},
-		{100 * ms, 1, true, 0, 400 * ms, 0},
-		{1000 * ms, 1, true, 2, 1100 * ms, 0},
-		{5000 * ms, 1, true, 2, 5100 * ms, 0}, // capped at the burst
+		{0, 1, true, 2, 100 * ms, 0, 0},
+		{0, 1, true, 1, 200 * ms, 0, 0},
+		{0, 1, true, 0, 300 * ms, 0, 0},
+		{0, 1, false, 0, 300 * ms, 100 * ms, 0},
+		{50 * ms, 1, false, 0, 300 * ms, 50 * ms, 0},
+		{100 * ms, 1, true, 0, 400 * ms, 0, 0},
+		{1000 * ms, 1, true, 2, 1100 * ms, 0, 0},
+		{5000 * ms, 1, true, 2, 5100 * ms, 0, 0}, // capped at the burst
 	})
 }
 
@@ -66,12 +67,12 @@ func TestTokenBucketSlowRate(t *testing.T) {
 	p := Policy{Rate: 1, Period: time.Hour, Burst: 2}
 	h := time.Hour
 	runSteps(t, p, []step{
-		{0, 1, true, 1, h, 0},
-		{0, 1, true, 0, 2 * h, 0},
-		{0, 1, false, 0, 2 * h, h},
-		{30 * time.Minute, 1, false, 0, 2 * h, 30 * time.Minute},
-		{h, 1, true, 0, 3 * h, 0},
-		{90 * time.Minute, 1, false, 0, 3 * h, 30 * time.Minute},
+		{0, 1, true, 1, h, 0, 0},
+		{0, 1, true, 0, 2 * h, 0, 0},
+		{0, 1, false, 0, 2 * h, h, 0},
+		{30 * time.Minute, 1, false, 0, 2 * h, 30 * time.Minute, 0},
+		{h, 1, true, 0, 3 * h, 0, 0},
+		{90 * time.Minute, 1, false, 0, 3 * h, 30 * time.Minute, 0},
 	})
 }
 
@@ -80,9 +81,9 @@ func TestTokenBucketFractionalInterval(t *testing.T) {
 	p := Policy{Rate: 3, Period: time.Second, Burst: 3}
 	third := time.Second / 3
 	runSteps(t, p, []step{
-		{0, 3, true, 0, time.Second, 0},
-		{0, 1, false, 0, time.Second, third + 1}, // rounded up to the nanosecond
-		{time.Second, 3, true, 0, 2 * time.Second, 0},
+		{0, 3, true, 0, time.Second, 0, 0},
+		{0, 1, false, 0, time.Second, third + 1, 0}, // rounded up to the nanosecond
+		{time.Second, 3, true, 0, 2 * time.Second, 0, 0},
 	})
 }
 
@@ -90,12 +91,12 @@ func TestTokenBucketCost(t *testing.T) {
 	p := Policy{Rate: 10, Period: time.Second, Burst: 10}
 	ms := time.Millisecond
 	runSteps(t, p, []step{
-		{0, 5, true, 5, 500 * ms, 0},
-		{0, 4, true, 1, 900 * ms, 0},
-		{0, 5, false, 1, 900 * ms, 400 * ms}, // a refusal takes nothing
-		{0, 1, true, 0, time.Second, 0},
+		{0, 5, true, 5, 500 * ms, 0, 0},
+		{0, 4, true, 1, 900 * ms, 0, 0},
+		{0, 5, false, 1, 900 * ms, 400 * ms, 0}, // a refusal takes nothing
+		{0, 1, true, 0, time.Second, 0, 0},
 		// A cost above the burst can never pass; wait for a full bucket.
-		{2 * time.Second, 11, false, 10, 2 * time.Second, 100 * ms},
+		{2 * time.Second, 11, false, 10, 2 * time.Second, 100 * ms, 0},
 	})
 }
 

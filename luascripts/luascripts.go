@@ -1,11 +1,22 @@
 // Package luascripts holds the Redis Lua scripts of the Redis store,
-// embedded in the binary.
+// embedded in the binary: one per algorithm. Each takes the same
+// arguments and returns the same reply; see token_bucket.lua.
 package luascripts
 
 import _ "embed"
 
-// TokenBucket charges or refunds token buckets, all or nothing; see the
-// header of token_bucket.lua for its keys, arguments and reply.
-//
-//go:embed token_bucket.lua
-var TokenBucket string
+// The scripts, by algorithm.
+var (
+	//go:embed token_bucket.lua
+	TokenBucket string
+	//go:embed fixed_window.lua
+	FixedWindow string
+	//go:embed sliding_window_log.lua
+	SlidingWindowLog string
+	//go:embed sliding_window_counter.lua
+	SlidingWindowCounter string
+	//go:embed leaky_bucket.lua
+	LeakyBucket string
+	//go:embed concurrency.lua
+	Concurrency string
+)

@@ -4,14 +4,15 @@
 -- ARGV[1]: the time in microseconds, or "" for the server's clock (TIME).
 -- ARGV[2]: "take" charges the costs if every bucket holds them, else none;
 --          "refund" gives the costs back (capped at the burst).
--- ARGV[3 + 4(i-1) ...]: for KEYS[i]: rate, period (µs), burst, cost.
+-- ARGV[3 + 6(i-1) ...]: for KEYS[i]: rate, period (µs), burst, cost, and
+--          two arguments other algorithms use.
 --
 -- A bucket is stored as "<tokens>:<time of update, µs>" and expires when it
 -- is full again, since a missing bucket is a full one.
 --
 -- Returns integers only: { now, all allowed (1/0), then for each key:
 -- allowed (1/0), whole tokens remaining, µs until full, µs until the same
--- request could pass (0 when allowed) }.
+-- request could pass (0 when allowed), µs to wait (always 0 here) }.
 
 local now = tonumber(ARGV[1])
 if not now then
@@ -45,7 +46,7 @@ end
 local all = true
 local state = {}
 for i = 1, #KEYS do
-  local a = 3 + (i - 1) * 4
+  local a = 3 + (i - 1) * 6
   local rate, period = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   local burst, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local interval = period / rate
@@ -87,5 +88,6 @@ for i = 1, #KEYS do
   table.insert(out, math.floor(s.tokens + eps))
   table.insert(out, s.to_full)
   table.insert(out, s.retry)
+  table.insert(out, 0)
 end
 return out

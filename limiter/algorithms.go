@@ -1,0 +1,216 @@
+package limiter
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// Algorithm is how a policy counts.
+type Algorithm uint8
+
+// The algorithms. Each has one Go implementation here (the memory store)
+// and one Lua script (the Redis store), which agree.
+const (
+	// TokenBucket allows bursts up to Burst and a sustained Rate.
+	TokenBucket Algorithm = iota
+	// FixedWindow counts Rate requests per window of Period, windows
+	// aligned on the clock: up to twice Rate across a window's edge.
+	FixedWindow
+	// SlidingWindowLog keeps the time of each counted request: at most
+	// Rate in any Period. Exact; memory grows with Rate.
+	SlidingWindowLog
+	// SlidingWindowCounter weighs the previous window's count by the part
+	// of it still inside the sliding window: two counters, close to exact.
+	SlidingWindowCounter
+	// LeakyBucket lets requests leave at Rate; up to Burst more wait for
+	// their slot (or pass at once with NoDelay); the rest are refused.
+	LeakyBucket
+	// Concurrency limits the requests in flight to Burst.
+	Concurrency
+)
+
+var algorithmNames = []string{"token_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter", "leaky_bucket", "concurrency"}
+
+func (a Algorithm) String() string {
+	if int(a) < len(algorithmNames) {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("algorithm(%d)", a)
+}
+
+// ParseAlgorithm parses an algorithm's name; "" is the token bucket.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	if s == "" {
+		return TokenBucket, nil
+	}
+	if i := slices.Index(algorithmNames, s); i >= 0 && Algorithm(i) != Concurrency {
+		return Algorithm(i), nil
+	}
+	return 0, fmt.Errorf("unknown algorithm %q (want token_bucket, fixed_window, sliding_window_log, sliding_window_counter or leaky_bucket)", s)
+}
+
+// Windowed reports whether the algorithm counts in windows (Rate per
+// Period, no separate burst).
+func (a Algorithm) Windowed() bool {
+	return a == FixedWindow || a == SlidingWindowLog || a == SlidingWindowCounter
+}
+
+// take decides one request of cost at now on bucket b (known is false for
+// a fresh bucket) and returns the state to keep if the request is taken.
+// It never changes b's log in place, so b stays valid for a rollback.
+func (p Policy) take(b bucket, known bool, now, cost int64) (bucket, Decision) {
+	if !known {
+		b = bucket{}
+	}
+	switch p.Algorithm {
+	case FixedWindow:
+		return p.takeFixed(b, now, cost)
+	case SlidingWindowLog:
+		return p.takeLog(b, now, cost)
+	case SlidingWindowCounter:
+		return p.takeCounter(b, now, cost)
+	case LeakyBucket:
+		return p.takeLeaky(b, now, cost)
+	case Concurrency:
+		return p.takeSlot(b, now, cost)
+	}
+	return p.takeToken(b, known, now, cost)
+}
+
+func at(ns int64) time.Time { return time.Unix(0, ns) }
+
+// takeFixed: a counter per window; windows start at multiples of Period.
+func (p Policy) takeFixed(b bucket, now, cost int64) (bucket, Decision) {
+	period := int64(p.Period)
+	start := now - now%period
+	count := int64(0)
+	if b.last == start {
+		count = int64(b.tokens)
+	}
+	end := start + period
+	d := Decision{Allowed: count+cost <= p.Rate, Limit: p.Rate, Reset: at(end)}
+	if d.Allowed {
+		count += cost
+	} else {
+		d.RetryAfter = time.Duration(end - now)
+	}
+	d.Remaining = max(p.Rate-count, 0)
+	return bucket{tokens: float64(count), last: start, full: end}, d
+}
+
+// takeLog: the times of the requests counted in the last Period.
+func (p Policy) takeLog(b bucket, now, cost int64) (bucket, Decision) {
+	period := int64(p.Period)
+	first, _ := slices.BinarySearch(b.log, now-period+1) // entries at or before now-period have left
+	log := b.log[first:]
+	count := int64(len(log))
+	d := Decision{Allowed: count+cost <= p.Rate, Limit: p.Rate}
+	if d.Allowed {
+		log = append(slices.Clip(log), slices.Repeat([]int64{now}, int(cost))...)
+	} else if cost > p.Rate || count == 0 {
+		d.RetryAfter = time.Duration(period)
+	} else {
+		// The oldest count+cost-Rate entries must leave first.
+		d.RetryAfter = time.Duration(log[count+cost-p.Rate-1] + period - now)
+	}
+	d.Remaining = max(p.Rate-int64(len(log)), 0)
+	d.Reset = at(now)
+	full := now
+	if len(log) > 0 {
+		d.Reset, full = at(log[0]+period), log[len(log)-1]+period
+	}
+	return bucket{log: log, full: full}, d
+}
+
+// takeCounter: this window's count plus the previous one's, weighed by
+// the part of it still inside the sliding window.
+func (p Policy) takeCounter(b bucket, now, cost int64) (bucket, Decision) {
+	period := int64(p.Period)
+	start := now - now%period
+	curr, prev := 0.0, 0.0
+	switch b.last {
+	case start:
+		curr, prev = b.tokens, b.prev
+	case start - period:
+		prev = b.tokens
+	}
+	weight := 1 - float64(now-start)/float64(period)
+	limit, c := float64(p.Rate), float64(cost)
+	d := Decision{Allowed: prev*weight+curr+c <= limit+epsilon, Limit: p.Rate}
+	if d.Allowed {
+		curr += c
+	} else {
+		d.RetryAfter = time.Duration(counterRetry(start, period, now, prev, curr, c, limit))
+	}
+	d.Remaining = max(int64(math.Floor(limit-prev*weight-curr+epsilon)), 0)
+	reset := start + period // the previous window has faded out
+	if curr > 0 {
+		reset += period // and then this one
+	}
+	d.Reset = at(reset)
+	return bucket{tokens: curr, prev: prev, last: start, full: reset}, d
+}
+
+// counterRetry is how long until prev*weight + curr + c fits in limit:
+// later in this window as prev fades, or in the next, as curr does.
+func counterRetry(start, period, now int64, prev, curr, c, limit float64) int64 {
+	if c > limit {
+		return period
+	}
+	if room := limit - c - curr; room >= 0 && prev > 0 {
+		t := start + int64(math.Ceil(float64(period)*(1-room/prev)))
+		return max(t-now, 1)
+	}
+	next := start + period
+	if curr > 0 {
+		next += int64(math.Ceil(float64(period) * (1 - (limit-c)/curr)))
+	}
+	return max(next-now, 1)
+}
+
+// takeLeaky: GCRA, as nginx's limit_req. last is the theoretical arrival
+// time: when the queue ahead of a new request has drained.
+func (p Policy) takeLeaky(b bucket, now, cost int64) (bucket, Decision) {
+	interval := p.Interval()
+	tat := max(b.last, now)
+	wait := tat - now // for the requests queued ahead
+	maxWait := int64(float64(p.Burst) * interval)
+	d := Decision{Allowed: wait <= maxWait, Limit: p.Burst + 1}
+	if d.Allowed {
+		tat += int64(math.Ceil(float64(cost) * interval))
+		if !p.NoDelay {
+			d.Delay = time.Duration(wait)
+		}
+	} else {
+		d.RetryAfter = time.Duration(wait - maxWait)
+	}
+	ahead := float64(tat-now) / interval // requests queued, this one included
+	d.Remaining = max(int64(math.Floor(float64(p.Burst)+1-ahead+epsilon)), 0)
+	d.Reset = at(tat)
+	return bucket{last: tat, full: tat}, d
+}
+
+// takeSlot: requests in flight, released by Release.
+func (p Policy) takeSlot(b bucket, now, cost int64) (bucket, Decision) {
+	inFlight := int64(b.tokens)
+	d := Decision{Allowed: inFlight+cost <= p.Burst, Limit: p.Burst, Reset: at(now)}
+	if d.Allowed {
+		inFlight += cost
+	} else {
+		d.RetryAfter = time.Second // no telling when one ends
+	}
+	d.Remaining = max(p.Burst-inFlight, 0)
+	return bucket{tokens: float64(inFlight), full: math.MaxInt64}, d
+}
+
+// release gives back a concurrency slot; a bucket with none in flight
+// may be dropped.
+func (p Policy) release(b bucket, now, cost int64) bucket {
+	b.tokens = max(b.tokens-float64(cost), 0)
+	if b.tokens == 0 {
+		b.full = now
+	}
+	return b
+}

@@ -1,0 +1,191 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+)
+
+const ms = time.Millisecond
+
+func TestFixedWindow(t *testing.T) {
+	p := Policy{Algorithm: FixedWindow, Rate: 3, Period: time.Second, Burst: 3}
+	runSteps(t, p, []step{
+		{0, 1, true, 2, time.Second, 0, 0},
+		{0, 1, true, 1, time.Second, 0, 0},
+		{0, 1, true, 0, time.Second, 0, 0},
+		{500 * ms, 1, false, 0, time.Second, 500 * ms, 0},
+		{time.Second, 2, true, 1, 2 * time.Second, 0, 0}, // a new window
+		{1500 * ms, 2, false, 1, 2 * time.Second, 500 * ms, 0},
+		{1500 * ms, 1, true, 0, 2 * time.Second, 0, 0},
+		{5 * time.Second, 4, false, 3, 6 * time.Second, time.Second, 0}, // more than the limit
+	})
+}
+
+func TestSlidingWindowLog(t *testing.T) {
+	p := Policy{Algorithm: SlidingWindowLog, Rate: 3, Period: time.Second, Burst: 3}
+	runSteps(t, p, []step{
+		{0, 1, true, 2, time.Second, 0, 0}, // Reset: when the oldest counted request leaves
+		{100 * ms, 1, true, 1, time.Second, 0, 0},
+		{200 * ms, 1, true, 0, time.Second, 0, 0},
+		{500 * ms, 1, false, 0, time.Second, 500 * ms, 0},
+		{time.Second, 1, true, 0, 1100 * ms, 0, 0}, // the request at 0 has left
+		{1050 * ms, 1, false, 0, 1100 * ms, 50 * ms, 0},
+		{1050 * ms, 2, false, 0, 1100 * ms, 150 * ms, 0}, // two must leave: 100ms and 200ms
+		{1050 * ms, 4, false, 0, 1100 * ms, time.Second, 0},
+		{3 * time.Second, 3, true, 0, 4 * time.Second, 0, 0},
+	})
+}
+
+func TestSlidingWindowCounter(t *testing.T) {
+	p := Policy{Algorithm: SlidingWindowCounter, Rate: 10, Period: time.Second, Burst: 10}
+	runSteps(t, p, []step{
+		{0, 10, true, 0, 2 * time.Second, 0, 0},
+		// 10 in this window: the next window, once 10% of the previous
+		// one has left the sliding window.
+		{500 * ms, 1, false, 0, 2 * time.Second, 600 * ms, 0},
+		{1100 * ms, 1, true, 0, 3 * time.Second, 0, 0},                    // 10*0.9 + 1
+		{1500 * ms, 1, true, 3, 3 * time.Second, 0, 0},                    // 10*0.5 + 2
+		{1500 * ms, 4, false, 3, 3 * time.Second, 100 * ms, 0},            // 10*0.4 + 2 + 4 fits at 1.6s
+		{4 * time.Second, 11, false, 10, 5 * time.Second, time.Second, 0}, // more than the limit
+	})
+}
+
+func TestLeakyBucket(t *testing.T) {
+	p := Policy{Algorithm: LeakyBucket, Rate: 10, Period: time.Second, Burst: 2} // one every 100ms
+	runSteps(t, p, []step{
+		{0, 1, true, 2, 100 * ms, 0, 0},
+		{0, 1, true, 1, 200 * ms, 0, 100 * ms}, // waits for its slot
+		{0, 1, true, 0, 300 * ms, 0, 200 * ms},
+		{0, 1, false, 0, 300 * ms, 100 * ms, 0}, // the queue is full
+		{150 * ms, 1, true, 0, 400 * ms, 0, 150 * ms},
+		{time.Second, 1, true, 2, 1100 * ms, 0, 0},
+	})
+	p.NoDelay = true
+	runSteps(t, p, []step{
+		{0, 1, true, 2, 100 * ms, 0, 0},
+		{0, 1, true, 1, 200 * ms, 0, 0}, // nodelay: the burst passes at once
+		{0, 1, true, 0, 300 * ms, 0, 0},
+		{0, 1, false, 0, 300 * ms, 100 * ms, 0},
+	})
+}
+
+// TestBoundaryBurst: across a window's edge, the fixed window lets about
+// twice its limit through; the sliding log and the token bucket do not.
+func TestBoundaryBurst(t *testing.T) {
+	want := map[Algorithm]int{FixedWindow: 20, SlidingWindowLog: 10, SlidingWindowCounter: 10, TokenBucket: 11}
+	for a, n := range want {
+		for name, newStore := range testStores {
+			t.Run(a.String()+"/"+name, func(t *testing.T) {
+				take := newStore(t)
+				p := Policy{Algorithm: a, Rate: 10, Period: time.Second, Burst: 10}
+				passed := 0
+				// 10 requests at 0.9s, then 10 at 1.0s, across the edge at 1s.
+				for _, at := range []time.Duration{900 * ms, time.Second} {
+					for range 10 {
+						d, err := take(t0.Add(at), []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1}})
+						if err != nil {
+							t.Fatal(err)
+						}
+						if d[0].Allowed {
+							passed++
+						}
+					}
+				}
+				if passed != n {
+					t.Fatalf("%d of 20 passed in 100ms around the edge; want %d", passed, n)
+				}
+			})
+		}
+	}
+}
+
+// concurrencyStores make stores with Take at a given time and Release.
+var concurrencyStores = map[string]func(t *testing.T) (takeAtFunc, Store){
+	"memory": func(t *testing.T) (takeAtFunc, Store) {
+		s := NewMemoryStore(time.Hour)
+		t.Cleanup(func() { s.Close() })
+		return func(now time.Time, reqs []Request) ([]Decision, error) { return s.TakeAt(now, reqs), nil }, s
+	},
+	"redis": func(t *testing.T) (takeAtFunc, Store) {
+		s := newRedisStore(t, redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)}))
+		return redisTakeAt(s), s
+	},
+	"cluster": func(t *testing.T) (takeAtFunc, Store) {
+		s := newRedisStore(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t)}))
+		return redisTakeAt(s), s
+	},
+}
+
+func TestConcurrency(t *testing.T) {
+	p := Policy{Algorithm: Concurrency, Burst: 2, Lease: time.Minute}
+	req := func(lease string) []Request {
+		return []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, Lease: lease}}
+	}
+	for name, newStore := range concurrencyStores {
+		t.Run(name, func(t *testing.T) {
+			take, s := newStore(t)
+			now := time.Now()
+			for i, want := range []bool{true, true, false} {
+				d, err := take(now, req(fmt.Sprint("lease-", i)))
+				if err != nil || d[0].Allowed != want || d[0].Limit != 2 {
+					t.Fatalf("request %d: %+v, %v; want allowed %v", i, d, err, want)
+				}
+			}
+			if err := s.Release(context.Background(), req("lease-0")); err != nil {
+				t.Fatal(err)
+			}
+			if d, err := take(now, req("lease-3")); err != nil || !d[0].Allowed || d[0].Remaining != 0 {
+				t.Fatalf("after a release: %+v, %v; want allowed with 0 free", d, err)
+			}
+		})
+	}
+}
+
+// TestConcurrencyLeasesExpire: in Redis, the slots of a Caddy that died
+// without releasing them come back when their leases end.
+func TestConcurrencyLeasesExpire(t *testing.T) {
+	s := newRedisStore(t, redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)}))
+	p := Policy{Algorithm: Concurrency, Burst: 1, Lease: time.Second}
+	req := func(lease string) []Request {
+		return []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, Lease: lease}}
+	}
+	if d, err := s.TakeAt(t.Context(), t0, req("a")); err != nil || !d[0].Allowed {
+		t.Fatal(d, err)
+	}
+	if d, err := s.TakeAt(t.Context(), t0.Add(500*ms), req("b")); err != nil || d[0].Allowed {
+		t.Fatal("a second request while the first holds its lease", d, err)
+	}
+	if d, err := s.TakeAt(t.Context(), t0.Add(1500*ms), req("c")); err != nil || !d[0].Allowed {
+		t.Fatal("the lease of a crashed holder did not expire", d, err)
+	}
+}
+
+// TestMixedAlgorithmsAllOrNothing: zones of different algorithms on one
+// request are charged all or nothing too.
+func TestMixedAlgorithmsAllOrNothing(t *testing.T) {
+	for name, newStore := range testStores {
+		t.Run(name, func(t *testing.T) {
+			take := newStore(t)
+			loose := Request{Zone: "log", Key: "k", Policy: Policy{Algorithm: SlidingWindowLog, Rate: 100, Period: time.Minute, Burst: 100}, Cost: 1}
+			tight := Request{Zone: "fixed", Key: "other", Policy: Policy{Algorithm: FixedWindow, Rate: 2, Period: time.Minute, Burst: 2}, Cost: 1}
+			for i := range 4 {
+				d, err := take(t0, []Request{loose, tight})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d[1].Allowed != (i < 2) {
+					t.Fatalf("request %d: tight zone allowed %v", i, d[1].Allowed)
+				}
+			}
+			if d, err := take(t0, []Request{loose}); err != nil || d[0].Remaining != 97 {
+				t.Fatalf("log zone remaining %d (%v); want 97: refusals took nothing", d[0].Remaining, err)
+			}
+		})
+	}
+}

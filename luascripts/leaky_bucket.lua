@@ -1,0 +1,71 @@
+-- Leaky bucket as nginx's limit_req (GCRA), all or nothing over every key
+-- of one call.
+--
+-- KEYS, ARGV[1] (time) and ARGV[2] ("take" or "refund") as in
+-- token_bucket.lua. ARGV[3 + 6(i-1) ...]: for KEYS[i]: rate, period (µs),
+-- burst (requests that may wait), cost, nodelay (1 or 0), unused.
+--
+-- The state is the theoretical arrival time (µs): when the requests queued
+-- so far have all left. A request that would wait more than burst
+-- intervals is refused; the others wait until their slot (none with
+-- nodelay). Stored as "<tat>", expiring when the queue is empty.
+--
+-- Returns { now, all allowed, then per key: allowed, remaining, µs until
+-- the queue is empty, µs until the same request could pass, µs to wait }.
+
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local refund = ARGV[2] == 'refund'
+local eps = 1e-9
+
+local all = true
+local state = {}
+for i = 1, #KEYS do
+  local a = 3 + (i - 1) * 6
+  local rate, period = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  local burst, cost, nodelay = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4] == '1'
+  local interval = period / rate
+  local tat = tonumber(redis.call('GET', KEYS[i]) or '') or now
+  tat = math.max(tat, now)
+  local wait = tat - now
+  local max_wait = math.floor(burst * interval)
+  local ok, retry, delay = true, 0, 0
+  if refund then
+    tat = math.max(tat - math.ceil(cost * interval), now)
+  else
+    ok = wait <= max_wait
+    if ok then
+      tat = tat + math.ceil(cost * interval)
+      if not nodelay then
+        delay = wait
+      end
+    else
+      retry = wait - max_wait
+    end
+  end
+  all = all and ok
+  local ahead = (tat - now) / interval
+  state[i] = { ok = ok, tat = tat, retry = retry, delay = delay,
+    remaining = math.max(math.floor(burst + 1 - ahead + eps), 0) }
+end
+
+local out = { now, all and 1 or 0 }
+for i = 1, #KEYS do
+  local s = state[i]
+  if all then
+    if s.tat > now then
+      redis.call('SET', KEYS[i], string.format('%.0f', s.tat), 'PX', math.max(math.ceil((s.tat - now) / 1000), 1))
+    else
+      redis.call('DEL', KEYS[i])
+    end
+  end
+  table.insert(out, s.ok and 1 or 0)
+  table.insert(out, s.remaining)
+  table.insert(out, s.tat - now)
+  table.insert(out, s.retry)
+  table.insert(out, s.delay)
+end
+return out

@@ -1,0 +1,84 @@
+-- Sliding window log, all or nothing over every key of one call.
+--
+-- KEYS, ARGV[1] (time) and ARGV[2] ("take" or "refund") as in
+-- token_bucket.lua. ARGV[3 + 6(i-1) ...]: for KEYS[i]: the limit (requests
+-- per window), the window (µs), unused, cost, unused, unused.
+--
+-- A sorted set holds one member per counted request, scored by its time
+-- (µs); members that left the window are removed first, so it never holds
+-- more than the limit. It expires a window after its newest member.
+--
+-- Returns { now, all allowed, then per key: allowed, remaining, µs until
+-- the oldest counted request leaves the window, µs until the same request
+-- could pass, 0 }.
+
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local refund = ARGV[2] == 'refund'
+
+local function score(key, rank)
+  local e = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+  return tonumber(e[2])
+end
+
+local all = true
+local state = {}
+for i = 1, #KEYS do
+  local a = 3 + (i - 1) * 6
+  local limit, window, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 3])
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%.0f', now - window))
+  local count = redis.call('ZCARD', KEYS[i])
+  local ok = true
+  local retry = 0
+  if refund then
+    if count > 0 then
+      redis.call('ZREMRANGEBYRANK', KEYS[i], -math.min(cost, count), -1)
+      count = math.max(count - cost, 0)
+    end
+  else
+    ok = count + cost <= limit
+    if not ok then
+      if cost > limit or count == 0 then
+        retry = window
+      else
+        retry = score(KEYS[i], count + cost - limit - 1) + window - now
+      end
+    end
+  end
+  all = all and ok
+  state[i] = { count = count, ok = ok, limit = limit, window = window, cost = cost, retry = retry }
+end
+
+local out = { now, all and 1 or 0 }
+for i = 1, #KEYS do
+  local s = state[i]
+  -- the oldest counted request, before this one is added
+  local oldest = now
+  if s.count > 0 then
+    oldest = score(KEYS[i], 0)
+  end
+  if all and not refund then
+    for j = 1, s.cost do
+      redis.call('ZADD', KEYS[i], now, string.format('%.0f:%d', now, s.count + j))
+    end
+    redis.call('PEXPIRE', KEYS[i], math.max(math.ceil(s.window / 1000), 1))
+  end
+  -- what the decision shows: the count with this request, if it passes
+  local count = s.count
+  if s.ok and not refund then
+    count = count + s.cost
+  end
+  local reset = 0
+  if count > 0 then
+    reset = oldest + s.window - now
+  end
+  table.insert(out, s.ok and 1 or 0)
+  table.insert(out, math.max(s.limit - count, 0))
+  table.insert(out, reset)
+  table.insert(out, s.retry)
+  table.insert(out, 0)
+end
+return out
