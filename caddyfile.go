@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -68,6 +69,13 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			ipv4_prefix  <bits>
 //			ipv6_prefix  <bits>
 //			on_empty_key shared | skip
+//			algorithm    token_bucket | fixed_window | sliding_window_log | sliding_window_counter | leaky_bucket
+//			nodelay
+//		}
+//		zone <name> {
+//			key            <template>
+//			max_concurrent <N>
+//			lease          <duration>
 //		}
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -145,6 +153,38 @@ var zoneOptions = map[string]func(*caddyfile.Dispenser, *Zone) error{
 	"ipv4_prefix":  func(d *caddyfile.Dispenser, z *Zone) error { return parsePrefix(d, z, &z.IPv4Prefix, 32) },
 	"ipv6_prefix":  func(d *caddyfile.Dispenser, z *Zone) error { return parsePrefix(d, z, &z.IPv6Prefix, 128) },
 	"on_empty_key": parseOnEmptyKey,
+	"algorithm":    parseAlgorithm,
+	"nodelay":      func(d *caddyfile.Dispenser, z *Zone) error { return noArgs(d, &z.NoDelay) },
+	"max_concurrent": func(d *caddyfile.Dispenser, z *Zone) error {
+		n := 0
+		err := intArg(d, &n, 1)
+		z.MaxConcurrent = int64(n)
+		return err
+	},
+	"lease": parseLease,
+}
+
+func parseAlgorithm(d *caddyfile.Dispenser, z *Zone) error {
+	if err := oneArg(d, &z.Algorithm); err != nil {
+		return err
+	}
+	if _, err := limiter.ParseAlgorithm(z.Algorithm); err != nil {
+		return d.Errf("zone %q: %v", z.name, err)
+	}
+	return nil
+}
+
+func parseLease(d *caddyfile.Dispenser, z *Zone) error {
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	t, err := caddy.ParseDuration(s)
+	if err != nil || t < time.Second {
+		return d.Errf("zone %q: lease %q: want a duration of at least 1s", z.name, s)
+	}
+	z.Lease = caddy.Duration(t)
+	return nil
 }
 
 func parseZoneMatch(d *caddyfile.Dispenser, z *Zone) error {

@@ -50,8 +50,8 @@ func TestZoneCheckErrors(t *testing.T) {
 		zone *Zone
 		want string
 	}{
-		"cost over burst":          {&Zone{Rate: "10r/s", Burst: "4", Cost: "5"}, "cost 5 is more than the burst, 4"},
-		"default cost over burst":  {&Zone{Rate: "10r/s", Cost: "{http.vars.c}", DefaultCost: 11}, "cost 11 is more than the burst, 10"},
+		"cost over burst":          {&Zone{Rate: "10r/s", Burst: "4", Cost: "5"}, "cost 5 is more than the limit, 4"},
+		"default cost over burst":  {&Zone{Rate: "10r/s", Cost: "{http.vars.c}", DefaultCost: 11}, "cost 11 is more than the limit, 10"},
 		"template without default": {&Zone{Rate: "{http.vars.r}"}, "default_rate is required"},
 		"bad on_empty_key":         {&Zone{Rate: "1r/s", OnEmptyKey: "drop"}, `on_empty_key "drop"`},
 		"bad prefix":               {&Zone{Rate: "1r/s", IPv6Prefix: 129}, "ipv6_prefix 129"},

@@ -6,6 +6,7 @@ package ratelimit
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -189,6 +190,28 @@ type Zone struct {
 	// subnet. Default: 64 (one bucket per /64, the usual end-site subnet).
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
+	// Algorithm is how the zone counts: "token_bucket" (the default),
+	// "fixed_window", "sliding_window_log", "sliding_window_counter" or
+	// "leaky_bucket". For the windows, the rate gives the window and its
+	// limit ("100r/m": 100 per minute), and burst does not apply. For the
+	// leaky bucket (nginx's limit_req), requests leave at the rate, up to
+	// Burst more wait for their turn (default 0), the rest are refused.
+	Algorithm string `json:"algorithm,omitempty"`
+
+	// NoDelay lets a leaky bucket's burst through at once instead of
+	// spacing it out, as nginx's nodelay.
+	NoDelay bool `json:"nodelay,omitempty"`
+
+	// MaxConcurrent limits the requests of a key in flight at once,
+	// instead of a rate: a slot is taken when the request comes and given
+	// back when its response ends (also when the client goes away).
+	MaxConcurrent int64 `json:"max_concurrent,omitempty"`
+
+	// Lease is, in Redis, how long a concurrency slot lives: a Caddy that
+	// crashes with requests in flight holds their slots no longer. Longer
+	// than any request should take. Default: 5m.
+	Lease caddy.Duration `json:"lease,omitempty"`
+
 	// OnEmptyKey is what happens when Key resolves to nothing (no such
 	// header, no valid token): "shared" counts all such requests in one
 	// bucket of the zone, so that leaving the header out cannot escape the
@@ -316,14 +339,23 @@ func (z *Zone) check() error {
 		return fmt.Errorf("zone has no name")
 	case z.Key == "":
 		return fmt.Errorf("key is required")
-	case z.Rate == "":
-		return fmt.Errorf("rate is required")
 	case z.OnEmptyKey != "" && z.OnEmptyKey != "shared" && z.OnEmptyKey != "skip":
 		return fmt.Errorf("on_empty_key %q: want shared or skip", z.OnEmptyKey)
 	case z.IPv4Prefix < 0 || z.IPv4Prefix > 32:
 		return fmt.Errorf("ipv4_prefix %d: want 1 to 32", z.IPv4Prefix)
 	case z.IPv6Prefix < 0 || z.IPv6Prefix > 128:
 		return fmt.Errorf("ipv6_prefix %d: want 1 to 128", z.IPv6Prefix)
+	case z.MaxConcurrent != 0:
+		return z.checkConcurrency()
+	case z.Rate == "":
+		return fmt.Errorf("rate (or max_concurrent) is required")
+	}
+	algo, err := limiter.ParseAlgorithm(z.Algorithm)
+	if err != nil {
+		return err
+	}
+	if err := z.checkAlgorithmOptions(algo); err != nil {
+		return err
 	}
 	z.static = !hasPlaceholder(z.Rate) && !hasPlaceholder(string(z.Burst)) && !hasPlaceholder(string(z.Cost))
 	rate := z.Rate
@@ -337,16 +369,55 @@ func (z *Zone) check() error {
 	if err != nil {
 		return err
 	}
-	z.policy = limiter.Policy{Rate: n, Period: period, Burst: n}
-	if z.policy.Burst, err = staticCount("burst", z.Burst, z.DefaultBurst, n); err != nil {
+	z.policy = limiter.Policy{Algorithm: algo, Rate: n, Period: period, Burst: n, NoDelay: z.NoDelay}
+	if z.policy.Burst, err = staticCount("burst", z.Burst, z.DefaultBurst, defaultBurst(algo, n)); err != nil {
 		return err
 	}
 	if z.cost, err = staticCount("cost", z.Cost, z.DefaultCost, 1); err != nil {
 		return err
 	}
-	if z.cost > z.policy.Burst && !hasPlaceholder(string(z.Burst)) && !hasPlaceholder(z.Rate) {
-		return fmt.Errorf("cost %d is more than the burst, %d: every request would be refused", z.cost, z.policy.Burst)
+	if z.cost > z.policy.Limit() && !hasPlaceholder(string(z.Burst)) && !hasPlaceholder(z.Rate) {
+		return fmt.Errorf("cost %d is more than the limit, %d: every request would be refused", z.cost, z.policy.Limit())
 	}
+	return z.policy.Validate()
+}
+
+// defaultBurst is the burst of a zone that sets none: N of the rate, but
+// none for the leaky bucket (nginx's default: requests are spaced out).
+func defaultBurst(algo limiter.Algorithm, n int64) int64 {
+	if algo == limiter.LeakyBucket {
+		return 0
+	}
+	return n
+}
+
+// checkAlgorithmOptions refuses options that the algorithm does not use.
+func (z *Zone) checkAlgorithmOptions(algo limiter.Algorithm) error {
+	switch {
+	case algo.Windowed() && (z.Burst != "" || z.DefaultBurst != 0):
+		return fmt.Errorf("burst does not apply to %s: its limit is N of the rate per window", algo)
+	case z.NoDelay && algo != limiter.LeakyBucket:
+		return fmt.Errorf("nodelay applies to leaky_bucket only")
+	case z.Lease != 0:
+		return fmt.Errorf("lease applies to max_concurrent only")
+	}
+	return nil
+}
+
+// defaultLease is Zone.Lease when unset.
+const defaultLease = 5 * time.Minute
+
+// checkConcurrency sets up a zone that limits requests in flight.
+func (z *Zone) checkConcurrency() error {
+	if z.Rate != "" || z.Algorithm != "" || z.Burst != "" || z.Cost != "" || z.NoDelay {
+		return fmt.Errorf("max_concurrent limits requests in flight: rate, algorithm, burst, cost and nodelay do not apply")
+	}
+	if z.MaxConcurrent < 0 {
+		return fmt.Errorf("max_concurrent %d: want at least 1", z.MaxConcurrent)
+	}
+	z.static, z.cost = true, 1
+	z.policy = limiter.Policy{Algorithm: limiter.Concurrency, Burst: z.MaxConcurrent,
+		Lease: cmp.Or(time.Duration(z.Lease), defaultLease)}
 	return z.policy.Validate()
 }
 
@@ -380,12 +451,12 @@ func (z *Zone) limits(repl *caddy.Replacer, logger *zap.Logger) (limiter.Policy,
 		} else {
 			z.warn(0, logger, "rate", err)
 		}
-		if z.Burst == "" { // N of the rate in force
-			p.Burst = p.Rate
+		if z.Burst == "" { // the default burst of the rate in force
+			p.Burst = defaultBurst(p.Algorithm, p.Rate)
 		}
 	}
 	if hasPlaceholder(string(z.Burst)) {
-		p.Burst = z.dynamicCount(1, logger, "burst", z.Burst, repl, cmp.Or(z.DefaultBurst, p.Rate))
+		p.Burst = z.dynamicCount(1, logger, "burst", z.Burst, repl, cmp.Or(z.DefaultBurst, defaultBurst(p.Algorithm, p.Rate)))
 	}
 	cost = z.dynamicCount(2, logger, "cost", z.Cost, repl, cost)
 	if err := p.Validate(); err != nil {
@@ -449,7 +520,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	decisions, err := h.take(r.Context(), reqs)
+	decisions, release, err := h.take(r.Context(), reqs)
 	if err != nil { // Redis failed, on_store_error deny
 		if h.onError.Mode == "deny" {
 			w.Header().Set("Retry-After", strconv.FormatInt(int64(breakerCooldown/time.Second), 10))
@@ -467,22 +538,68 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.logger.Debug("rate limited", zap.String("zone", z.name), zap.Int64("retry_after", d.RetryAfterSeconds()))
 		return refuse(w, z.name, reqs[i].Policy, d)
 	}
+	if release != nil {
+		defer release()
+	}
+	if err := wait(r.Context(), maxDelay(decisions)); err != nil {
+		return caddyhttp.Error(499, fmt.Errorf("client left while its request waited its turn: %w", err))
+	}
 	return next.ServeHTTP(w, r)
+}
+
+// maxDelay is the longest wait a leaky bucket asks of the request.
+func maxDelay(decisions []limiter.Decision) time.Duration {
+	var d time.Duration
+	for _, x := range decisions {
+		d = max(d, x.Delay)
+	}
+	return d
+}
+
+// wait sleeps for d, or until the client goes away.
+func wait(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// releaser gives back, when called, the concurrency slots that store took
+// for reqs; nil when reqs hold none.
+func (h *Handler) releaser(store limiter.Store, reqs []limiter.Request) func() {
+	if !slices.ContainsFunc(reqs, func(r limiter.Request) bool { return r.Policy.Algorithm == limiter.Concurrency }) {
+		return nil
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(h.timeout, time.Second))
+		defer cancel()
+		if err := store.Release(ctx, reqs); err != nil {
+			h.logger.Debug("concurrency slots not released; their leases will expire", zap.Error(err))
+		}
+	}
 }
 
 // take decides reqs with Redis when configured, else in memory. When Redis
 // fails it applies on_store_error: decisions from the local store, none
-// (allow), or an error (deny).
-func (h *Handler) take(ctx context.Context, reqs []limiter.Request) ([]limiter.Decision, error) {
+// (allow), or an error (deny). release, when not nil, gives back the
+// concurrency slots taken.
+func (h *Handler) take(ctx context.Context, reqs []limiter.Request) (d []limiter.Decision, release func(), err error) {
 	b := h.backend
 	if b.redis == nil {
-		return b.local.TakeAt(h.now(), reqs), nil
+		return b.local.TakeAt(h.now(), reqs), h.releaser(b.local, reqs), nil
 	}
-	decisions, err := h.takeRedis(ctx, reqs)
+	d, err = h.takeRedis(ctx, reqs)
 	if err != nil {
 		return h.storeFailed(reqs, err)
 	}
-	return decisions, nil
+	return d, h.releaser(b.redis, reqs), nil
 }
 
 // takeRedis asks Redis, within the timeout and unless the breaker is open.
@@ -518,7 +635,7 @@ func (h *Handler) takeRedis(ctx context.Context, reqs []limiter.Request) ([]limi
 var errBreakerOpen = errors.New("circuit breaker open after consecutive redis failures")
 
 // storeFailed applies on_store_error to a request that Redis did not decide.
-func (h *Handler) storeFailed(reqs []limiter.Request, err error) ([]limiter.Decision, error) {
+func (h *Handler) storeFailed(reqs []limiter.Request, err error) ([]limiter.Decision, func(), error) {
 	if h.backend.failing.CompareAndSwap(false, true) {
 		h.logger.Error("redis store failing; on_store_error applies until it answers again",
 			zap.String("on_store_error", h.onError.Mode), zap.Error(err))
@@ -527,9 +644,9 @@ func (h *Handler) storeFailed(reqs []limiter.Request, err error) ([]limiter.Deci
 	}
 	switch h.onError.Mode {
 	case "allow":
-		return nil, nil
+		return nil, nil, nil
 	case "deny":
-		return nil, caddyhttp.Error(h.onError.Status, fmt.Errorf("rate limit store: %w", err))
+		return nil, nil, caddyhttp.Error(h.onError.Status, fmt.Errorf("rate limit store: %w", err))
 	}
 	local := make([]limiter.Request, len(reqs))
 	for i, r := range reqs {
@@ -538,7 +655,7 @@ func (h *Handler) storeFailed(reqs []limiter.Request, err error) ([]limiter.Deci
 		}
 		local[i] = r
 	}
-	return h.backend.local.TakeAt(h.now(), local), nil
+	return h.backend.local.TakeAt(h.now(), local), h.releaser(h.backend.local, local), nil
 }
 
 // jwtPlaceholder starts the placeholders of verified claims.
@@ -686,7 +803,11 @@ func (h *Handler) requests(r *http.Request, repl *caddy.Replacer) ([]limiter.Req
 		}
 		key = clientkey.Subnet(key, cmp.Or(z.IPv4Prefix, 32), cmp.Or(z.IPv6Prefix, 64))
 		policy, cost := z.limits(repl, h.logger)
-		reqs = append(reqs, limiter.Request{Zone: z.name, Key: key, Policy: policy, Cost: cost})
+		req := limiter.Request{Zone: z.name, Key: key, Policy: policy, Cost: cost}
+		if policy.Algorithm == limiter.Concurrency {
+			req.Lease = rand.Text() // names this request's slot
+		}
+		reqs = append(reqs, req)
 		zones = append(zones, z)
 	}
 	return reqs, zones, nil
