@@ -292,12 +292,24 @@ func (h *Handler) provisionStoreErrorPolicy() error {
 	return nil
 }
 
-// localPolicy is a zone's share of its limit on one of n instances.
+// localPolicy is a zone's share of its limit on one of n instances: the
+// rate divided by n (windows keep their length, buckets refill n times
+// slower), and the burst or the slots divided by n, at least 1.
 func localPolicy(p limiter.Policy, n int) (limiter.Policy, error) {
-	if float64(p.Period)*float64(n) > float64(limiter.MaxPeriod) {
-		return limiter.Policy{}, fmt.Errorf("period %s times %d is longer than %s", p.Period, n, limiter.MaxPeriod)
+	local := p
+	switch {
+	case p.Algorithm == limiter.Concurrency:
+	case p.Algorithm.Windowed():
+		local.Rate = max(p.Rate/int64(n), 1)
+	case float64(p.Period)*float64(n) > float64(limiter.MaxPeriod):
+		return p, fmt.Errorf("period %s times %d is longer than %s", p.Period, n, limiter.MaxPeriod)
+	default:
+		local.Period = p.Period * time.Duration(n)
 	}
-	local := limiter.Policy{Rate: p.Rate, Period: p.Period * time.Duration(n), Burst: max(p.Burst/int64(n), 1)}
+	local.Burst = max(p.Burst/int64(n), min(p.Burst, 1))
+	if p.Algorithm.Windowed() {
+		local.Burst = local.Rate
+	}
 	return local, local.Validate()
 }
 
