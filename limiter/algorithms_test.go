@@ -189,3 +189,21 @@ func TestMixedAlgorithmsAllOrNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestAlgorithmChange: a zone whose algorithm changes (a config reload)
+// starts afresh: no algorithm reads another's state, in memory or in
+// Redis (where the shapes differ: strings, sorted sets).
+func TestAlgorithmChange(t *testing.T) {
+	for name, newStore := range concurrencyStores {
+		t.Run(name, func(t *testing.T) {
+			take, _ := newStore(t)
+			for i, a := range []Algorithm{TokenBucket, SlidingWindowLog, Concurrency, FixedWindow, SlidingWindowCounter, LeakyBucket, TokenBucket} {
+				p := Policy{Algorithm: a, Rate: 100, Period: time.Minute, Burst: 100, Lease: time.Minute}
+				d, err := take(t0.Add(time.Duration(i)*ms), []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, Lease: "l"}})
+				if err != nil || !d[0].Allowed {
+					t.Fatalf("%s after another algorithm: %+v, %v", a, d, err)
+				}
+			}
+		})
+	}
+}

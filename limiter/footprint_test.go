@@ -33,7 +33,8 @@ func TestRedisFootprint(t *testing.T) {
 			}
 		}
 		take(0)
-		one, err := c.MemoryUsage(ctx, s.Key("z", key), 0).Result()
+		rk := s.key(Request{Zone: "z", Key: key, Policy: p})
+		one, err := c.MemoryUsage(ctx, rk, 0).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +45,7 @@ func TestRedisFootprint(t *testing.T) {
 			take(i)
 		}
 		calls := scriptCalls(t, c)
-		full, _ := c.MemoryUsage(ctx, s.Key("z", key), 0).Result()
+		full, _ := c.MemoryUsage(ctx, rk, 0).Result()
 		t.Logf("%-24s memory: %4d bytes after 1 request, %5d after 100; commands per decision: %.1f", a, one, full, float64(calls)/99)
 		if one > 300 || (a != SlidingWindowLog && a != Concurrency && full > 300) || full > 12000 {
 			t.Errorf("%s: %d and %d bytes: more than expected", a, one, full)

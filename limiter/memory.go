@@ -32,8 +32,11 @@ type memShard struct {
 	_       [40]byte
 }
 
+// memKey names a bucket: its zone, algorithm (each keeps its state in its
+// own way) and the digest of its client key.
 type memKey struct {
 	zone string
+	algo Algorithm
 	hash [16]byte
 }
 
@@ -61,7 +64,7 @@ func (s *MemoryStore) Take(_ context.Context, reqs []Request) ([]Decision, error
 func (s *MemoryStore) TakeAt(now time.Time, reqs []Request) []Decision {
 	keys := make([]memKey, len(reqs))
 	for i, r := range reqs {
-		keys[i] = memKey{zone: r.Zone, hash: KeyHash(r.Key)}
+		keys[i] = memKey{zone: r.Zone, algo: r.Policy.Algorithm, hash: KeyHash(r.Key)}
 	}
 	shards := s.lock(keys)
 	defer s.unlock(shards)
@@ -106,7 +109,7 @@ func (s *MemoryStore) Release(_ context.Context, reqs []Request) error {
 		if r.Policy.Algorithm != Concurrency {
 			continue
 		}
-		k := memKey{zone: r.Zone, hash: KeyHash(r.Key)}
+		k := memKey{zone: r.Zone, algo: r.Policy.Algorithm, hash: KeyHash(r.Key)}
 		sh := s.shard(k)
 		sh.mu.Lock()
 		if b, ok := sh.buckets[k]; ok {

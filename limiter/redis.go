@@ -60,10 +60,22 @@ func NewRedisStore(client redis.UniversalClient, prefix string) (*RedisStore, er
 	return &RedisStore{client: client, prefix: prefix, cluster: cluster}, nil
 }
 
-// Key is the Redis key of the bucket of key in zone.
+// Key is the Redis key of the token bucket of key in zone.
 func (s *RedisStore) Key(zone, key string) string {
 	h := KeyHash(key)
 	return s.prefix + "{" + base64.RawURLEncoding.EncodeToString(h[:]) + "}:" + zone
+}
+
+// key is the Redis key of r's state. Other algorithms than the token
+// bucket add their name: each stores its state in its own shape (a string
+// of its own, a sorted set), so a zone whose algorithm changes starts
+// afresh instead of reading another's state.
+func (s *RedisStore) key(r Request) string {
+	k := s.Key(r.Zone, r.Key)
+	if a := r.Policy.Algorithm; a != TokenBucket {
+		k += ":" + a.String()
+	}
+	return k
 }
 
 // Take charges the buckets of reqs on the Redis server's clock, all or
@@ -163,7 +175,7 @@ func (s *RedisStore) calls(reqs []Request) []call {
 			calls = append(calls, call{script: scripts[min(int(g.a), len(scripts)-1)]})
 		}
 		calls[j].idx = append(calls[j].idx, i)
-		calls[j].keys = append(calls[j].keys, s.Key(r.Zone, r.Key))
+		calls[j].keys = append(calls[j].keys, s.key(r))
 	}
 	return calls
 }
