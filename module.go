@@ -349,6 +349,8 @@ func (z *Zone) check() error {
 	switch {
 	case z.name == "":
 		return fmt.Errorf("zone has no name")
+	case strings.Trim(z.name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") != "":
+		return fmt.Errorf("zone name %q: use letters, digits, '_', '-' and '.'", z.name)
 	case z.Key == "":
 		return fmt.Errorf("key is required")
 	case z.OnEmptyKey != "" && z.OnEmptyKey != "shared" && z.OnEmptyKey != "skip":
@@ -391,7 +393,30 @@ func (z *Zone) check() error {
 	if z.cost > z.policy.Limit() && !hasPlaceholder(string(z.Burst)) && !hasPlaceholder(z.Rate) {
 		return fmt.Errorf("cost %d is more than the limit, %d: every request would be refused", z.cost, z.policy.Limit())
 	}
+	if err := checkAlgorithmLimits(z.policy); err != nil {
+		return err
+	}
 	return z.policy.Validate()
+}
+
+// maxLeakyWait bounds how long a leaky bucket may hold a request.
+const maxLeakyWait = time.Minute
+
+// maxLogLimit bounds a sliding log's limit: the log keeps one entry per
+// request counted.
+const maxLogLimit = 10000
+
+// checkAlgorithmLimits refuses policies that would hold requests or
+// memory without bound.
+func checkAlgorithmLimits(p limiter.Policy) error {
+	switch {
+	case p.Algorithm == limiter.LeakyBucket && !p.NoDelay && time.Duration(float64(p.Burst)*p.Interval()) > maxLeakyWait:
+		return fmt.Errorf("leaky_bucket: burst %d at %s makes requests wait up to %s; at most %s (lower the burst, or use nodelay)",
+			p.Burst, p, time.Duration(float64(p.Burst)*p.Interval()).Round(time.Second), maxLeakyWait)
+	case p.Algorithm == limiter.SlidingWindowLog && p.Rate > maxLogLimit:
+		return fmt.Errorf("sliding_window_log: limit %d is over %d entries per key; use sliding_window_counter", p.Rate, maxLogLimit)
+	}
+	return nil
 }
 
 // defaultBurst is the burst of a zone that sets none: N of the rate, but
@@ -471,7 +496,7 @@ func (z *Zone) limits(repl *caddy.Replacer, logger *zap.Logger) (limiter.Policy,
 		p.Burst = z.dynamicCount(1, logger, "burst", z.Burst, repl, cmp.Or(z.DefaultBurst, defaultBurst(p.Algorithm, p.Rate)))
 	}
 	cost = z.dynamicCount(2, logger, "cost", z.Cost, repl, cost)
-	if err := p.Validate(); err != nil {
+	if err := cmp.Or(p.Validate(), checkAlgorithmLimits(p)); err != nil {
 		z.warn(3, logger, "rate and burst", err)
 		p = z.policy
 	}
@@ -532,7 +557,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	decisions, release, err := h.take(r.Context(), reqs)
+	decisions, rel, err := h.take(r.Context(), reqs)
 	if err != nil { // Redis failed, on_store_error deny
 		if h.onError.Mode == "deny" {
 			w.Header().Set("Retry-After", strconv.FormatInt(int64(breakerCooldown/time.Second), 10))
@@ -550,9 +575,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.logger.Debug("rate limited", zap.String("zone", z.name), zap.Int64("retry_after", d.RetryAfterSeconds()))
 		return refuse(w, z.name, reqs[i].Policy, d)
 	}
-	if release != nil {
-		defer release()
-	}
+	defer rel.call()
 	if err := wait(r.Context(), maxDelay(decisions)); err != nil {
 		return caddyhttp.Error(499, fmt.Errorf("client left while its request waited its turn: %w", err))
 	}
@@ -583,13 +606,27 @@ func wait(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// releaser gives back, when called, the concurrency slots that store took
-// for reqs; nil when reqs hold none.
-func (h *Handler) releaser(store limiter.Store, reqs []limiter.Request) func() {
+// release gives back, when called, the concurrency slots a store took
+// for a request. Calling a nil release does nothing.
+type release func()
+
+func (r release) call() {
+	if r != nil {
+		r()
+	}
+}
+
+// releaser returns the release of the concurrency slots that store took
+// for reqs; nil when reqs hold none. Redis is skipped while the breaker is
+// open: the leases expire by themselves.
+func (h *Handler) releaser(store limiter.Store, reqs []limiter.Request) release {
 	if !slices.ContainsFunc(reqs, func(r limiter.Request) bool { return r.Policy.Algorithm == limiter.Concurrency }) {
 		return nil
 	}
 	return func() {
+		if b := h.backend; store != limiter.Store(b.local) && b.breaker.Open() {
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(h.timeout, time.Second))
 		defer cancel()
 		if err := store.Release(ctx, reqs); err != nil {
@@ -602,7 +639,7 @@ func (h *Handler) releaser(store limiter.Store, reqs []limiter.Request) func() {
 // fails it applies on_store_error: decisions from the local store, none
 // (allow), or an error (deny). release, when not nil, gives back the
 // concurrency slots taken.
-func (h *Handler) take(ctx context.Context, reqs []limiter.Request) (d []limiter.Decision, release func(), err error) {
+func (h *Handler) take(ctx context.Context, reqs []limiter.Request) (d []limiter.Decision, rel release, err error) {
 	b := h.backend
 	if b.redis == nil {
 		return b.local.TakeAt(h.now(), reqs), h.releaser(b.local, reqs), nil
@@ -629,9 +666,12 @@ func (h *Handler) takeRedis(ctx context.Context, reqs []limiter.Request) ([]limi
 	var refund *limiter.RefundError
 	if errors.As(err, &refund) { // the request is refused either way
 		h.logger.Debug("refund of a refused request failed; its tokens stay taken", zap.Error(err))
+		go h.releaser(b.redis, reqs).call() // its concurrency slots, at least
 		err = nil
 	}
 	if err != nil {
+		// A script may have run before the error: give back any slot.
+		go h.releaser(b.redis, reqs).call()
 		if b.breaker.Failure(now) {
 			h.logger.Warn("redis circuit breaker open: skipping redis", zap.Duration("cooldown", breakerCooldown))
 		}
@@ -647,7 +687,7 @@ func (h *Handler) takeRedis(ctx context.Context, reqs []limiter.Request) ([]limi
 var errBreakerOpen = errors.New("circuit breaker open after consecutive redis failures")
 
 // storeFailed applies on_store_error to a request that Redis did not decide.
-func (h *Handler) storeFailed(reqs []limiter.Request, err error) ([]limiter.Decision, func(), error) {
+func (h *Handler) storeFailed(reqs []limiter.Request, err error) ([]limiter.Decision, release, error) {
 	if h.backend.failing.CompareAndSwap(false, true) {
 		h.logger.Error("redis store failing; on_store_error applies until it answers again",
 			zap.String("on_store_error", h.onError.Mode), zap.Error(err))
@@ -801,6 +841,7 @@ const defaultLeeway = 30 * time.Second
 func (h *Handler) requests(r *http.Request, repl *caddy.Replacer) ([]limiter.Request, []*Zone, error) {
 	var reqs []limiter.Request
 	var zones []*Zone
+	var id string
 	for _, z := range h.zones {
 		match, err := z.matchers.AnyMatchWithError(r)
 		if err != nil {
@@ -816,8 +857,11 @@ func (h *Handler) requests(r *http.Request, repl *caddy.Replacer) ([]limiter.Req
 		key = clientkey.Subnet(key, cmp.Or(z.IPv4Prefix, 32), cmp.Or(z.IPv6Prefix, 64))
 		policy, cost := z.limits(repl, h.logger)
 		req := limiter.Request{Zone: z.name, Key: key, Policy: policy, Cost: cost}
-		if policy.Algorithm == limiter.Concurrency {
-			req.Lease = rand.Text() // names this request's slot
+		if a := policy.Algorithm; a == limiter.Concurrency || a == limiter.SlidingWindowLog {
+			if id == "" {
+				id = rand.Text() // names this request's slot or log entries
+			}
+			req.ID = id
 		}
 		reqs = append(reqs, req)
 		zones = append(zones, z)

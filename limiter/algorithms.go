@@ -170,26 +170,40 @@ func counterRetry(start, period, now int64, prev, curr, c, limit float64) int64 
 	return max(next-now, 1)
 }
 
-// takeLeaky: GCRA, as nginx's limit_req. last is the theoretical arrival
-// time: when the queue ahead of a new request has drained.
+// takeLeaky: GCRA, as nginx's limit_req. prev holds the theoretical
+// arrival time in microseconds, unrounded (as the Lua script keeps it):
+// when the queue ahead of a new request has drained.
 func (p Policy) takeLeaky(b bucket, now, cost int64) (bucket, Decision) {
-	interval := p.Interval()
-	tat := max(b.last, now)
-	wait := tat - now // for the requests queued ahead
-	maxWait := int64(float64(p.Burst) * interval)
-	d := Decision{Allowed: wait <= maxWait, Limit: p.Burst + 1}
+	interval := float64(p.Period.Microseconds()) / float64(p.Rate) // µs, as in Lua
+	nowUs := float64(now / 1e3)
+	tat := max(b.prev, nowUs)
+	wait := tat - nowUs // for the requests queued ahead
+	maxWait := float64(p.Burst) * interval
+	d := Decision{Allowed: wait <= maxWait+leakySlack && cost <= p.Burst+1, Limit: p.Burst + 1}
 	if d.Allowed {
-		tat += int64(math.Ceil(float64(cost) * interval))
+		tat += float64(cost) * interval
 		if !p.NoDelay {
-			d.Delay = time.Duration(wait)
+			d.Delay = micros(wait)
 		}
 	} else {
-		d.RetryAfter = time.Duration(wait - maxWait)
+		d.RetryAfter = max(micros(wait-maxWait), time.Microsecond)
 	}
-	ahead := float64(tat-now) / interval // requests queued, this one included
+	ahead := (tat - nowUs) / interval // requests queued, this one included
 	d.Remaining = max(int64(math.Floor(float64(p.Burst)+1-ahead+epsilon)), 0)
-	d.Reset = at(tat)
-	return bucket{last: tat, full: tat}, d
+	d.Reset = at(now/1e3*1e3 + int64(micros(tat-nowUs)))
+	return bucket{prev: tat, full: now + int64(micros(tat-nowUs))}, d
+}
+
+// leakySlack absorbs the rounding of float microseconds (a quarter of a
+// microsecond at today's times) when a wait is compared with the longest.
+const leakySlack = 0.5
+
+// micros rounds x microseconds up to a whole microsecond.
+func micros(x float64) time.Duration {
+	if x <= 0 {
+		return 0
+	}
+	return time.Duration(math.Ceil(x-1e-6)) * time.Microsecond
 }
 
 // takeSlot: requests in flight, released by Release.

@@ -75,6 +75,27 @@ func TestLeakyBucket(t *testing.T) {
 	})
 }
 
+// TestLeakyBucketFractionalInterval: the last place of the queue is not
+// lost to rounding when the interval is no whole number of µs.
+func TestLeakyBucketFractionalInterval(t *testing.T) {
+	third := 333334 * time.Microsecond // 333,333.33µs, rounded up
+	runSteps(t, Policy{Algorithm: LeakyBucket, Rate: 3, Period: time.Second, Burst: 5}, []step{
+		{0, 1, true, 5, third, 0, 0},
+		{0, 1, true, 4, 666667 * time.Microsecond, 0, third},
+	})
+	runSteps(t, Policy{Algorithm: LeakyBucket, Rate: 3, Period: time.Second, Burst: 1}, []step{
+		{0, 1, true, 1, third, 0, 0},
+		{0, 1, true, 0, 666667 * time.Microsecond, 0, third},
+		{0, 1, false, 0, 666667 * time.Microsecond, third, 0},
+	})
+	eighth := 7813 * time.Microsecond // 7,812.5µs
+	runSteps(t, Policy{Algorithm: LeakyBucket, Rate: 128, Period: time.Second, Burst: 1}, []step{
+		{0, 1, true, 1, eighth, 0, 0},
+		{0, 1, true, 0, 15625 * time.Microsecond, 0, eighth},
+		{0, 3, false, 0, 15625 * time.Microsecond, eighth, 0}, // more than burst + 1
+	})
+}
+
 // TestBoundaryBurst: across a window's edge, the fixed window lets about
 // twice its limit through; the sliding log and the token bucket do not.
 func TestBoundaryBurst(t *testing.T) {
@@ -125,7 +146,7 @@ var concurrencyStores = map[string]func(t *testing.T) (takeAtFunc, Store){
 func TestConcurrency(t *testing.T) {
 	p := Policy{Algorithm: Concurrency, Burst: 2, Lease: time.Minute}
 	req := func(lease string) []Request {
-		return []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, Lease: lease}}
+		return []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, ID: lease}}
 	}
 	for name, newStore := range concurrencyStores {
 		t.Run(name, func(t *testing.T) {
@@ -153,7 +174,7 @@ func TestConcurrencyLeasesExpire(t *testing.T) {
 	s := newRedisStore(t, redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)}))
 	p := Policy{Algorithm: Concurrency, Burst: 1, Lease: time.Second}
 	req := func(lease string) []Request {
-		return []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, Lease: lease}}
+		return []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, ID: lease}}
 	}
 	if d, err := s.TakeAt(t.Context(), t0, req("a")); err != nil || !d[0].Allowed {
 		t.Fatal(d, err)
@@ -175,6 +196,7 @@ func TestMixedAlgorithmsAllOrNothing(t *testing.T) {
 			loose := Request{Zone: "log", Key: "k", Policy: Policy{Algorithm: SlidingWindowLog, Rate: 100, Period: time.Minute, Burst: 100}, Cost: 1}
 			tight := Request{Zone: "fixed", Key: "other", Policy: Policy{Algorithm: FixedWindow, Rate: 2, Period: time.Minute, Burst: 2}, Cost: 1}
 			for i := range 4 {
+				loose.ID = fmt.Sprint("request-", i) // the log's refund removes exactly its entries
 				d, err := take(t0, []Request{loose, tight})
 				if err != nil {
 					t.Fatal(err)
@@ -199,7 +221,7 @@ func TestAlgorithmChange(t *testing.T) {
 			take, _ := newStore(t)
 			for i, a := range []Algorithm{TokenBucket, SlidingWindowLog, Concurrency, FixedWindow, SlidingWindowCounter, LeakyBucket, TokenBucket} {
 				p := Policy{Algorithm: a, Rate: 100, Period: time.Minute, Burst: 100, Lease: time.Minute}
-				d, err := take(t0.Add(time.Duration(i)*ms), []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, Lease: "l"}})
+				d, err := take(t0.Add(time.Duration(i)*ms), []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, ID: "l"}})
 				if err != nil || !d[0].Allowed {
 					t.Fatalf("%s after another algorithm: %+v, %v", a, d, err)
 				}

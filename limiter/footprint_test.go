@@ -28,7 +28,7 @@ func TestRedisFootprint(t *testing.T) {
 		p := Policy{Algorithm: a, Rate: 100, Period: time.Minute, Burst: 100, Lease: time.Minute}
 		key := "footprint-" + a.String()
 		take := func(i int) {
-			if _, err := s.Take(ctx, []Request{{Zone: "z", Key: key, Policy: p, Cost: 1, Lease: fmt.Sprint("lease-", i)}}); err != nil {
+			if _, err := s.Take(ctx, []Request{{Zone: "z", Key: key, Policy: p, Cost: 1, ID: fmt.Sprint("lease-", i)}}); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -134,6 +134,11 @@ func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]De
 			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), deadline.Sub(start))
 			defer cancel()
 		}
+		// At the take's time: a window may have turned since.
+		if now == "" {
+			ints, _ := replyInts(replies[0], 2+replyPerKey*len(calls[0].idx))
+			now = strconv.FormatInt(ints[0], 10)
+		}
 		if err := s.refund(ctx, now, calls, replies, reqs); err != nil {
 			return decisions, &RefundError{err}
 		}
@@ -194,7 +199,7 @@ func args(c call, now, mode string, reqs []Request) []any {
 		if p.NoDelay {
 			nodelay = 1
 		}
-		a = append(a, p.Rate, period, p.Burst, reqs[i].Cost, nodelay, reqs[i].Lease)
+		a = append(a, p.Rate, period, p.Burst, reqs[i].Cost, nodelay, reqs[i].ID)
 	}
 	return a
 }

@@ -18,9 +18,10 @@ type Request struct {
 	Policy Policy
 	// Cost is the number of tokens the request uses; at least 1.
 	Cost int64
-	// Lease names the slot a concurrency request holds until Release: an
-	// id unique to the request. Other algorithms ignore it.
-	Lease string
+	// ID is unique to the HTTP request. It names the concurrency slot the
+	// request holds until Release, and, in Redis, the entries of a sliding
+	// log, so that a refund removes exactly them. Other algorithms ignore it.
+	ID string
 }
 
 // Store keeps the state of every bucket.

@@ -5,10 +5,11 @@
 -- token_bucket.lua. ARGV[3 + 6(i-1) ...]: for KEYS[i]: rate, period (µs),
 -- burst (requests that may wait), cost, nodelay (1 or 0), unused.
 --
--- The state is the theoretical arrival time (µs): when the requests queued
--- so far have all left. A request that would wait more than burst
--- intervals is refused; the others wait until their slot (none with
--- nodelay). Stored as "<tat>", expiring when the queue is empty.
+-- The state is the theoretical arrival time (µs, unrounded): when the
+-- requests queued so far have all left. A request that would wait more
+-- than burst intervals, or costs more than burst + 1, is refused; the
+-- others wait until their slot (none with nodelay). Stored as "<tat>",
+-- expiring when the queue is empty.
 --
 -- Returns { now, all allowed, then per key: allowed, remaining, µs until
 -- the queue is empty, µs until the same request could pass, µs to wait }.
@@ -20,6 +21,15 @@ if not now then
 end
 local refund = ARGV[2] == 'refund'
 local eps = 1e-9
+local slack = 0.5 -- absorbs the rounding of float microseconds
+
+-- rounds x microseconds up, as the Go implementation does
+local function micros(x)
+  if x <= 0 then
+    return 0
+  end
+  return math.ceil(x - 1e-6)
+end
 
 local all = true
 local state = {}
@@ -31,19 +41,19 @@ for i = 1, #KEYS do
   local tat = tonumber(redis.call('GET', KEYS[i]) or '') or now
   tat = math.max(tat, now)
   local wait = tat - now
-  local max_wait = math.floor(burst * interval)
+  local max_wait = burst * interval
   local ok, retry, delay = true, 0, 0
   if refund then
-    tat = math.max(tat - math.ceil(cost * interval), now)
+    tat = math.max(tat - cost * interval, now)
   else
-    ok = wait <= max_wait
+    ok = wait <= max_wait + slack and cost <= burst + 1
     if ok then
-      tat = tat + math.ceil(cost * interval)
+      tat = tat + cost * interval
       if not nodelay then
-        delay = wait
+        delay = micros(wait)
       end
     else
-      retry = wait - max_wait
+      retry = math.max(micros(wait - max_wait), 1)
     end
   end
   all = all and ok
@@ -57,14 +67,14 @@ for i = 1, #KEYS do
   local s = state[i]
   if all then
     if s.tat > now then
-      redis.call('SET', KEYS[i], string.format('%.0f', s.tat), 'PX', math.max(math.ceil((s.tat - now) / 1000), 1))
+      redis.call('SET', KEYS[i], string.format('%.17g', s.tat), 'PX', math.max(math.ceil((s.tat - now) / 1000), 1))
     else
       redis.call('DEL', KEYS[i])
     end
   end
   table.insert(out, s.ok and 1 or 0)
   table.insert(out, s.remaining)
-  table.insert(out, s.tat - now)
+  table.insert(out, micros(s.tat - now))
   table.insert(out, s.retry)
   table.insert(out, s.delay)
 end

@@ -2,7 +2,9 @@
 --
 -- KEYS, ARGV[1] (time) and ARGV[2] ("take" or "refund") as in
 -- token_bucket.lua. ARGV[3 + 6(i-1) ...]: for KEYS[i]: the limit (requests
--- per window), the window (µs), unused, cost, unused, unused.
+-- per window), the window (µs), unused, cost, unused, and an id unique to
+-- the request, which names its members (so that a refund removes exactly
+-- them); without one, members are named by time and count.
 --
 -- A sorted set holds one member per counted request, scored by its time
 -- (µs); members that left the window are removed first, so it never holds
@@ -29,12 +31,18 @@ local state = {}
 for i = 1, #KEYS do
   local a = 3 + (i - 1) * 6
   local limit, window, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 3])
+  local id = ARGV[a + 5]
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%.0f', now - window))
-  local count = redis.call('ZCARD', KEYS[i])
   local ok = true
   local retry = 0
+  if refund and id ~= '' then
+    for j = 1, cost do
+      redis.call('ZREM', KEYS[i], id .. ':' .. j)
+    end
+  end
+  local count = redis.call('ZCARD', KEYS[i])
   if refund then
-    if count > 0 then
+    if id == '' and count > 0 then
       redis.call('ZREMRANGEBYRANK', KEYS[i], -math.min(cost, count), -1)
       count = math.max(count - cost, 0)
     end
@@ -49,7 +57,7 @@ for i = 1, #KEYS do
     end
   end
   all = all and ok
-  state[i] = { count = count, ok = ok, limit = limit, window = window, cost = cost, retry = retry }
+  state[i] = { count = count, ok = ok, limit = limit, window = window, cost = cost, retry = retry, id = id }
 end
 
 local out = { now, all and 1 or 0 }
@@ -62,7 +70,11 @@ for i = 1, #KEYS do
   end
   if all and not refund then
     for j = 1, s.cost do
-      redis.call('ZADD', KEYS[i], now, string.format('%.0f:%d', now, s.count + j))
+      local member = s.id .. ':' .. j
+      if s.id == '' then
+        member = string.format('%.0f:%d', now, s.count + j)
+      end
+      redis.call('ZADD', KEYS[i], now, member)
     end
     redis.call('PEXPIRE', KEYS[i], math.max(math.ceil(s.window / 1000), 1))
   end
