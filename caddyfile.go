@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"cmp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -49,6 +50,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			timeout     <duration>
 //		}
 //		on_store_error allow | deny [<status>] | local [instances <n>]
+//		dry_run
+//		response json | problem | handle_errors
+//		headers x_ratelimit | ietf | both | none
+//		retry_after_jitter <duration>
+//		log_keys
 //		jwt {
 //			secret          <text>
 //			public_key_file <pem file>
@@ -71,6 +77,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			on_empty_key shared | skip
 //			algorithm    token_bucket | fixed_window | sliding_window_log | sliding_window_counter | leaky_bucket
 //			nodelay
+//			dry_run
 //		}
 //		zone <name> {
 //			key            <template>
@@ -94,6 +101,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = h.unmarshalStoreError(d)
 		case "jwt":
 			err = h.unmarshalJWT(d)
+		case "dry_run":
+			err = noArgs(d, &h.DryRun)
+		case "log_keys":
+			err = noArgs(d, &h.LogKeys)
+		case "response":
+			err = oneOf(d, &h.Response, "json", "problem", "handle_errors")
+		case "headers":
+			err = oneOf(d, &h.Headers, "x_ratelimit", "ietf", "both", "none")
+		case "retry_after_jitter":
+			err = parseJitter(d, h)
 		default:
 			err = d.Errf("unrecognized subdirective %q", d.Val())
 		}
@@ -161,7 +178,33 @@ var zoneOptions = map[string]func(*caddyfile.Dispenser, *Zone) error{
 		z.MaxConcurrent = int64(n)
 		return err
 	},
-	"lease": parseLease,
+	"lease":   parseLease,
+	"dry_run": func(d *caddyfile.Dispenser, z *Zone) error { return noArgs(d, &z.DryRun) },
+}
+
+// oneOf reads a single argument that must be one of choices.
+func oneOf(d *caddyfile.Dispenser, dst *string, choices ...string) error {
+	name := d.Val()
+	if err := oneArg(d, dst); err != nil {
+		return err
+	}
+	if !slices.Contains(choices, *dst) {
+		return d.Errf("%s %q: want %s", name, *dst, strings.Join(choices, ", "))
+	}
+	return nil
+}
+
+func parseJitter(d *caddyfile.Dispenser, h *Handler) error {
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	t, err := caddy.ParseDuration(s)
+	if err != nil || t < 0 {
+		return d.Errf("retry_after_jitter %q: want a duration such as 5s", s)
+	}
+	h.RetryAfterJitter = caddy.Duration(t)
+	return nil
 }
 
 func parseAlgorithm(d *caddyfile.Dispenser, z *Zone) error {

@@ -76,6 +76,32 @@ type Handler struct {
 	// aud) yields no claims.
 	JWT *JWTConfig `json:"jwt,omitempty"`
 
+	// DryRun computes, counts and logs (at debug level) the decisions of
+	// every zone but never refuses a request: for rolling out new rules.
+	// Dry-run zones set no headers. A zone can be in dry run on its own.
+	DryRun bool `json:"dry_run,omitempty"`
+
+	// Response is how a refusal is answered: "json" (the default: a JSON
+	// body), "problem" (an RFC 9457 application/problem+json body), or
+	// "handle_errors" (a 429 error handed to the site's handle_errors
+	// routes, which can use the {http.rate_limit.*} placeholders).
+	Response string `json:"response,omitempty"`
+
+	// Headers are the rate limit headers sent: "x_ratelimit" (the default:
+	// X-RateLimit-Limit, -Remaining and -Reset), "ietf" (RateLimit-Policy
+	// and RateLimit, as the IETF httpapi draft), "both", or "none".
+	// Retry-After is always sent with a refusal.
+	Headers string `json:"headers,omitempty"`
+
+	// RetryAfterJitter adds a random 0 to this much to Retry-After, so
+	// that refused clients do not all come back at once. Default: 0.
+	RetryAfterJitter caddy.Duration `json:"retry_after_jitter,omitempty"`
+
+	// LogKeys adds the client key to the debug log of refused requests.
+	// Keys may be personal data (addresses, user ids) or secrets (API
+	// keys), so they are left out by default.
+	LogKeys bool `json:"log_keys,omitempty"`
+
 	zones    []*Zone
 	verifier *clientkey.Verifier
 	backend  *backend
@@ -212,6 +238,10 @@ type Zone struct {
 	// than any request should take. Default: 5m.
 	Lease caddy.Duration `json:"lease,omitempty"`
 
+	// DryRun computes, counts and logs the zone's decisions but never
+	// refuses a request because of it, and sets no headers.
+	DryRun bool `json:"dry_run,omitempty"`
+
 	// OnEmptyKey is what happens when Key resolves to nothing (no such
 	// header, no valid token): "shared" counts all such requests in one
 	// bucket of the zone, so that leaving the header out cannot escape the
@@ -244,6 +274,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
+	if err = h.checkResponseOptions(); err != nil {
+		return err
+	}
+	if err = registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
 	if h.JWT != nil {
 		var skipped []string
 		if h.verifier, skipped, err = h.JWT.verifier(); err != nil {
@@ -267,6 +303,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return h.loadBackend(memoryPoolKey, newMemoryBackend)
 	}
 	return h.provisionRedis()
+}
+
+// checkResponseOptions checks response, headers and retry_after_jitter.
+func (h *Handler) checkResponseOptions() error {
+	switch {
+	case !slices.Contains([]string{"", "json", "problem", "handle_errors"}, h.Response):
+		return fmt.Errorf("response %q: want json, problem or handle_errors", h.Response)
+	case !slices.Contains([]string{"", "x_ratelimit", "ietf", "both", "none"}, h.Headers):
+		return fmt.Errorf("headers %q: want x_ratelimit, ietf, both or none", h.Headers)
+	case h.RetryAfterJitter < 0:
+		return fmt.Errorf("retry_after_jitter %s: must not be negative", time.Duration(h.RetryAfterJitter))
+	}
+	return nil
 }
 
 // provisionStoreErrorPolicy checks on_store_error and fills its defaults.
@@ -554,10 +603,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
+	reqs, zones = h.dryRun(r.Context(), reqs, zones)
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
 	}
 	decisions, rel, err := h.take(r.Context(), reqs)
+	count(zones, decisions, err != nil || decisions == nil, false)
 	if err != nil { // Redis failed, on_store_error deny
 		if h.onError.Mode == "deny" {
 			w.Header().Set("Retry-After", strconv.FormatInt(int64(breakerCooldown/time.Second), 10))
@@ -568,18 +619,65 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	i := mostRestrictive(decisions)
-	z, d := zones[i], decisions[i]
-	setPlaceholders(repl, z.name, d)
-	setLimitHeaders(w.Header(), d)
-	if !d.Allowed {
-		h.logger.Debug("rate limited", zap.String("zone", z.name), zap.Int64("retry_after", d.RetryAfterSeconds()))
-		return refuse(w, z.name, reqs[i].Policy, d)
+	o := h.outcome(zones[i].name, reqs[i], decisions[i])
+	o.setPlaceholders(repl)
+	h.setLimitHeaders(w.Header(), o)
+	if !o.d.Allowed {
+		h.logRefusal(o)
+		return h.refuse(w, o)
 	}
 	defer rel.call()
 	if err := wait(r.Context(), maxDelay(decisions)); err != nil {
 		return caddyhttp.Error(499, fmt.Errorf("client left while its request waited its turn: %w", err))
 	}
 	return next.ServeHTTP(w, r)
+}
+
+// dryRun decides the dry-run zones of a request on their own, counting
+// and logging what they would have done, and returns the other zones.
+func (h *Handler) dryRun(ctx context.Context, reqs []limiter.Request, zones []*Zone) ([]limiter.Request, []*Zone) {
+	var dry []limiter.Request
+	var dryZones []*Zone
+	n := 0
+	for i, z := range zones {
+		if h.DryRun || z.DryRun {
+			dry, dryZones = append(dry, reqs[i]), append(dryZones, z)
+			continue
+		}
+		reqs[n], zones[n] = reqs[i], z
+		n++
+	}
+	if len(dry) == 0 {
+		return reqs, zones
+	}
+	decisions, rel, err := h.take(ctx, dry)
+	rel.call() // dry-run slots are not held
+	count(dryZones, decisions, err != nil || decisions == nil, true)
+	for i, d := range decisions {
+		if !d.Allowed {
+			h.logger.Debug("dry run: would be rate limited", zap.String("zone", dryZones[i].name),
+				zap.Int64("retry_after", d.RetryAfterSeconds()))
+		}
+	}
+	return reqs[:n], zones[:n]
+}
+
+// count adds the decisions to the metrics; failed means on_store_error
+// decided them, dryRun that refusals were not enforced.
+func count(zones []*Zone, decisions []limiter.Decision, failed, dryRun bool) {
+	for i, z := range zones {
+		result := resultStoreError
+		switch {
+		case failed:
+		case !decisions[i].Allowed && dryRun:
+			result = resultDryRun
+		case decisions[i].Allowed:
+			result = resultAllowed
+		default:
+			result = resultDenied
+		}
+		metrics.decisions.WithLabelValues(z.name, result).Inc()
+	}
 }
 
 // maxDelay is the longest wait a leaky bucket asks of the request.
@@ -642,7 +740,10 @@ func (h *Handler) releaser(store limiter.Store, reqs []limiter.Request) release 
 func (h *Handler) take(ctx context.Context, reqs []limiter.Request) (d []limiter.Decision, rel release, err error) {
 	b := h.backend
 	if b.redis == nil {
-		return b.local.TakeAt(h.now(), reqs), h.releaser(b.local, reqs), nil
+		start := time.Now()
+		d = b.local.TakeAt(h.now(), reqs)
+		metrics.storeLatency.WithLabelValues("memory").Observe(time.Since(start).Seconds())
+		return d, h.releaser(b.local, reqs), nil
 	}
 	d, err = h.takeRedis(ctx, reqs)
 	if err != nil {
@@ -658,10 +759,13 @@ func (h *Handler) take(ctx context.Context, reqs []limiter.Request) (d []limiter
 func (h *Handler) takeRedis(ctx context.Context, reqs []limiter.Request) ([]limiter.Decision, error) {
 	b, now := h.backend, h.now()
 	if !b.breaker.Allow(now) {
+		metrics.storeErrors.WithLabelValues("redis").Inc()
 		return nil, errBreakerOpen
 	}
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.timeout)
+	start := time.Now()
 	decisions, err := b.redis.Take(tctx, reqs)
+	metrics.storeLatency.WithLabelValues("redis").Observe(time.Since(start).Seconds())
 	cancel()
 	var refund *limiter.RefundError
 	if errors.As(err, &refund) { // the request is refused either way
@@ -670,14 +774,18 @@ func (h *Handler) takeRedis(ctx context.Context, reqs []limiter.Request) ([]limi
 		err = nil
 	}
 	if err != nil {
+		metrics.storeErrors.WithLabelValues("redis").Inc()
 		// A script may have run before the error: give back any slot.
 		go h.releaser(b.redis, reqs).call()
 		if b.breaker.Failure(now) {
+			metrics.breakerOpen.Set(1)
 			h.logger.Warn("redis circuit breaker open: skipping redis", zap.Duration("cooldown", breakerCooldown))
 		}
 		return nil, err
 	}
-	b.breaker.Success()
+	if b.breaker.Success() {
+		metrics.breakerOpen.Set(0)
+	}
 	if b.failing.Load() && b.failing.CompareAndSwap(true, false) {
 		h.logger.Info("redis store available again; decisions are shared again")
 	}
@@ -878,61 +986,6 @@ func mostRestrictive(decisions []limiter.Decision) int {
 		}
 	}
 	return best
-}
-
-func setPlaceholders(repl *caddy.Replacer, zone string, d limiter.Decision) {
-	repl.Set("http.rate_limit.zone", zone)
-	repl.Set("http.rate_limit.limit", d.Limit)
-	repl.Set("http.rate_limit.remaining", d.Remaining)
-	repl.Set("http.rate_limit.reset", d.ResetUnix())
-	repl.Set("http.rate_limit.exceeded", !d.Allowed)
-	retry := int64(0)
-	if !d.Allowed {
-		retry = d.RetryAfterSeconds()
-	}
-	repl.Set("http.rate_limit.retry_after", retry)
-}
-
-func setLimitHeaders(hdr http.Header, d limiter.Decision) {
-	hdr.Set("X-RateLimit-Limit", strconv.FormatInt(d.Limit, 10))
-	hdr.Set("X-RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
-	hdr.Set("X-RateLimit-Reset", strconv.FormatInt(d.ResetUnix(), 10))
-}
-
-// refusal is the JSON body of a 429.
-type refusal struct {
-	Error      string `json:"error"`
-	Message    string `json:"message"`
-	Zone       string `json:"zone"`
-	RetryAfter int64  `json:"retry_after"`
-}
-
-// refuse writes the 429 response.
-func refuse(w http.ResponseWriter, zone string, p limiter.Policy, d limiter.Decision) error {
-	retry := d.RetryAfterSeconds()
-	body, err := json.Marshal(refusal{
-		Error:      "rate limit exceeded",
-		Message:    fmt.Sprintf("You have exceeded the rate limit of %s. Try again in %s.", p, seconds(retry)),
-		Zone:       zone,
-		RetryAfter: retry,
-	})
-	if err != nil {
-		return caddyhttp.Error(http.StatusInternalServerError, err)
-	}
-	hdr := w.Header()
-	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
-	hdr.Set("Content-Type", "application/json")
-	hdr.Set("Content-Length", strconv.Itoa(len(body)+1))
-	w.WriteHeader(http.StatusTooManyRequests)
-	_, _ = w.Write(append(body, '\n')) // a client that left needs no answer
-	return nil
-}
-
-func seconds(n int64) string {
-	if n == 1 {
-		return "1 second"
-	}
-	return strconv.FormatInt(n, 10) + " seconds"
 }
 
 // stores holds the backends shared by every handler and kept across config

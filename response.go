@@ -1,0 +1,122 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+)
+
+// outcome is what a request is told: the deciding zone's decision.
+type outcome struct {
+	zone  string
+	req   limiter.Request
+	d     limiter.Decision
+	retry int64 // Retry-After, seconds, jitter included; 0 when allowed
+}
+
+func (h *Handler) outcome(zone string, req limiter.Request, d limiter.Decision) outcome {
+	o := outcome{zone: zone, req: req, d: d}
+	if !d.Allowed {
+		o.retry = d.RetryAfterSeconds()
+		if j := time.Duration(h.RetryAfterJitter); j >= time.Second {
+			o.retry += rand.Int64N(int64(j/time.Second) + 1) // math/rand/v2: safe for concurrent use
+		}
+	}
+	return o
+}
+
+func (o outcome) setPlaceholders(repl *caddy.Replacer) {
+	repl.Set("http.rate_limit.zone", o.zone)
+	repl.Set("http.rate_limit.limit", o.d.Limit)
+	repl.Set("http.rate_limit.remaining", o.d.Remaining)
+	repl.Set("http.rate_limit.reset", o.d.ResetUnix())
+	repl.Set("http.rate_limit.exceeded", !o.d.Allowed)
+	repl.Set("http.rate_limit.retry_after", o.retry)
+}
+
+// setLimitHeaders sets the headers that the Headers option chooses.
+func (h *Handler) setLimitHeaders(hdr http.Header, o outcome) {
+	if h.Headers == "" || h.Headers == "x_ratelimit" || h.Headers == "both" {
+		hdr.Set("X-RateLimit-Limit", strconv.FormatInt(o.d.Limit, 10))
+		hdr.Set("X-RateLimit-Remaining", strconv.FormatInt(o.d.Remaining, 10))
+		hdr.Set("X-RateLimit-Reset", strconv.FormatInt(o.d.ResetUnix(), 10))
+	}
+	if h.Headers == "ietf" || h.Headers == "both" {
+		// draft-ietf-httpapi-ratelimit-headers: the policy (quota, window)
+		// and the state (remaining, seconds until reset) of the zone.
+		window := int64(max(o.req.Policy.Period, time.Second) / time.Second)
+		reset := max(o.d.ResetUnix()-time.Now().Unix(), 0)
+		hdr.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", o.zone, o.d.Limit, window))
+		hdr.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", o.zone, o.d.Remaining, reset))
+	}
+}
+
+func (h *Handler) logRefusal(o outcome) {
+	if ce := h.logger.Check(zap.DebugLevel, "rate limited"); ce != nil {
+		fields := []zap.Field{zap.String("zone", o.zone), zap.Int64("retry_after", o.retry)}
+		if h.LogKeys {
+			fields = append(fields, zap.String("key", o.req.Key))
+		}
+		ce.Write(fields...)
+	}
+}
+
+// refusal is the JSON body of a 429.
+type refusal struct {
+	Error      string `json:"error"`
+	Message    string `json:"message"`
+	Zone       string `json:"zone"`
+	RetryAfter int64  `json:"retry_after"`
+}
+
+// problem is the RFC 9457 body of a 429, with the zone and the wait as
+// extension members.
+type problem struct {
+	Type       string `json:"type"`
+	Title      string `json:"title"`
+	Status     int    `json:"status"`
+	Detail     string `json:"detail"`
+	Zone       string `json:"zone"`
+	RetryAfter int64  `json:"retry_after"`
+}
+
+// refuse answers 429 as the Response option says.
+func (h *Handler) refuse(w http.ResponseWriter, o outcome) error {
+	w.Header().Set("Retry-After", strconv.FormatInt(o.retry, 10))
+	message := fmt.Sprintf("You have exceeded the rate limit of %s. Try again in %s.", o.req.Policy, seconds(o.retry))
+	var body any = refusal{Error: "rate limit exceeded", Message: message, Zone: o.zone, RetryAfter: o.retry}
+	contentType := "application/json"
+	switch h.Response {
+	case "handle_errors":
+		return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded in zone %q", o.zone))
+	case "problem":
+		contentType = "application/problem+json"
+		body = problem{Type: "about:blank", Title: "Too Many Requests", Status: http.StatusTooManyRequests,
+			Detail: message, Zone: o.zone, RetryAfter: o.retry}
+	}
+	data, err := json.Marshal(body)
+	if err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, err)
+	}
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)+1))
+	w.WriteHeader(http.StatusTooManyRequests)
+	_, _ = w.Write(append(data, '\n')) // a client that left needs no answer
+	return nil
+}
+
+func seconds(n int64) string {
+	if n == 1 {
+		return "1 second"
+	}
+	return strconv.FormatInt(n, 10) + " seconds"
+}
