@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -54,7 +55,7 @@ func (h *Handler) setLimitHeaders(hdr http.Header, o outcome) {
 		// draft-ietf-httpapi-ratelimit-headers: the policy (quota, window)
 		// and the state (remaining, seconds until reset) of the zone.
 		window := int64(max(o.req.Policy.Period, time.Second) / time.Second)
-		reset := max(o.d.ResetUnix()-time.Now().Unix(), 0)
+		reset := max(int64(math.Ceil(time.Until(o.d.Reset).Seconds())), 0)
 		hdr.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", o.zone, o.d.Limit, window))
 		hdr.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", o.zone, o.d.Remaining, reset))
 	}

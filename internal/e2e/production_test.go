@@ -1,0 +1,209 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/testcaddy"
+)
+
+// scrape returns the value of a metric line (name with labels) from
+// Caddy's admin /metrics, or -1.
+func scrape(t *testing.T, c *testcaddy.Caddy, series string) float64 {
+	t.Helper()
+	resp, err := http.Get(c.Admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for line := range strings.SplitSeq(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return -1
+}
+
+func TestMetricsAndDryRun(t *testing.T) {
+	c := testcaddy.Start(t, `
+	rate_limit {
+		zone api {
+			key   {client_ip}
+			rate  1r/h
+			burst 2
+		}
+		zone rollout {
+			key     {client_ip}
+			rate    1r/h
+			burst   1
+			dry_run
+		}
+	}
+	respond "ok"
+`)
+	for i, want := range []int{200, 200, 429, 429} {
+		resp, _ := get(t, c, "/")
+		if resp.StatusCode != want {
+			t.Fatalf("request %d: %d; want %d (the dry-run zone must never refuse)", i, resp.StatusCode, want)
+		}
+		if resp.Header.Get("X-RateLimit-Limit") != "2" {
+			t.Fatalf("request %d: headers of the dry-run zone: %v", i, resp.Header)
+		}
+	}
+	want := map[string]float64{
+		`caddy_rate_limit_decisions_total{result="allowed",zone="api"}`:     2,
+		`caddy_rate_limit_decisions_total{result="denied",zone="api"}`:      2,
+		`caddy_rate_limit_decisions_total{result="allowed",zone="rollout"}`: 1,
+		`caddy_rate_limit_decisions_total{result="dry_run",zone="rollout"}`: 3,
+		`caddy_rate_limit_store_duration_seconds_count{store="memory"}`:     8,
+	}
+	for series, n := range want {
+		if got := scrape(t, c, series); got != n {
+			t.Errorf("%s = %v; want %v", series, got, n)
+		}
+	}
+	if !strings.Contains(c.Logs(), "dry run: would be rate limited") {
+		t.Error("dry-run refusals are not logged")
+	}
+	// A reload registers the metrics again; counts go on.
+	if err := c.Reload(`
+	rate_limit {
+		zone api {
+			key   {client_ip}
+			rate  1r/h
+			burst 2
+		}
+	}
+	respond "ok"
+`); err != nil {
+		t.Fatal(err)
+	}
+	get(t, c, "/")
+	if got := scrape(t, c, `caddy_rate_limit_decisions_total{result="denied",zone="api"}`); got != 3 {
+		t.Errorf("after a reload: denied = %v; want 3", got)
+	}
+}
+
+func TestHandlerDryRunNeverBlocks(t *testing.T) {
+	c := testcaddy.Start(t, `
+	rate_limit {
+		dry_run
+		zone api {
+			key  {client_ip}
+			rate 1r/h
+		}
+	}
+	respond "ok"
+`)
+	for i := range 5 {
+		if resp, _ := get(t, c, "/"); resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Limit") != "" {
+			t.Fatalf("request %d: %d %v", i, resp.StatusCode, resp.Header)
+		}
+	}
+}
+
+func TestProblemJSONAndIETFHeaders(t *testing.T) {
+	c := testcaddy.Start(t, `
+	rate_limit {
+		response problem
+		headers  ietf
+		zone api {
+			key   {client_ip}
+			rate  60r/m
+			burst 1
+		}
+	}
+	respond "ok"
+`)
+	resp, _ := get(t, c, "/")
+	if p, r := resp.Header.Get("RateLimit-Policy"), resp.Header.Get("RateLimit"); p != `"api";q=1;w=60` || !regexp.MustCompile(`^"api";r=0;t=[01]$`).MatchString(r) {
+		t.Fatalf("RateLimit-Policy %q, RateLimit %q", p, r)
+	}
+	if resp.Header.Get("X-RateLimit-Limit") != "" {
+		t.Fatal("X-RateLimit-* sent with headers ietf")
+	}
+	resp, body := get(t, c, "/")
+	var p struct {
+		Type, Title, Detail, Zone string
+		Status                    int
+		RetryAfter                int `json:"retry_after"`
+	}
+	json.Unmarshal([]byte(body), &p)
+	if resp.StatusCode != 429 || resp.Header.Get("Content-Type") != "application/problem+json" ||
+		p.Type != "about:blank" || p.Title != "Too Many Requests" || p.Zone != "api" || p.RetryAfter != 1 ||
+		!strings.Contains(p.Detail, "60 requests per minute") || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
+	}
+}
+
+func TestHandleErrorsAndJitter(t *testing.T) {
+	c := testcaddy.Start(t, `
+	rate_limit {
+		response           handle_errors
+		headers            none
+		retry_after_jitter 10s
+		zone api {
+			key   {client_ip}
+			rate  1r/m
+			burst 1
+		}
+	}
+	respond "ok"
+	handle_errors 429 {
+		respond "slow down: {http.rate_limit.zone} {http.rate_limit.retry_after} {err.status_code}"
+	}
+`)
+	if resp, _ := get(t, c, "/"); resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Limit") != "" {
+		t.Fatalf("first request: %d %v (headers none)", resp.StatusCode, resp.Header)
+	}
+	seen := map[string]bool{}
+	for range 20 {
+		resp, body := get(t, c, "/")
+		retry, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+		if resp.StatusCode != 429 || retry < 60 || retry > 70 || body != "slow down: api "+strconv.Itoa(retry)+" 429" {
+			t.Fatalf("%d Retry-After %d body %q; want 429 from handle_errors, 60 to 70 s", resp.StatusCode, retry, body)
+		}
+		seen[resp.Header.Get("Retry-After")] = true
+	}
+	if len(seen) < 2 {
+		t.Fatalf("20 refusals, one Retry-After: %v: no jitter", seen)
+	}
+}
+
+func TestLogKeysOptIn(t *testing.T) {
+	site := func(opt string) string {
+		return `
+	rate_limit {
+		` + opt + `
+		zone api {
+			key   {http.request.header.X-API-Key}
+			rate  1r/h
+			burst 1
+		}
+	}
+	respond "ok"
+`
+	}
+	for _, c := range []struct {
+		opt  string
+		want bool
+	}{{"", false}, {"log_keys", true}} {
+		caddy := testcaddy.Start(t, site(c.opt))
+		get(t, caddy, "/", "X-API-Key", "secret-key-123")
+		get(t, caddy, "/", "X-API-Key", "secret-key-123")
+		logs := caddy.Logs()
+		if !strings.Contains(logs, "rate limited") {
+			t.Fatalf("no debug log of the refusal:\n%s", logs)
+		}
+		if strings.Contains(logs, "secret-key-123") != c.want {
+			t.Fatalf("%q: key in the logs = %v; want %v", c.opt, !c.want, c.want)
+		}
+	}
+}
