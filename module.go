@@ -300,9 +300,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.zones = append(h.zones, z)
 	}
 	if h.Redis == nil {
-		return h.loadBackend(memoryPoolKey, newMemoryBackend)
+		err = h.loadBackend(memoryPoolKey, newMemoryBackend)
+	} else {
+		err = h.provisionRedis()
 	}
-	return h.provisionRedis()
+	if err == nil {
+		registerZones(h)
+	}
+	return err
 }
 
 // checkResponseOptions checks response, headers and retry_after_jitter.
@@ -584,6 +589,7 @@ func (h *Handler) Validate() error {
 
 // Cleanup releases the store.
 func (h *Handler) Cleanup() error {
+	unregisterZones(h)
 	if h.poolKey == "" {
 		return nil
 	}

@@ -229,3 +229,36 @@ func TestAlgorithmChange(t *testing.T) {
 		})
 	}
 }
+
+// TestPeekAndReset: getCurrentUsage and a reset, for every algorithm and
+// store; a peek changes nothing.
+func TestPeekAndReset(t *testing.T) {
+	for name, newStore := range concurrencyStores {
+		t.Run(name, func(t *testing.T) {
+			_, s := newStore(t)
+			ctx := context.Background()
+			for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, LeakyBucket, Concurrency} {
+				p := Policy{Algorithm: a, Rate: 5, Period: time.Hour, Burst: 5, Lease: time.Hour}
+				req := Request{Zone: "z", Key: "peek-" + a.String(), Policy: p, Cost: 1}
+				for i := range 3 {
+					req.ID = fmt.Sprint("r", i)
+					if _, err := s.Take(ctx, []Request{req}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				want := p.Limit() - 3
+				for range 2 {
+					if d, err := s.Peek(ctx, req); err != nil || d.Remaining != want {
+						t.Fatalf("%s: Peek = %+v, %v; want %d remaining", a, d, err, want)
+					}
+				}
+				if err := s.Reset(ctx, req); err != nil {
+					t.Fatal(err)
+				}
+				if d, err := s.Peek(ctx, req); err != nil || d.Remaining != p.Limit() {
+					t.Fatalf("%s: after Reset: %+v, %v; want %d remaining", a, d, err, p.Limit())
+				}
+			}
+		})
+	}
+}

@@ -120,6 +120,27 @@ func (s *MemoryStore) Release(_ context.Context, reqs []Request) error {
 	return nil
 }
 
+// Peek tells the state of req's bucket (see Store.Peek).
+func (s *MemoryStore) Peek(_ context.Context, req Request) (Decision, error) {
+	k := memKey{zone: req.Zone, algo: req.Policy.Algorithm, hash: KeyHash(req.Key)}
+	sh := s.shard(k)
+	sh.mu.Lock()
+	b, known := sh.buckets[k]
+	sh.mu.Unlock()
+	_, d := req.Policy.take(b, known, time.Now().UnixNano(), 0)
+	return d, nil
+}
+
+// Reset drops req's bucket (see Store.Reset).
+func (s *MemoryStore) Reset(_ context.Context, req Request) error {
+	k := memKey{zone: req.Zone, algo: req.Policy.Algorithm, hash: KeyHash(req.Key)}
+	sh := s.shard(k)
+	sh.mu.Lock()
+	delete(sh.buckets, k)
+	sh.mu.Unlock()
+	return nil
+}
+
 func (s *MemoryStore) shardIndex(k memKey) int {
 	return int(binary.LittleEndian.Uint64(k.hash[:8]) % memShards)
 }

@@ -306,6 +306,26 @@ func (s *RedisStore) Release(ctx context.Context, reqs []Request) error {
 	return err
 }
 
+// Peek tells the state of req's bucket (see Store.Peek): its script runs
+// with no cost, and for a concurrency limit, takes no slot.
+func (s *RedisStore) Peek(ctx context.Context, req Request) (Decision, error) {
+	req.Cost, req.ID = 0, ""
+	reqs := []Request{req}
+	calls := s.calls(reqs)
+	replies, err := s.run(ctx, calls, "", "peek", reqs)
+	if err != nil {
+		return Decision{}, err
+	}
+	decisions := make([]Decision, 1)
+	_, err = decode(replies[0], calls[0].idx, reqs, decisions)
+	return decisions[0], err
+}
+
+// Reset drops req's bucket (see Store.Reset).
+func (s *RedisStore) Reset(ctx context.Context, req Request) error {
+	return s.client.Del(ctx, s.key(req)).Err()
+}
+
 // Ping checks that Redis answers (every master, in a cluster).
 func (s *RedisStore) Ping(ctx context.Context) error {
 	if c, ok := s.client.(*redis.ClusterClient); ok {

@@ -33,6 +33,11 @@ type Store interface {
 	// Release gives back the concurrency slots that Take gave reqs, when
 	// their requests end. Requests of other algorithms are left alone.
 	Release(ctx context.Context, reqs []Request) error
+	// Peek tells a bucket's state (remaining, reset) without changing it;
+	// req.Cost is ignored.
+	Peek(ctx context.Context, req Request) (Decision, error)
+	// Reset drops a bucket: its client starts afresh.
+	Reset(ctx context.Context, req Request) error
 	// Close stops the store's background work and releases its resources.
 	Close() error
 }

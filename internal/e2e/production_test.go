@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/testcaddy"
 )
@@ -205,5 +207,67 @@ func TestLogKeysOptIn(t *testing.T) {
 		if strings.Contains(logs, "secret-key-123") != c.want {
 			t.Fatalf("%q: key in the logs = %v; want %v", c.opt, !c.want, c.want)
 		}
+	}
+}
+
+// admin sends method to Caddy's admin API and decodes the JSON answer.
+func admin(t *testing.T, c *testcaddy.Caddy, method, path string) (int, map[string]any, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, c.Admin+path, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var m map[string]any
+	json.Unmarshal(body, &m)
+	return resp.StatusCode, m, string(body)
+}
+
+func TestAdminAPI(t *testing.T) {
+	for name, store := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			c := testcaddy.Start(t, "\trate_limit {\n"+store+`
+		zone api {
+			key   {http.request.header.X-API-Key}
+			rate  1r/h
+			burst 5
+		}
+		zone search {
+			key       {http.request.header.X-API-Key}
+			algorithm sliding_window_log
+			rate      10r/m
+		}
+	}
+	respond "ok"
+`)
+			status, _, body := admin(t, c, "GET", "/rate_limit/zones")
+			if status != 200 || !strings.Contains(body, `"name":"api"`) || !strings.Contains(body, `"algorithm":"sliding_window_log"`) ||
+				!strings.Contains(body, `"store":"`+name+`"`) {
+				t.Fatalf("GET zones: %d %s", status, body)
+			}
+			key := "team/a b" // escaped in the path
+			for range 2 {
+				get(t, c, "/", "X-API-Key", key)
+			}
+			path := "/rate_limit/zones/api/keys/" + url.PathEscape(key)
+			status, u, body := admin(t, c, "GET", path)
+			if status != 200 || u["limit"] != 5.0 || u["remaining"] != 3.0 || u["key"] != key || u["reset"].(float64) < float64(time.Now().Unix()) {
+				t.Fatalf("GET %s: %d %s", path, status, body)
+			}
+			if status, _, body := admin(t, c, "DELETE", path); status != 200 {
+				t.Fatalf("DELETE %s: %d %s", path, status, body)
+			}
+			if resp, _ := get(t, c, "/", "X-API-Key", key); resp.Header.Get("X-RateLimit-Remaining") != "4" {
+				t.Fatalf("after the reset: remaining %q; want 4 (one zone reset, the other not)", resp.Header.Get("X-RateLimit-Remaining"))
+			}
+			if status, _, _ := admin(t, c, "GET", "/rate_limit/zones/nope/keys/x"); status != 404 {
+				t.Fatalf("unknown zone: %d", status)
+			}
+			if status, _, _ := admin(t, c, "POST", path); status != 405 {
+				t.Fatalf("POST: %d", status)
+			}
+		})
 	}
 }

@@ -1,0 +1,198 @@
+package ratelimit
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/clientkey"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+)
+
+func init() {
+	caddy.RegisterModule(AdminAPI{})
+}
+
+// AdminAPI is the admin endpoint of the rate limiter, at /rate_limit/ on
+// Caddy's admin API:
+//
+//	GET    /rate_limit/zones                    the zones and their policies
+//	GET    /rate_limit/zones/<zone>/keys/<key>  a client's usage: limit, remaining, reset
+//	DELETE /rate_limit/zones/<zone>/keys/<key>  resets the client's bucket
+//
+// <key> is the client key as the zone's template resolves it (an IP
+// address, an API key, a user id), URL-escaped; IP addresses are grouped
+// by the zone's prefixes. Zones whose rate comes from placeholders are
+// shown with their default policy.
+type AdminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (AdminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.rate_limit",
+		New: func() caddy.Module { return new(AdminAPI) },
+	}
+}
+
+// Routes returns the admin routes.
+func (AdminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(serveAdmin)}}
+}
+
+// zoneRef is a zone of a running handler.
+type zoneRef struct {
+	h *Handler
+	z *Zone
+}
+
+// registry holds the zones of the provisioned handlers; during a reload
+// the new config's come last and win.
+var registry = struct {
+	sync.Mutex
+	zones []zoneRef
+}{}
+
+func registerZones(h *Handler) {
+	registry.Lock()
+	defer registry.Unlock()
+	for _, z := range h.zones {
+		registry.zones = append(registry.zones, zoneRef{h, z})
+	}
+}
+
+func unregisterZones(h *Handler) {
+	registry.Lock()
+	defer registry.Unlock()
+	registry.zones = slices.DeleteFunc(registry.zones, func(r zoneRef) bool { return r.h == h })
+}
+
+// lookupZone is the zone named name of the newest config, if any.
+func lookupZone(name string) (zoneRef, bool) {
+	registry.Lock()
+	defer registry.Unlock()
+	for i := len(registry.zones) - 1; i >= 0; i-- {
+		if registry.zones[i].z.name == name {
+			return registry.zones[i], true
+		}
+	}
+	return zoneRef{}, false
+}
+
+// zoneInfo describes a zone in GET /rate_limit/zones.
+type zoneInfo struct {
+	Name          string `json:"name"`
+	Key           string `json:"key"`
+	Algorithm     string `json:"algorithm"`
+	Rate          string `json:"rate,omitempty"`
+	Limit         int64  `json:"limit"`
+	MaxConcurrent int64  `json:"max_concurrent,omitempty"`
+	Policy        string `json:"policy"`
+	Store         string `json:"store"`
+	DryRun        bool   `json:"dry_run,omitempty"`
+}
+
+func listZones() []zoneInfo {
+	registry.Lock()
+	defer registry.Unlock()
+	byName := map[string]zoneInfo{}
+	for _, r := range registry.zones { // the newest config's last, so it wins
+		p := r.z.policy
+		info := zoneInfo{Name: r.z.name, Key: r.z.Key, Algorithm: p.Algorithm.String(), Rate: r.z.Rate,
+			Limit: p.Limit(), MaxConcurrent: r.z.MaxConcurrent, Policy: p.String(), Store: "memory",
+			DryRun: r.z.DryRun || r.h.DryRun}
+		if r.h.backend.redis != nil {
+			info.Store = "redis"
+		}
+		byName[info.Name] = info
+	}
+	list := make([]zoneInfo, 0, len(byName))
+	for _, info := range byName {
+		list = append(list, info)
+	}
+	slices.SortFunc(list, func(a, b zoneInfo) int { return cmp.Compare(a.Name, b.Name) })
+	return list
+}
+
+// usage is a client's usage, the design's getCurrentUsage.
+type usage struct {
+	Zone      string `json:"zone"`
+	Key       string `json:"key"`
+	Limit     int64  `json:"limit"`
+	Remaining int64  `json:"remaining"`
+	Reset     int64  `json:"reset"`
+	Algorithm string `json:"algorithm"`
+}
+
+func serveAdmin(w http.ResponseWriter, r *http.Request) error {
+	path := strings.TrimPrefix(r.URL.EscapedPath(), "/rate_limit/")
+	if path == "zones" || path == "zones/" {
+		if r.Method != http.MethodGet {
+			return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+		}
+		return writeJSON(w, listZones())
+	}
+	zone, key, ok := parseKeyPath(path)
+	if !ok {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("want /rate_limit/zones or /rate_limit/zones/<zone>/keys/<key>")}
+	}
+	ref, found := lookupZone(zone)
+	if !found {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no zone %q", zone)}
+	}
+	return serveKey(w, r, ref, key)
+}
+
+// parseKeyPath splits "zones/<zone>/keys/<key>", unescaping both.
+func parseKeyPath(path string) (zone, key string, ok bool) {
+	rest, ok := strings.CutPrefix(path, "zones/")
+	if !ok {
+		return "", "", false
+	}
+	zone, key, ok = strings.Cut(rest, "/keys/")
+	if !ok {
+		return "", "", false
+	}
+	zone, err1 := url.PathUnescape(zone)
+	key, err2 := url.PathUnescape(key)
+	return zone, key, err1 == nil && err2 == nil
+}
+
+func serveKey(w http.ResponseWriter, r *http.Request, ref zoneRef, key string) error {
+	z, b := ref.z, ref.h.backend
+	req := limiter.Request{Zone: z.name, Policy: z.policy,
+		Key: clientkey.Subnet(key, cmp.Or(z.IPv4Prefix, 32), cmp.Or(z.IPv6Prefix, 64))}
+	var store limiter.Store = b.local
+	if b.redis != nil {
+		store = b.redis
+	}
+	switch r.Method {
+	case http.MethodGet:
+		d, err := store.Peek(r.Context(), req)
+		if err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("reading the bucket: %w", err)}
+		}
+		return writeJSON(w, usage{Zone: z.name, Key: req.Key, Limit: d.Limit, Remaining: d.Remaining,
+			Reset: d.ResetUnix(), Algorithm: z.policy.Algorithm.String()})
+	case http.MethodDelete:
+		if err := store.Reset(r.Context(), req); err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("resetting the bucket: %w", err)}
+		}
+		return writeJSON(w, map[string]any{"zone": z.name, "key": req.Key, "reset": true})
+	}
+	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(v)
+}
+
+// Interface guard.
+var _ caddy.AdminRouter = (*AdminAPI)(nil)
