@@ -181,6 +181,9 @@ func serveKey(w http.ResponseWriter, r *http.Request, ref zoneRef, key string) e
 		return writeJSON(w, usage{Zone: z.name, Key: req.Key, Limit: d.Limit, Remaining: d.Remaining,
 			Reset: d.ResetUnix(), Algorithm: z.policy.Algorithm.String()})
 	case http.MethodDelete:
+		if b.cache != nil {
+			b.cache.Delete(req)
+		}
 		if err := store.Reset(r.Context(), req); err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("resetting the bucket: %w", err)}
 		}

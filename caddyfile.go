@@ -48,6 +48,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			key_prefix  <text>
 //			pool_size   <n>
 //			timeout     <duration>
+//			local_cache <n> | off
 //		}
 //		on_store_error allow | deny [<status>] | local [instances <n>]
 //		dry_run
@@ -365,6 +366,7 @@ var redisOptions = map[string]func(*caddyfile.Dispenser, *RedisConfig) error{
 	"db":          func(d *caddyfile.Dispenser, c *RedisConfig) error { return intArg(d, &c.DB, 0) },
 	"pool_size":   func(d *caddyfile.Dispenser, c *RedisConfig) error { return intArg(d, &c.PoolSize, 1) },
 	"timeout":     parseRedisTimeout,
+	"local_cache": parseLocalCache,
 	"tls":         parseRedisTLS,
 }
 
@@ -375,6 +377,24 @@ func parseKeyPrefix(d *caddyfile.Dispenser, c *RedisConfig) error {
 	if strings.ContainsAny(c.KeyPrefix, "{}") {
 		return d.Errf("redis: key_prefix %q must not contain { or } (they would choose the cluster slot)", c.KeyPrefix)
 	}
+	return nil
+}
+
+// parseLocalCache parses: local_cache <n> | off.
+func parseLocalCache(d *caddyfile.Dispenser, c *RedisConfig) error {
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	if s == "off" {
+		c.LocalCache = -1
+		return nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return d.Errf("redis: local_cache %q: want a number of clients, or off", s)
+	}
+	c.LocalCache = n
 	return nil
 }
 

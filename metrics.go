@@ -18,6 +18,7 @@ var metrics = struct {
 	storeLatency *prometheus.HistogramVec
 	storeErrors  *prometheus.CounterVec
 	breakerOpen  prometheus.Gauge
+	cacheHits    *prometheus.CounterVec
 }{}
 
 // Decision results, the values of the "result" label.
@@ -47,6 +48,10 @@ func initMetrics() {
 		Namespace: ns, Subsystem: sub, Name: "circuit_breaker_open",
 		Help: "1 while a Redis circuit breaker is open (Redis is skipped), else 0.",
 	})
+	metrics.cacheHits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "local_cache_hits_total",
+		Help: "Requests refused from the local cache of refused clients: Redis calls saved.",
+	}, []string{"zone"})
 }
 
 // registerMetrics registers the collectors in reg (once per registry).
@@ -55,7 +60,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.cacheHits} {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
 			return err

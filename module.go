@@ -675,6 +675,8 @@ func count(zones []*Zone, decisions []limiter.Decision, failed, dryRun bool) {
 		result := resultStoreError
 		switch {
 		case failed:
+		case decisions[i].Limit == 0: // not asked: another zone refused from the local cache
+			continue
 		case !decisions[i].Allowed && dryRun:
 			result = resultDryRun
 		case decisions[i].Allowed:
@@ -764,6 +766,9 @@ func (h *Handler) take(ctx context.Context, reqs []limiter.Request) (d []limiter
 // script that ran is not retried.
 func (h *Handler) takeRedis(ctx context.Context, reqs []limiter.Request) ([]limiter.Decision, error) {
 	b, now := h.backend, h.now()
+	if d, hit := h.cached(reqs, now); hit {
+		return d, nil
+	}
 	if !b.breaker.Allow(now) {
 		metrics.storeErrors.WithLabelValues("redis").Inc()
 		return nil, errBreakerOpen
@@ -792,10 +797,30 @@ func (h *Handler) takeRedis(ctx context.Context, reqs []limiter.Request) ([]limi
 	if b.breaker.Success() {
 		metrics.breakerOpen.Set(0)
 	}
+	for i, d := range decisions {
+		b.cache.Put(reqs[i], d, now)
+	}
 	if b.failing.Load() && b.failing.CompareAndSwap(true, false) {
 		h.logger.Info("redis store available again; decisions are shared again")
 	}
 	return decisions, nil
+}
+
+// cached answers a request that a zone refused lately from the local
+// cache, without Redis: the refusing zone's decision, and zero decisions
+// (not asked) for the others.
+func (h *Handler) cached(reqs []limiter.Request, now time.Time) ([]limiter.Decision, bool) {
+	for i, r := range reqs {
+		d, hit := h.backend.cache.Get(r, now)
+		if !hit {
+			continue
+		}
+		metrics.cacheHits.WithLabelValues(r.Zone).Inc()
+		decisions := make([]limiter.Decision, len(reqs))
+		decisions[i] = d
+		return decisions, true
+	}
+	return nil, false
 }
 
 var errBreakerOpen = errors.New("circuit breaker open after consecutive redis failures")
@@ -1015,7 +1040,8 @@ type backend struct {
 	redis   *limiter.RedisStore
 	local   *limiter.MemoryStore
 	breaker *limiter.Breaker
-	failing atomic.Bool // Redis failed last time: on_store_error applies
+	cache   *limiter.DenyCache // clients Redis refused, refused here until they could pass
+	failing atomic.Bool        // Redis failed last time: on_store_error applies
 }
 
 func newMemoryBackend() (caddy.Destructor, error) {
@@ -1078,6 +1104,14 @@ type RedisConfig struct {
 	// Timeout is the longest a decision waits on Redis (connection, command
 	// and reply); after it, on_store_error applies. Default: 100ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// LocalCache is how many clients refused by Redis this instance
+	// remembers, to refuse their next requests without asking Redis until
+	// they could pass (at most 5s, so that a reset through the admin API
+	// of another instance reaches this one soon): a client hammering past
+	// its limit costs no Redis calls. 0 means the default, 10000; -1 turns
+	// it off.
+	LocalCache int `json:"local_cache,omitempty"`
 }
 
 // RedisTLS configures TLS to Redis.
@@ -1095,6 +1129,17 @@ type RedisTLS struct {
 	// InsecureSkipVerify accepts any server certificate. For tests only.
 	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
 }
+
+// localCacheSize is the size of the cache of refused clients.
+func localCacheSize(n int) int {
+	if n == 0 {
+		return 10000
+	}
+	return max(n, 0)
+}
+
+// localCacheMaxAge bounds how long a refusal is answered locally.
+const localCacheMaxAge = 5 * time.Second
 
 // defaultRedisTimeout is RedisConfig.Timeout when unset.
 const defaultRedisTimeout = 100 * time.Millisecond
@@ -1123,7 +1168,8 @@ func (h *Handler) provisionRedis() error {
 		}
 		created = true
 		return &backend{redis: store, local: limiter.NewMemoryStore(0),
-			breaker: limiter.NewBreaker(breakerFailures, breakerCooldown)}, nil
+			breaker: limiter.NewBreaker(breakerFailures, breakerCooldown),
+			cache:   limiter.NewDenyCache(localCacheSize(cfg.LocalCache), localCacheMaxAge)}, nil
 	})
 	if err == nil && created {
 		h.checkRedis()
@@ -1169,6 +1215,8 @@ func (c *RedisConfig) check() error {
 		return fmt.Errorf("key_prefix %q: must not contain { or }", c.KeyPrefix)
 	case c.PoolSize < 0:
 		return fmt.Errorf("pool_size %d: must be positive", c.PoolSize)
+	case c.LocalCache < -1:
+		return fmt.Errorf("local_cache %d: want a size, 0 (the default) or -1 (off)", c.LocalCache)
 	case c.DB < 0:
 		return fmt.Errorf("db %d: must be 0 or more", c.DB)
 	case c.DB != 0 && (c.Cluster || len(c.Addresses) > 1) && c.MasterName == "":

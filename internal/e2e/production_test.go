@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -11,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/testcaddy"
 )
 
@@ -269,5 +273,71 @@ func TestAdminAPI(t *testing.T) {
 				t.Fatalf("POST: %d", status)
 			}
 		})
+	}
+}
+
+// evalshaCalls is how many EVALSHA commands a Redis server has run.
+func evalshaCalls(t *testing.T, addr string) int {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	info, err := rc.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`cmdstat_evalsha:calls=(\d+)`).FindStringSubmatch(info)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// TestHotKeyRefusedLocally: a client hammering past its limit is refused
+// from the local cache, without Redis calls, until it could pass.
+func TestHotKeyRefusedLocally(t *testing.T) {
+	srv := redistest.NewServer(t)
+	c := testcaddy.Start(t, `
+	rate_limit {
+		redis {
+			addresses `+srv.Addr+`
+			timeout   10s
+		}
+		zone api {
+			key   {http.request.header.X-API-Key}
+			rate  1r/m
+			burst 2
+		}
+	}
+	respond "ok"
+`)
+	for i, want := range []int{200, 200, 429} {
+		if s := status(t, c.URL, "/", "hot"); s != want {
+			t.Fatalf("request %d: %d; want %d", i, s, want)
+		}
+	}
+	before := evalshaCalls(t, srv.Addr)
+	for range 50 {
+		resp, _ := get(t, c, "/", "X-API-Key", "hot")
+		if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("hot key: %d %v", resp.StatusCode, resp.Header)
+		}
+	}
+	if after := evalshaCalls(t, srv.Addr); after != before {
+		t.Fatalf("50 refusals of a hot key made %d Redis calls; want none", after-before)
+	}
+	if got := scrape(t, c, `caddy_rate_limit_local_cache_hits_total{zone="api"}`); got != 50 {
+		t.Fatalf("local_cache_hits_total = %v; want 50", got)
+	}
+	// Another key still goes to Redis.
+	if s := status(t, c.URL, "/", "cold"); s != 200 || evalshaCalls(t, srv.Addr) != before+1 {
+		t.Fatalf("another key: %d, %d Redis calls", s, evalshaCalls(t, srv.Addr)-before)
+	}
+	// An admin reset clears this instance's cache too.
+	if status, _, body := admin(t, c, "DELETE", "/rate_limit/zones/api/keys/hot"); status != 200 {
+		t.Fatalf("reset: %d %s", status, body)
+	}
+	if s := status(t, c.URL, "/", "hot"); s != 200 {
+		t.Fatalf("after a reset: %d; want 200", s)
 	}
 }

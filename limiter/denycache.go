@@ -1,0 +1,96 @@
+package limiter
+
+import (
+	"sync"
+	"time"
+)
+
+// DenyCache remembers, in this process, the clients a remote store has
+// refused, so that their next requests are refused without asking it until
+// they could pass (bounded by MaxAge): a client hammering past its limit
+// costs no round trips. It is exact: nothing but time (or a reset) lets a
+// refused client pass sooner. Safe for concurrent use.
+type DenyCache struct {
+	mu      sync.Mutex
+	size    int
+	maxAge  time.Duration
+	entries map[denyKey]denyEntry
+}
+
+type denyKey struct {
+	zone string
+	algo Algorithm
+	hash [16]byte
+}
+
+type denyEntry struct {
+	until int64 // Unix ns
+	cost  int64
+	d     Decision
+}
+
+// NewDenyCache returns a cache of at most size clients, each kept at most
+// maxAge (so that a reset through another instance reaches this one).
+func NewDenyCache(size int, maxAge time.Duration) *DenyCache {
+	return &DenyCache{size: size, maxAge: maxAge, entries: make(map[denyKey]denyEntry)}
+}
+
+func denyKeyOf(r Request) denyKey {
+	return denyKey{zone: r.Zone, algo: r.Policy.Algorithm, hash: KeyHash(r.Key)}
+}
+
+// Get returns the refusal cached for r at now, if r costs at least what
+// the refused request did.
+func (c *DenyCache) Get(r Request, now time.Time) (Decision, bool) {
+	k := denyKeyOf(r)
+	c.mu.Lock()
+	e, ok := c.entries[k]
+	c.mu.Unlock()
+	if !ok || now.UnixNano() >= e.until || r.Cost < e.cost {
+		return Decision{}, false
+	}
+	d := e.d
+	d.RetryAfter = time.Duration(e.until - now.UnixNano())
+	return d, true
+}
+
+// Put remembers a refusal of r at now until r could pass. Concurrency
+// refusals are not kept: a slot may free at any time.
+func (c *DenyCache) Put(r Request, d Decision, now time.Time) {
+	if d.Allowed || d.RetryAfter <= 0 || r.Policy.Algorithm == Concurrency || c.size <= 0 {
+		return
+	}
+	until := now.Add(min(d.RetryAfter, c.maxAge)).UnixNano()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.entries) >= c.size {
+		c.evict(now.UnixNano())
+	}
+	c.entries[denyKeyOf(r)] = denyEntry{until: until, cost: r.Cost, d: d}
+}
+
+// evict makes room for a tenth of the cache at once (so that a flood of
+// new clients costs a few map steps per entry, not a scan each): expired
+// entries go, and others at random (map order is random) until then.
+func (c *DenyCache) evict(now int64) {
+	target := c.size - c.size/10 - 1
+	for k, e := range c.entries {
+		if e.until <= now || len(c.entries) > target {
+			delete(c.entries, k)
+		}
+	}
+}
+
+// Delete forgets r's client (after a reset).
+func (c *DenyCache) Delete(r Request) {
+	c.mu.Lock()
+	delete(c.entries, denyKeyOf(r))
+	c.mu.Unlock()
+}
+
+// Len is the number of clients cached.
+func (c *DenyCache) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.entries)
+}
