@@ -79,6 +79,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			algorithm    token_bucket | fixed_window | sliding_window_log | sliding_window_counter | leaky_bucket
 //			nodelay
 //			dry_run
+//			ban          <refusals> <within> <for>
 //		}
 //		zone <name> {
 //			key            <template>
@@ -181,6 +182,23 @@ var zoneOptions = map[string]func(*caddyfile.Dispenser, *Zone) error{
 	},
 	"lease":   parseLease,
 	"dry_run": func(d *caddyfile.Dispenser, z *Zone) error { return noArgs(d, &z.DryRun) },
+	"ban":     parseBan,
+}
+
+// parseBan parses: ban <refusals> <within> <for>.
+func parseBan(d *caddyfile.Dispenser, z *Zone) error {
+	args := d.RemainingArgs()
+	if len(args) != 3 {
+		return d.Errf("zone %q: want ban <refusals> <within> <for>, e.g. ban 10 1m 15m", z.name)
+	}
+	n, err := strconv.ParseInt(args[0], 10, 64)
+	within, err2 := caddy.ParseDuration(args[1])
+	banFor, err3 := caddy.ParseDuration(args[2])
+	if err != nil || n < 1 || err2 != nil || within <= 0 || err3 != nil || banFor <= 0 {
+		return d.Errf("zone %q: ban %s: want a number of refusals and two positive durations, e.g. ban 10 1m 15m", z.name, strings.Join(args, " "))
+	}
+	z.Ban = &BanConfig{After: n, Within: caddy.Duration(within), For: caddy.Duration(banFor)}
+	return nil
 }
 
 // oneOf reads a single argument that must be one of choices.

@@ -19,6 +19,7 @@ var metrics = struct {
 	storeErrors  *prometheus.CounterVec
 	breakerOpen  prometheus.Gauge
 	cacheHits    *prometheus.CounterVec
+	bans         *prometheus.CounterVec
 }{}
 
 // Decision results, the values of the "result" label.
@@ -27,13 +28,14 @@ const (
 	resultDenied     = "denied"
 	resultDryRun     = "dry_run"     // a dry-run zone would have refused
 	resultStoreError = "store_error" // decided by on_store_error
+	resultBanned     = "banned"      // refused by a ban
 )
 
 func initMetrics() {
 	const ns, sub = "caddy", "rate_limit"
 	metrics.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "decisions_total",
-		Help: "Decisions by zone and result: allowed, denied, dry_run (a dry-run zone would have refused), store_error (decided by on_store_error).",
+		Help: "Decisions by zone and result: allowed, denied, banned, dry_run (a dry-run zone would have refused), store_error (decided by on_store_error).",
 	}, []string{"zone", "result"})
 	metrics.storeLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
@@ -52,6 +54,10 @@ func initMetrics() {
 		Namespace: ns, Subsystem: sub, Name: "local_cache_hits_total",
 		Help: "Requests refused from the local cache of refused clients: Redis calls saved.",
 	}, []string{"zone"})
+	metrics.bans = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "bans_total",
+		Help: "Bans started: clients refused often enough to be banned.",
+	}, []string{"zone"})
 }
 
 // registerMetrics registers the collectors in reg (once per registry).
@@ -60,7 +66,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.cacheHits} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.cacheHits, metrics.bans} {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
 			return err

@@ -148,6 +148,16 @@ type JWTConfig struct {
 	Leeway *caddy.Duration `json:"leeway,omitempty"`
 }
 
+// BanConfig bans a zone's repeat offenders.
+type BanConfig struct {
+	// After is how many refusals ban a client.
+	After int64 `json:"after,omitempty"`
+	// Within is the window the refusals are counted in.
+	Within caddy.Duration `json:"within,omitempty"`
+	// For is how long a ban lasts.
+	For caddy.Duration `json:"for,omitempty"`
+}
+
 // StoreErrorPolicy says what a handler does while its Redis fails.
 type StoreErrorPolicy struct {
 	// Mode is one of:
@@ -241,6 +251,12 @@ type Zone struct {
 	// DryRun computes, counts and logs the zone's decisions but never
 	// refuses a request because of it, and sets no headers.
 	DryRun bool `json:"dry_run,omitempty"`
+
+	// Ban refuses repeat offenders for a while: a client refused After
+	// times within Within is refused for For, whatever its bucket holds,
+	// with a Retry-After of the ban's remaining time. With Redis, bans are
+	// shared by the fleet. Default: no bans.
+	Ban *BanConfig `json:"ban,omitempty"`
 
 	// OnEmptyKey is what happens when Key resolves to nothing (no such
 	// header, no valid token): "shared" counts all such requests in one
@@ -450,7 +466,22 @@ func (z *Zone) check() error {
 	if err := checkAlgorithmLimits(z.policy); err != nil {
 		return err
 	}
+	if err := z.checkBan(); err != nil {
+		return err
+	}
 	return z.policy.Validate()
+}
+
+// checkBan sets up the zone's ban.
+func (z *Zone) checkBan() error {
+	if z.Ban == nil {
+		return nil
+	}
+	z.policy.Ban = limiter.Ban{After: z.Ban.After, Within: time.Duration(z.Ban.Within), For: time.Duration(z.Ban.For)}
+	if z.Ban.After < 1 {
+		return fmt.Errorf("ban: after %d: want at least 1 refusal", z.Ban.After)
+	}
+	return z.policy.Ban.Validate()
 }
 
 // maxLeakyWait bounds how long a leaky bucket may hold a request.
@@ -613,8 +644,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
 	}
+	if o, banned := h.banned(r.Context(), reqs, zones); banned {
+		o.setPlaceholders(repl)
+		h.setLimitHeaders(w.Header(), o)
+		h.logRefusal(o)
+		return h.refuse(w, o)
+	}
 	decisions, rel, err := h.take(r.Context(), reqs)
 	count(zones, decisions, err != nil || decisions == nil, false)
+	h.countRefusals(r.Context(), reqs, decisions)
 	if err != nil { // Redis failed, on_store_error deny
 		if h.onError.Mode == "deny" {
 			w.Header().Set("Retry-After", strconv.FormatInt(int64(breakerCooldown/time.Second), 10))
@@ -637,6 +675,93 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return caddyhttp.Error(499, fmt.Errorf("client left while its request waited its turn: %w", err))
 	}
 	return next.ServeHTTP(w, r)
+}
+
+// banStore is the store that keeps bans: Redis while it answers (bans are
+// shared by the fleet), else this instance's memory.
+func (h *Handler) banStore() limiter.Store {
+	if b := h.backend; b.redis != nil && !b.breaker.Open() {
+		return b.redis
+	}
+	return h.backend.local
+}
+
+// banned looks up the bans of the zones that ban (skipping clients the
+// local cache already refuses) and returns the outcome of the longest.
+func (h *Handler) banned(ctx context.Context, reqs []limiter.Request, zones []*Zone) (outcome, bool) {
+	var look []limiter.Request
+	var at []int
+	now := h.now()
+	for i, r := range reqs {
+		if r.Policy.Ban.After == 0 {
+			continue
+		}
+		if c := h.backend.cache; c != nil {
+			if _, hit := c.Get(r, now); hit {
+				continue // decided from the cache by take, without Redis
+			}
+		}
+		look, at = append(look, r), append(at, i)
+	}
+	if len(look) == 0 {
+		return outcome{}, false
+	}
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(h.timeout, time.Second))
+	left, err := h.banStore().Banned(tctx, look)
+	cancel()
+	if err != nil {
+		h.logger.Debug("looking up bans", zap.Error(err))
+		return outcome{}, false
+	}
+	best := -1
+	for j, l := range left {
+		if l > 0 && (best < 0 || l > left[best]) {
+			best = j
+		}
+	}
+	if best < 0 {
+		return outcome{}, false
+	}
+	i := at[best]
+	d := h.banDecision(reqs[i], left[best], now)
+	metrics.decisions.WithLabelValues(zones[i].name, resultBanned).Inc()
+	return h.outcome(zones[i].name, reqs[i], d), true
+}
+
+// banDecision is the refusal of a banned client, remembered by the local
+// cache so that its next requests are refused without Redis.
+func (h *Handler) banDecision(r limiter.Request, left time.Duration, now time.Time) limiter.Decision {
+	d := limiter.Decision{Limit: r.Policy.Limit(), Reset: now.Add(left), RetryAfter: left}
+	if c := h.backend.cache; c != nil {
+		c.PutBan(r, d, now)
+	}
+	return d
+}
+
+// countRefusals counts, for the zones that ban, the refusals among
+// decisions, and turns a refusal that starts (or meets) a ban into the
+// ban's refusal.
+func (h *Handler) countRefusals(ctx context.Context, reqs []limiter.Request, decisions []limiter.Decision) {
+	for i, d := range decisions {
+		r := reqs[i]
+		if d.Allowed || d.Limit == 0 || d.Cached || r.Policy.Ban.After == 0 {
+			continue // a cached refusal is a ban's, already counted
+		}
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(h.timeout, time.Second))
+		left, started, err := h.banStore().Refused(tctx, r)
+		cancel()
+		if err != nil {
+			h.logger.Debug("counting a refusal for bans", zap.Error(err))
+			continue
+		}
+		if started {
+			metrics.bans.WithLabelValues(r.Zone).Inc()
+			h.logger.Info("client banned", zap.String("zone", r.Zone), zap.Duration("for", left))
+		}
+		if left > d.RetryAfter {
+			decisions[i] = h.banDecision(r, left, h.now())
+		}
+	}
 }
 
 // dryRun decides the dry-run zones of a request on their own, counting

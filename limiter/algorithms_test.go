@@ -262,3 +262,48 @@ func TestPeekAndReset(t *testing.T) {
 		})
 	}
 }
+
+// TestBans: three refusals within a minute ban the client for an hour,
+// across instances (two Redis stores on one Redis) and whatever its bucket
+// holds; a reset lifts the ban.
+func TestBans(t *testing.T) {
+	for name, newStore := range concurrencyStores {
+		t.Run(name, func(t *testing.T) {
+			_, s := newStore(t)
+			other := s
+			if rs, ok := s.(*RedisStore); ok { // a second instance
+				c := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: redistest.ClusterAddrs(t)})
+				if name == "redis" {
+					c = redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+				}
+				o, _ := NewRedisStore(c, rs.prefix)
+				t.Cleanup(func() { o.Close() })
+				other = o
+			}
+			ctx := context.Background()
+			p := Policy{Rate: 1, Period: time.Hour, Burst: 1, Ban: Ban{After: 3, Within: time.Minute, For: time.Hour}}
+			r := Request{Zone: "z", Key: "offender", Policy: p, Cost: 1}
+			for i, st := range []Store{s, other, s} {
+				left, started, err := st.Refused(ctx, r)
+				if err != nil || started != (i == 2) || (left > 0) != (i == 2) {
+					t.Fatalf("refusal %d: %s %v %v", i+1, left, started, err)
+				}
+			}
+			for _, st := range []Store{s, other} {
+				left, err := st.Banned(ctx, []Request{{Zone: "z", Key: "innocent", Policy: p}, r})
+				if err != nil || left[0] != 0 || left[1] < 59*time.Minute || left[1] > time.Hour {
+					t.Fatalf("Banned = %v, %v; want the offender banned for an hour, nobody else", left, err)
+				}
+			}
+			if left, started, _ := other.Refused(ctx, r); started || left < 59*time.Minute {
+				t.Fatalf("a refusal while banned: %s %v; want the ban left, not a new one", left, started)
+			}
+			if err := other.Reset(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			if left, _ := s.Banned(ctx, []Request{r}); left[0] != 0 {
+				t.Fatalf("banned %s after a reset", left[0])
+			}
+		})
+	}
+}

@@ -21,6 +21,8 @@ type Decision struct {
 	// Delay is, for a request a leaky bucket allowed, how long it waits
 	// for its slot before it goes on.
 	Delay time.Duration
+	// Cached is true for a refusal answered from a DenyCache.
+	Cached bool
 }
 
 // ResetUnix is Reset in Unix seconds, rounded up.

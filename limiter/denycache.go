@@ -24,9 +24,10 @@ type denyKey struct {
 }
 
 type denyEntry struct {
-	until int64 // Unix ns
-	cost  int64
-	d     Decision
+	until   int64 // Unix ns: when the entry is dropped (at most maxAge)
+	retryAt int64 // Unix ns: when the client could pass
+	cost    int64
+	d       Decision
 }
 
 // NewDenyCache returns a cache of at most size clients, each kept at most
@@ -50,14 +51,24 @@ func (c *DenyCache) Get(r Request, now time.Time) (Decision, bool) {
 		return Decision{}, false
 	}
 	d := e.d
-	d.RetryAfter = time.Duration(e.until - now.UnixNano())
+	d.RetryAfter = time.Duration(e.retryAt - now.UnixNano())
+	d.Cached = true
 	return d, true
 }
 
 // Put remembers a refusal of r at now until r could pass. Concurrency
-// refusals are not kept: a slot may free at any time.
+// refusals are not kept (a slot may free at any time), nor those of
+// policies that ban (each refusal counts towards a ban): see PutBan.
 func (c *DenyCache) Put(r Request, d Decision, now time.Time) {
-	if d.Allowed || d.RetryAfter <= 0 || r.Policy.Algorithm == Concurrency || c.size <= 0 {
+	if r.Policy.Algorithm == Concurrency || r.Policy.Ban.After > 0 {
+		return
+	}
+	c.PutBan(r, d, now)
+}
+
+// PutBan remembers a refusal of r at now, whatever its policy: for bans.
+func (c *DenyCache) PutBan(r Request, d Decision, now time.Time) {
+	if d.Allowed || d.RetryAfter <= 0 || c.size <= 0 {
 		return
 	}
 	until := now.Add(min(d.RetryAfter, c.maxAge)).UnixNano()
@@ -66,7 +77,7 @@ func (c *DenyCache) Put(r Request, d Decision, now time.Time) {
 	if len(c.entries) >= c.size {
 		c.evict(now.UnixNano())
 	}
-	c.entries[denyKeyOf(r)] = denyEntry{until: until, cost: r.Cost, d: d}
+	c.entries[denyKeyOf(r)] = denyEntry{until: until, retryAt: now.Add(d.RetryAfter).UnixNano(), cost: r.Cost, d: d}
 }
 
 // evict makes room for a tenth of the cache at once (so that a flood of

@@ -28,6 +28,9 @@ func TestDenyCache(t *testing.T) {
 		t.Fatal("hit after the retry time")
 	}
 	c.Put(r, Decision{RetryAfter: time.Hour}, t0)
+	if d, ok := c.Get(r, t0.Add(30*time.Second)); !ok || d.RetryAfter != time.Hour-30*time.Second {
+		t.Fatalf("Get = %+v, %v; want the whole wait left, not the cache's", d, ok)
+	}
 	if _, ok := c.Get(r, t0.Add(time.Minute)); ok {
 		t.Fatal("kept longer than maxAge")
 	}

@@ -20,6 +20,7 @@ const DefaultSweepInterval = 30 * time.Second
 // holds active clients only.
 type MemoryStore struct {
 	shards [memShards]memShard
+	bans   memBans
 	stop   chan struct{}
 	done   chan struct{}
 	once   sync.Once
@@ -47,6 +48,7 @@ func NewMemoryStore(sweepEvery time.Duration) *MemoryStore {
 		sweepEvery = DefaultSweepInterval
 	}
 	s := &MemoryStore{stop: make(chan struct{}), done: make(chan struct{})}
+	s.bans.clients = make(map[memKey]banState)
 	for i := range s.shards {
 		s.shards[i].buckets = make(map[memKey]bucket)
 	}
@@ -138,6 +140,9 @@ func (s *MemoryStore) Reset(_ context.Context, req Request) error {
 	sh.mu.Lock()
 	delete(sh.buckets, k)
 	sh.mu.Unlock()
+	s.bans.mu.Lock()
+	delete(s.bans.clients, s.bans.key(req))
+	s.bans.mu.Unlock()
 	return nil
 }
 
@@ -185,6 +190,7 @@ func (s *MemoryStore) Len() int {
 // Sweep drops the buckets that are full at now, since a missing bucket
 // means a full one, and returns how many it dropped.
 func (s *MemoryStore) Sweep(now time.Time) int {
+	s.sweepBans(now.UnixNano())
 	dropped := 0
 	for i := range s.shards {
 		dropped += s.shards[i].sweep(now.UnixNano())

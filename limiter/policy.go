@@ -27,6 +27,28 @@ type Policy struct {
 	// Lease is how long a concurrency slot held in Redis outlives a Caddy
 	// that crashed while holding it.
 	Lease time.Duration
+	// Ban, when After is set, bans a client refused After times within
+	// Within, for For.
+	Ban Ban
+}
+
+// Ban bans repeat offenders: a client refused After times within Within
+// is refused, whatever its bucket holds, for For.
+type Ban struct {
+	After  int64
+	Within time.Duration
+	For    time.Duration
+}
+
+// Validate reports what is wrong with b, if anything.
+func (b Ban) Validate() error {
+	if b.After == 0 {
+		return nil
+	}
+	if b.After < 1 || b.Within < time.Millisecond || b.For < time.Millisecond || b.Within > MaxPeriod || b.For > MaxPeriod {
+		return fmt.Errorf("ban after %d within %s for %s: want at least 1 refusal, durations of at least 1ms", b.After, b.Within, b.For)
+	}
+	return nil
 }
 
 // units maps the unit letter of a rate ("100r/m") to its duration.

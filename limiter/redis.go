@@ -323,7 +323,7 @@ func (s *RedisStore) Peek(ctx context.Context, req Request) (Decision, error) {
 
 // Reset drops req's bucket (see Store.Reset).
 func (s *RedisStore) Reset(ctx context.Context, req Request) error {
-	return s.client.Del(ctx, s.key(req)).Err()
+	return s.client.Del(ctx, append([]string{s.key(req)}, s.banKeys(req)...)...).Err()
 }
 
 // Ping checks that Redis answers (every master, in a cluster).

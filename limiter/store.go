@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"crypto/sha256"
+	"time"
 )
 
 // Request asks a store to charge Cost tokens from one bucket: the bucket of
@@ -36,8 +37,15 @@ type Store interface {
 	// Peek tells a bucket's state (remaining, reset) without changing it;
 	// req.Cost is ignored.
 	Peek(ctx context.Context, req Request) (Decision, error)
-	// Reset drops a bucket: its client starts afresh.
+	// Reset drops a bucket, and its client's ban: it starts afresh.
 	Reset(ctx context.Context, req Request) error
+	// Banned is the ban left on the client of each of reqs (0: none; only
+	// requests whose policy bans are looked up).
+	Banned(ctx context.Context, reqs []Request) ([]time.Duration, error)
+	// Refused counts a refusal of req's client for its policy's ban, and
+	// returns the ban left when this refusal (or an earlier one) banned
+	// it; started is true when this refusal started the ban.
+	Refused(ctx context.Context, req Request) (left time.Duration, started bool, err error)
 	// Close stops the store's background work and releases its resources.
 	Close() error
 }

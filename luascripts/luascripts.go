@@ -19,4 +19,6 @@ var (
 	LeakyBucket string
 	//go:embed concurrency.lua
 	Concurrency string
+	//go:embed ban.lua
+	Ban string
 )

@@ -341,3 +341,61 @@ func TestHotKeyRefusedLocally(t *testing.T) {
 		t.Fatalf("after a reset: %d; want 200", s)
 	}
 }
+
+// TestBanSurvivesAcrossInstances: refusals counted on two instances ban a
+// client on both, for longer than its bucket would refuse it.
+func TestBanSurvivesAcrossInstances(t *testing.T) {
+	srv := redistest.NewServer(t)
+	site := `
+	rate_limit {
+		redis {
+			addresses ` + srv.Addr + `
+			timeout   10s
+		}
+		zone api {
+			key   {http.request.header.X-API-Key}
+			rate  1r/s
+			burst 1
+			ban   3 1m 1h
+		}
+	}
+	respond "ok"
+`
+	a, b := testcaddy.Start(t, site), testcaddy.Start(t, site)
+	retry := func(c *testcaddy.Caddy) (int, int) {
+		resp, _ := get(t, c, "/", "X-API-Key", "offender")
+		n, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+		return resp.StatusCode, n
+	}
+	for i, c := range []*testcaddy.Caddy{a, a, b, a} {
+		s, n := retry(c)
+		switch {
+		case i == 0 && s != 200:
+			t.Fatalf("first request: %d", s)
+		case i > 0 && s != 429:
+			t.Fatalf("request %d: %d", i, s)
+		case i == 3 && n < 3500:
+			t.Fatalf("the third refusal: Retry-After %d; want the ban's hour", n)
+		}
+	}
+	time.Sleep(1100 * time.Millisecond) // the bucket has refilled; the ban holds
+	for _, c := range []*testcaddy.Caddy{b, a} {
+		if s, n := retry(c); s != 429 || n < 3500 {
+			t.Fatalf("banned client on another instance: %d, Retry-After %d", s, n)
+		}
+	}
+	if s, _, _ := func() (int, int, int) {
+		resp, _ := get(t, b, "/", "X-API-Key", "someone-else")
+		return resp.StatusCode, 0, 0
+	}(); s != 200 {
+		t.Fatalf("another client: %d", s)
+	}
+	if got := scrape(t, a, `caddy_rate_limit_bans_total{zone="api"}`); got != 1 {
+		t.Fatalf("bans_total on the instance that banned: %v; want 1", got)
+	}
+	// A reset through the admin API lifts the ban.
+	admin(t, b, "DELETE", "/rate_limit/zones/api/keys/offender")
+	if s, _ := retry(b); s != 200 {
+		t.Fatalf("after a reset: %d; want 200", s)
+	}
+}

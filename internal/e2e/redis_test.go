@@ -237,11 +237,11 @@ func TestRedisDown(t *testing.T) {
 	}`, name, mode, srv.Addr)
 	}
 	c := testcaddy.Start(t, zone("allow", "allow")+zone("deny", "deny 429")+zone("local", "local"))
-	check := func(when, path string, want ...int) {
+	check := func(when, path, key string, want ...int) {
 		t.Helper()
 		for i, w := range want {
 			start := time.Now()
-			resp, _, err := c.Get(path, "X-API-Key", "k")
+			resp, _, err := c.Get(path, "X-API-Key", key)
 			if err != nil {
 				t.Fatalf("%s %s: %v", when, path, err)
 			}
@@ -254,20 +254,22 @@ func TestRedisDown(t *testing.T) {
 			}
 		}
 	}
-	check("up", "/allow", 200, 200, 200, 429)
-	check("up", "/local", 200, 200, 200, 429)
+	check("up", "/allow", "warm", 200, 200, 200, 429)
+	check("up", "/local", "warm", 200, 200, 200, 429)
 
 	// A Redis that accepts connections but never answers: SIGSTOP.
 	srv.Pause()
-	check("paused", "/allow", 200, 200, 200, 200, 200)
-	check("paused", "/deny", 429, 429)
-	check("paused", "/local", 200, 200, 200, 429) // the local bucket is its own
+	check("paused", "/allow", "k", 200, 200, 200, 200, 200)
+	check("paused", "/deny", "k", 429, 429)
+	check("paused", "/local", "k", 200, 200, 200, 429) // the local bucket is its own
+	// A client Redis refused just before stays refused, from the local cache.
+	check("paused", "/allow", "warm", 429)
 	srv.Resume()
 
 	srv.Kill()
-	check("killed", "/allow", 200, 200, 200, 200, 200)
-	check("killed", "/deny", 429, 429)
-	check("killed", "/local", 429)
+	check("killed", "/allow", "k", 200, 200, 200, 200, 200)
+	check("killed", "/deny", "k", 429, 429)
+	check("killed", "/local", "k", 429)
 	resp, _, _ := c.Get("/deny", "X-API-Key", "k")
 	if resp.Header.Get("Retry-After") == "" {
 		t.Fatal("deny mode: no Retry-After")
@@ -289,7 +291,7 @@ func TestRedisDown(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	check("back", "/allow", 200, 200, 429)
+	check("back", "/allow", "k", 200, 200, 429)
 	logs := c.Logs()
 	if n := strings.Count(logs, "redis store failing"); n != 1 {
 		t.Errorf("entering the failure mode logged %d times; want once", n)
