@@ -163,6 +163,13 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"concurrency zero", zone("\t\t\tkey k\n\t\t\tmax_concurrent 0"), `max_concurrent "0": want a whole number of at least 1, at Caddyfile:5`},
 		{"lease short", zone("\t\t\tkey k\n\t\t\tmax_concurrent 2\n\t\t\tlease 10ms"), `zone "api": lease "10ms": want a duration of at least 1s, at Caddyfile:6`},
 		{"lease with a rate", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tlease 10s"), `lease applies to max_concurrent only`},
+		{"ban args", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tban 10 1m"), `zone "api": want ban <refusals> <within> <for>, e.g. ban 10 1m 15m, at Caddyfile:6`},
+		{"ban numbers", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tban 0 1m 15m"), `zone "api": ban 0 1m 15m: want a number of refusals and two positive durations`},
+		{"response", ":8080 {\n\trate_limit {\n\t\tresponse html\n\t}\n}", `response "html": want json, problem, handle_errors, at Caddyfile:3`},
+		{"headers", ":8080 {\n\trate_limit {\n\t\theaders draft\n\t}\n}", `headers "draft": want x_ratelimit, ietf, both, none, at Caddyfile:3`},
+		{"jitter", ":8080 {\n\trate_limit {\n\t\tretry_after_jitter soon\n\t}\n}", `retry_after_jitter "soon": want a duration such as 5s`},
+		{"dry_run arg", ":8080 {\n\trate_limit {\n\t\tdry_run yes\n\t}\n}", `wrong argument count`},
+		{"local_cache", withRedis("\t\t\taddresses a:1\n\t\t\tlocal_cache -5"), `redis: local_cache "-5": want a number of clients, or off`},
 		{"jwt without key", withJWT("\t\t\tissuer x"), `jwt: needs secret, public_key_file or jwks_file`},
 		{"jwt unknown option", withJWT("\t\t\tsecret s\n\t\t\talgorithms HS256"), `jwt: unrecognized subdirective "algorithms", at Caddyfile:5`},
 		{"jwt bad from", withJWT("\t\t\tsecret s\n\t\t\tfrom query token"), `jwt: want from header <name> or from cookie <name>, at Caddyfile:5`},
@@ -261,6 +268,41 @@ func TestCaddyfileRedis(t *testing.T) {
 	out, err = adapt(t, withStoreError("deny 429"))
 	if err != nil || !strings.Contains(out, `"on_store_error":{"mode":"deny","status":429}`) {
 		t.Fatalf("deny 429: %v\n%s", err, out)
+	}
+}
+
+func TestCaddyfileProduction(t *testing.T) {
+	out, err := adapt(t, `:8080 {
+	rate_limit {
+		redis {
+			addresses   127.0.0.1:6379
+			local_cache off
+		}
+		dry_run
+		response           problem
+		headers            both
+		retry_after_jitter 5s
+		log_keys
+		zone api {
+			key     {client_ip}
+			rate    10r/s
+			ban     10 1m 15m
+			dry_run
+		}
+	}
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`"dry_run":true,"handler":"rate_limit","headers":"both","log_keys":true`,
+		`"response":"problem","retry_after_jitter":5000000000`,
+		`"local_cache":-1`,
+		`"ban":{"after":10,"for":900000000000,"within":60000000000}`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("adapted config lacks\n%s\nin\n%s", want, out)
+		}
 	}
 }
 
