@@ -159,7 +159,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"unknown algorithm", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\talgorithm gcra"), `zone "api": unknown algorithm "gcra" (want token_bucket, fixed_window, sliding_window_log, sliding_window_counter or leaky_bucket), at Caddyfile:6`},
 		{"burst with a window", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\talgorithm fixed_window\n\t\t\tburst 5"), `zone "api": burst does not apply to fixed_window: its limit is N of the rate per window, at Caddyfile:3`},
 		{"nodelay without leaky", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tnodelay"), `nodelay applies to leaky_bucket only`},
-		{"concurrency with a rate", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tmax_concurrent 5"), `max_concurrent limits requests in flight: rate, algorithm, burst, cost and nodelay do not apply`},
+		{"concurrency with a rate", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tmax_concurrent 5"), `max_concurrent limits requests in flight: rate, algorithm, burst, cost, nodelay and ban do not apply`},
 		{"concurrency zero", zone("\t\t\tkey k\n\t\t\tmax_concurrent 0"), `max_concurrent "0": want a whole number of at least 1, at Caddyfile:5`},
 		{"lease short", zone("\t\t\tkey k\n\t\t\tmax_concurrent 2\n\t\t\tlease 10ms"), `zone "api": lease "10ms": want a duration of at least 1s, at Caddyfile:6`},
 		{"lease with a rate", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tlease 10s"), `lease applies to max_concurrent only`},

@@ -333,8 +333,8 @@ func (h *Handler) checkResponseOptions() error {
 		return fmt.Errorf("response %q: want json, problem or handle_errors", h.Response)
 	case !slices.Contains([]string{"", "x_ratelimit", "ietf", "both", "none"}, h.Headers):
 		return fmt.Errorf("headers %q: want x_ratelimit, ietf, both or none", h.Headers)
-	case h.RetryAfterJitter < 0:
-		return fmt.Errorf("retry_after_jitter %s: must not be negative", time.Duration(h.RetryAfterJitter))
+	case h.RetryAfterJitter < 0 || h.RetryAfterJitter > 0 && time.Duration(h.RetryAfterJitter) < time.Second:
+		return fmt.Errorf("retry_after_jitter %s: want 0 or at least 1s (Retry-After counts whole seconds)", time.Duration(h.RetryAfterJitter))
 	}
 	return nil
 }
@@ -531,8 +531,8 @@ const defaultLease = 5 * time.Minute
 
 // checkConcurrency sets up a zone that limits requests in flight.
 func (z *Zone) checkConcurrency() error {
-	if z.Rate != "" || z.Algorithm != "" || z.Burst != "" || z.Cost != "" || z.NoDelay {
-		return fmt.Errorf("max_concurrent limits requests in flight: rate, algorithm, burst, cost and nodelay do not apply")
+	if z.Rate != "" || z.Algorithm != "" || z.Burst != "" || z.Cost != "" || z.NoDelay || z.Ban != nil {
+		return fmt.Errorf("max_concurrent limits requests in flight: rate, algorithm, burst, cost, nodelay and ban do not apply")
 	}
 	if z.MaxConcurrent < 0 {
 		return fmt.Errorf("max_concurrent %d: want at least 1", z.MaxConcurrent)
@@ -640,7 +640,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
-	reqs, zones = h.dryRun(r.Context(), reqs, zones)
+	reqs, zones, dryRel := h.dryRun(r.Context(), reqs, zones)
+	defer dryRel.call()
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
 	}
@@ -650,8 +651,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.logRefusal(o)
 		return h.refuse(w, o)
 	}
-	decisions, rel, err := h.take(r.Context(), reqs)
-	count(zones, decisions, err != nil || decisions == nil, false)
+	decisions, rel, failed, err := h.take(r.Context(), reqs)
+	count(zones, decisions, failed, false)
 	h.countRefusals(r.Context(), reqs, decisions)
 	if err != nil { // Redis failed, on_store_error deny
 		if h.onError.Mode == "deny" {
@@ -731,7 +732,7 @@ func (h *Handler) banned(ctx context.Context, reqs []limiter.Request, zones []*Z
 // banDecision is the refusal of a banned client, remembered by the local
 // cache so that its next requests are refused without Redis.
 func (h *Handler) banDecision(r limiter.Request, left time.Duration, now time.Time) limiter.Decision {
-	d := limiter.Decision{Limit: r.Policy.Limit(), Reset: now.Add(left), RetryAfter: left}
+	d := limiter.Decision{Limit: r.Policy.Limit(), Reset: now.Add(left), RetryAfter: left, Banned: true}
 	if c := h.backend.cache; c != nil {
 		c.PutBan(r, d, now)
 	}
@@ -744,8 +745,8 @@ func (h *Handler) banDecision(r limiter.Request, left time.Duration, now time.Ti
 func (h *Handler) countRefusals(ctx context.Context, reqs []limiter.Request, decisions []limiter.Decision) {
 	for i, d := range decisions {
 		r := reqs[i]
-		if d.Allowed || d.Limit == 0 || d.Cached || r.Policy.Ban.After == 0 {
-			continue // a cached refusal is a ban's, already counted
+		if d.Allowed || d.Limit == 0 || d.Banned || r.Policy.Ban.After == 0 {
+			continue // a ban's refusal counts no more
 		}
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(h.timeout, time.Second))
 		left, started, err := h.banStore().Refused(tctx, r)
@@ -765,8 +766,10 @@ func (h *Handler) countRefusals(ctx context.Context, reqs []limiter.Request, dec
 }
 
 // dryRun decides the dry-run zones of a request on their own, counting
-// and logging what they would have done, and returns the other zones.
-func (h *Handler) dryRun(ctx context.Context, reqs []limiter.Request, zones []*Zone) ([]limiter.Request, []*Zone) {
+// and logging what they would have done, and returns the other zones and
+// the release of the dry-run concurrency slots (held like real ones, so
+// that a dry-run max_concurrent sees the requests in flight).
+func (h *Handler) dryRun(ctx context.Context, reqs []limiter.Request, zones []*Zone) ([]limiter.Request, []*Zone, release) {
 	var dry []limiter.Request
 	var dryZones []*Zone
 	n := 0
@@ -779,18 +782,17 @@ func (h *Handler) dryRun(ctx context.Context, reqs []limiter.Request, zones []*Z
 		n++
 	}
 	if len(dry) == 0 {
-		return reqs, zones
+		return reqs, zones, nil
 	}
-	decisions, rel, err := h.take(ctx, dry)
-	rel.call() // dry-run slots are not held
-	count(dryZones, decisions, err != nil || decisions == nil, true)
+	decisions, rel, failed, _ := h.take(ctx, dry)
+	count(dryZones, decisions, failed, true)
 	for i, d := range decisions {
 		if !d.Allowed {
 			h.logger.Debug("dry run: would be rate limited", zap.String("zone", dryZones[i].name),
 				zap.Int64("retry_after", d.RetryAfterSeconds()))
 		}
 	}
-	return reqs[:n], zones[:n]
+	return reqs[:n], zones[:n], rel
 }
 
 // count adds the decisions to the metrics; failed means on_store_error
@@ -802,6 +804,8 @@ func count(zones []*Zone, decisions []limiter.Decision, failed, dryRun bool) {
 		case failed:
 		case decisions[i].Limit == 0: // not asked: another zone refused from the local cache
 			continue
+		case decisions[i].Banned:
+			result = resultBanned
 		case !decisions[i].Allowed && dryRun:
 			result = resultDryRun
 		case decisions[i].Allowed:
@@ -870,19 +874,20 @@ func (h *Handler) releaser(store limiter.Store, reqs []limiter.Request) release 
 // fails it applies on_store_error: decisions from the local store, none
 // (allow), or an error (deny). release, when not nil, gives back the
 // concurrency slots taken.
-func (h *Handler) take(ctx context.Context, reqs []limiter.Request) (d []limiter.Decision, rel release, err error) {
+func (h *Handler) take(ctx context.Context, reqs []limiter.Request) (d []limiter.Decision, rel release, failed bool, err error) {
 	b := h.backend
 	if b.redis == nil {
 		start := time.Now()
 		d = b.local.TakeAt(h.now(), reqs)
 		metrics.storeLatency.WithLabelValues("memory").Observe(time.Since(start).Seconds())
-		return d, h.releaser(b.local, reqs), nil
+		return d, h.releaser(b.local, reqs), false, nil
 	}
 	d, err = h.takeRedis(ctx, reqs)
 	if err != nil {
-		return h.storeFailed(reqs, err)
+		d, rel, err = h.storeFailed(reqs, err)
+		return d, rel, true, err
 	}
-	return d, h.releaser(b.redis, reqs), nil
+	return d, h.releaser(b.redis, reqs), false, nil
 }
 
 // takeRedis asks Redis, within the timeout and unless the breaker is open.
@@ -1175,6 +1180,9 @@ func newMemoryBackend() (caddy.Destructor, error) {
 
 // Destruct closes the stores, when the last handler using them is cleaned up.
 func (b *backend) Destruct() error {
+	if b.breaker != nil && b.breaker.Open() {
+		metrics.breakerOpen.Set(0) // this Redis is no longer used
+	}
 	err := b.local.Close()
 	if b.redis != nil {
 		err = errors.Join(err, b.redis.Close())

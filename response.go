@@ -52,11 +52,15 @@ func (h *Handler) setLimitHeaders(hdr http.Header, o outcome) {
 		hdr.Set("X-RateLimit-Reset", strconv.FormatInt(o.d.ResetUnix(), 10))
 	}
 	if h.Headers == "ietf" || h.Headers == "both" {
-		// draft-ietf-httpapi-ratelimit-headers: the policy (quota, window)
-		// and the state (remaining, seconds until reset) of the zone.
-		window := int64(max(o.req.Policy.Period, time.Second) / time.Second)
+		// draft-ietf-httpapi-ratelimit-headers: the policy (quota per
+		// window) and the state (remaining, seconds until reset). A
+		// concurrency limit has no window: only its state is sent.
+		p := o.req.Policy
+		if p.Algorithm != limiter.Concurrency {
+			window := int64(max(p.Period, time.Second) / time.Second)
+			hdr.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", o.zone, p.Rate, window))
+		}
 		reset := max(int64(math.Ceil(time.Until(o.d.Reset).Seconds())), 0)
-		hdr.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", o.zone, o.d.Limit, window))
 		hdr.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", o.zone, o.d.Remaining, reset))
 	}
 }

@@ -247,6 +247,13 @@ func TestPeekAndReset(t *testing.T) {
 					}
 				}
 				want := p.Limit() - 3
+				// A peek with another policy (the admin API reading a zone
+				// whose rate comes from placeholders) changes nothing.
+				other := req
+				other.Policy.Rate, other.Policy.Period, other.Policy.Burst = 50, time.Second, 50
+				if _, err := s.Peek(ctx, other); err != nil {
+					t.Fatal(err)
+				}
 				for range 2 {
 					if d, err := s.Peek(ctx, req); err != nil || d.Remaining != want {
 						t.Fatalf("%s: Peek = %+v, %v; want %d remaining", a, d, err, want)

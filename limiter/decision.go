@@ -23,6 +23,8 @@ type Decision struct {
 	Delay time.Duration
 	// Cached is true for a refusal answered from a DenyCache.
 	Cached bool
+	// Banned is true for the refusal of a banned client.
+	Banned bool
 }
 
 // ResetUnix is Reset in Unix seconds, rounded up.

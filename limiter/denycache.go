@@ -24,8 +24,9 @@ type denyKey struct {
 }
 
 type denyEntry struct {
-	until   int64 // Unix ns: when the entry is dropped (at most maxAge)
-	retryAt int64 // Unix ns: when the client could pass
+	policy  Policy // the refusal holds for this policy only
+	until   int64  // Unix ns: when the entry is dropped (at most maxAge)
+	retryAt int64  // Unix ns: when the client could pass
 	cost    int64
 	d       Decision
 }
@@ -40,14 +41,15 @@ func denyKeyOf(r Request) denyKey {
 	return denyKey{zone: r.Zone, algo: r.Policy.Algorithm, hash: KeyHash(r.Key)}
 }
 
-// Get returns the refusal cached for r at now, if r costs at least what
-// the refused request did.
+// Get returns the refusal cached for r at now, if r has the same policy
+// (a reload or a plan may change it) and costs at least what the refused
+// request did.
 func (c *DenyCache) Get(r Request, now time.Time) (Decision, bool) {
 	k := denyKeyOf(r)
 	c.mu.Lock()
 	e, ok := c.entries[k]
 	c.mu.Unlock()
-	if !ok || now.UnixNano() >= e.until || r.Cost < e.cost {
+	if !ok || now.UnixNano() >= e.until || r.Cost < e.cost || r.Policy != e.policy {
 		return Decision{}, false
 	}
 	d := e.d
@@ -77,7 +79,7 @@ func (c *DenyCache) PutBan(r Request, d Decision, now time.Time) {
 	if len(c.entries) >= c.size {
 		c.evict(now.UnixNano())
 	}
-	c.entries[denyKeyOf(r)] = denyEntry{until: until, retryAt: now.Add(d.RetryAfter).UnixNano(), cost: r.Cost, d: d}
+	c.entries[denyKeyOf(r)] = denyEntry{policy: r.Policy, until: until, retryAt: now.Add(d.RetryAfter).UnixNano(), cost: r.Cost, d: d}
 }
 
 // evict makes room for a tenth of the cache at once (so that a flood of

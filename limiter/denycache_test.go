@@ -24,6 +24,11 @@ func TestDenyCache(t *testing.T) {
 	if _, ok := c.Get(cheaper, t0); ok {
 		t.Fatal("a cheaper request was refused from the cache")
 	}
+	raised := r
+	raised.Policy.Burst = 10
+	if _, ok := c.Get(raised, t0); ok {
+		t.Fatal("a refusal held after the policy changed")
+	}
 	if _, ok := c.Get(r, t0.Add(10*time.Second)); ok {
 		t.Fatal("hit after the retry time")
 	}

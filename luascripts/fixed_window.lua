@@ -47,7 +47,7 @@ end
 local out = { now, all and 1 or 0 }
 for i = 1, #KEYS do
   local s = state[i]
-  if all then
+  if all and ARGV[2] ~= 'peek' then -- a peek writes nothing
     local ms = math.max(math.ceil(s.to_end / 1000), 1)
     redis.call('SET', KEYS[i], string.format('%.0f:%.0f', s.start, s.count), 'PX', ms)
   end

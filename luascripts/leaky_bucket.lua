@@ -65,7 +65,7 @@ end
 local out = { now, all and 1 or 0 }
 for i = 1, #KEYS do
   local s = state[i]
-  if all then
+  if all and ARGV[2] ~= 'peek' then -- a peek writes nothing
     if s.tat > now then
       redis.call('SET', KEYS[i], string.format('%.17g', s.tat), 'PX', math.max(math.ceil((s.tat - now) / 1000), 1))
     else

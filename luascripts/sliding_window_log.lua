@@ -21,8 +21,12 @@ if not now then
 end
 local refund = ARGV[2] == 'refund'
 
+-- the window of the key at hand (scores at or before now - window have left)
+local window_of_call = 0
+
+-- the score of the entry at rank among those still in the window
 local function score(key, rank)
-  local e = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+  local e = redis.call('ZRANGE', key, '(' .. string.format('%.0f', now - window_of_call), '+inf', 'BYSCORE', 'LIMIT', rank, 1, 'WITHSCORES')
   return tonumber(e[2])
 end
 
@@ -31,8 +35,11 @@ local state = {}
 for i = 1, #KEYS do
   local a = 3 + (i - 1) * 6
   local limit, window, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 3])
+  window_of_call = window
   local id = ARGV[a + 5]
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%.0f', now - window))
+  if ARGV[2] ~= 'peek' then -- a peek writes nothing
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%.0f', now - window))
+  end
   local ok = true
   local retry = 0
   if refund and id ~= '' then
@@ -40,7 +47,7 @@ for i = 1, #KEYS do
       redis.call('ZREM', KEYS[i], id .. ':' .. j)
     end
   end
-  local count = redis.call('ZCARD', KEYS[i])
+  local count = redis.call('ZCOUNT', KEYS[i], string.format('(%.0f', now - window), '+inf')
   if refund then
     if id == '' and count > 0 then
       redis.call('ZREMRANGEBYRANK', KEYS[i], -math.min(cost, count), -1)
@@ -68,7 +75,8 @@ for i = 1, #KEYS do
   if s.count > 0 then
     oldest = score(KEYS[i], 0)
   end
-  if all and not refund then
+  window_of_call = s.window
+  if all and not refund and ARGV[2] ~= 'peek' then
     for j = 1, s.cost do
       local member = s.id .. ':' .. j
       if s.id == '' then

@@ -76,7 +76,7 @@ end
 local out = { now, all and 1 or 0 }
 for i = 1, #KEYS do
   local s = state[i]
-  if all then
+  if all and ARGV[2] ~= 'peek' then -- a peek writes nothing
     if s.to_full > 0 then
       local ms = math.max(math.ceil(s.to_full / 1000), 1)
       redis.call('SET', KEYS[i], string.format('%.17g:%.0f', s.tokens, now), 'PX', ms)
