@@ -171,7 +171,7 @@ func TestJWTClaimsTiersAndCosts(t *testing.T) {
 			t.Fatalf("anonymous search %d: %d", i, s)
 		}
 	}
-	if n := strings.Count(c.Logs(), "placeholder gave no valid value"); n != 1 {
+	if n := strings.Count(c.WaitLogs("placeholder gave no valid value"), "placeholder gave no valid value"); n != 1 {
 		t.Fatalf("the bad plan rate was warned about %d times; want once", n)
 	}
 }

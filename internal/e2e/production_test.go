@@ -75,7 +75,7 @@ func TestMetricsAndDryRun(t *testing.T) {
 			t.Errorf("%s = %v; want %v", series, got, n)
 		}
 	}
-	if !strings.Contains(c.Logs(), "dry run: would be rate limited") {
+	if !strings.Contains(c.WaitLogs("dry run: would be rate limited"), "dry run: would be rate limited") {
 		t.Error("dry-run refusals are not logged")
 	}
 	// A reload registers the metrics again; counts go on.
@@ -204,7 +204,7 @@ func TestLogKeysOptIn(t *testing.T) {
 		caddy := testcaddy.Start(t, site(c.opt))
 		get(t, caddy, "/", "X-API-Key", "secret-key-123")
 		get(t, caddy, "/", "X-API-Key", "secret-key-123")
-		logs := caddy.Logs()
+		logs := caddy.WaitLogs("rate limited")
 		if !strings.Contains(logs, "rate limited") {
 			t.Fatalf("no debug log of the refusal:\n%s", logs)
 		}

@@ -292,7 +292,7 @@ func TestRedisDown(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	check("back", "/allow", "k", 200, 200, 429)
-	logs := c.Logs()
+	logs := c.WaitLogs("redis store available again")
 	if n := strings.Count(logs, "redis store failing"); n != 1 {
 		t.Errorf("entering the failure mode logged %d times; want once", n)
 	}

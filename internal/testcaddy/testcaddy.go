@@ -141,6 +141,20 @@ func (c *Caddy) Logs() string {
 	return c.logs.String()
 }
 
+// WaitLogs waits until Caddy's output holds substr (its lines reach the
+// test through a pipe, a little after the response), and returns it all.
+func (c *Caddy) WaitLogs(substr string) string {
+	c.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		logs := c.Logs()
+		if strings.Contains(logs, substr) || time.Now().After(deadline) {
+			return logs
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // waitReady waits until the site answers, or fails the test.
 func (c *Caddy) waitReady() {
 	c.t.Helper()
