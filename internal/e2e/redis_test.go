@@ -317,7 +317,7 @@ func TestRedisUnreachableAtStart(t *testing.T) {
 	}
 	respond "ok"
 `, srv.Addr))
-	if !strings.Contains(c.Logs(), "redis not reachable at start") {
+	if !strings.Contains(c.WaitLogs("redis not reachable at start"), "redis not reachable at start") {
 		t.Fatalf("no warning about the unreachable Redis:\n%s", c.Logs())
 	}
 	if s := status(t, c.URL, "/", "k"); s != http.StatusServiceUnavailable {
