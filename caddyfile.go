@@ -52,6 +52,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //		on_store_error allow | deny [<status>] | local [instances <n>]
 //		dry_run
+//		dry_run_headers
 //		response json | problem | handle_errors
 //		headers x_ratelimit | ietf | both | none
 //		retry_after_jitter <duration>
@@ -105,6 +106,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = h.unmarshalJWT(d)
 		case "dry_run":
 			err = noArgs(d, &h.DryRun)
+		case "dry_run_headers":
+			err = noArgs(d, &h.DryRunHeaders)
 		case "log_keys":
 			err = noArgs(d, &h.LogKeys)
 		case "response":

@@ -130,3 +130,30 @@ func FuzzServeHTTP(f *testing.F) {
 		}
 	})
 }
+
+func TestJWTTokenSources(t *testing.T) {
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("Authorization", "Bearer  abc.def.ghi ")
+	r.Header.Set("X-Token", "bearer tok.en.x")
+	r.AddCookie(&http.Cookie{Name: "session", Value: "coo.kie.y"})
+	cases := []struct {
+		cfg  JWTConfig
+		want string
+	}{
+		{JWTConfig{}, "abc.def.ghi"},
+		{JWTConfig{FromHeader: "X-Token"}, "tok.en.x"},
+		{JWTConfig{FromHeader: "X-Missing"}, ""},
+		{JWTConfig{FromCookie: "session"}, "coo.kie.y"},
+		{JWTConfig{FromCookie: "missing"}, ""},
+	}
+	for _, c := range cases {
+		if got := c.cfg.token(r); got != c.want {
+			t.Errorf("%+v: token %q; want %q", c.cfg, got, c.want)
+		}
+	}
+	basic := httptest.NewRequest(http.MethodGet, "/", nil)
+	basic.SetBasicAuth("u", "p")
+	if got := (&JWTConfig{}).token(basic); !strings.HasPrefix(got, "Basic ") {
+		t.Errorf("Basic credentials: token %q; want them left as they are (and refused by the verifier)", got)
+	}
+}

@@ -78,8 +78,14 @@ type Handler struct {
 
 	// DryRun computes, counts and logs (at debug level) the decisions of
 	// every zone but never refuses a request: for rolling out new rules.
-	// Dry-run zones set no headers. A zone can be in dry run on its own.
+	// A zone can be in dry run on its own.
 	DryRun bool `json:"dry_run,omitempty"`
+
+	// DryRunHeaders lets dry-run zones set the limit headers (never
+	// Retry-After) when they are the most restrictive, so that clients see
+	// the coming limits before they are enforced. Default: dry-run zones
+	// set no headers.
+	DryRunHeaders bool `json:"dry_run_headers,omitempty"`
 
 	// Response is how a refusal is answered: "json" (the default: a JSON
 	// body), "problem" (an RFC 9457 application/problem+json body), or
@@ -640,8 +646,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
-	reqs, zones, dryRel := h.dryRun(r.Context(), reqs, zones)
+	reqs, zones, dryRel, shown := h.dryRun(r.Context(), reqs, zones)
 	defer dryRel.call()
+	if shown != nil {
+		h.setLimitHeaders(w.Header(), *shown)
+	}
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
 	}
@@ -666,7 +675,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	i := mostRestrictive(decisions)
 	o := h.outcome(zones[i].name, reqs[i], decisions[i])
 	o.setPlaceholders(repl)
-	h.setLimitHeaders(w.Header(), o)
+	if shown == nil || !o.d.Allowed || o.d.Remaining <= shown.d.Remaining {
+		h.setLimitHeaders(w.Header(), o)
+	}
 	if !o.d.Allowed {
 		h.logRefusal(o)
 		return h.refuse(w, o)
@@ -769,7 +780,7 @@ func (h *Handler) countRefusals(ctx context.Context, reqs []limiter.Request, dec
 // and logging what they would have done, and returns the other zones and
 // the release of the dry-run concurrency slots (held like real ones, so
 // that a dry-run max_concurrent sees the requests in flight).
-func (h *Handler) dryRun(ctx context.Context, reqs []limiter.Request, zones []*Zone) ([]limiter.Request, []*Zone, release) {
+func (h *Handler) dryRun(ctx context.Context, reqs []limiter.Request, zones []*Zone) ([]limiter.Request, []*Zone, release, *outcome) {
 	var dry []limiter.Request
 	var dryZones []*Zone
 	n := 0
@@ -782,7 +793,7 @@ func (h *Handler) dryRun(ctx context.Context, reqs []limiter.Request, zones []*Z
 		n++
 	}
 	if len(dry) == 0 {
-		return reqs, zones, nil
+		return reqs, zones, nil, nil
 	}
 	decisions, rel, failed, _ := h.take(ctx, dry)
 	count(dryZones, decisions, failed, true)
@@ -792,7 +803,20 @@ func (h *Handler) dryRun(ctx context.Context, reqs []limiter.Request, zones []*Z
 				zap.Int64("retry_after", d.RetryAfterSeconds()))
 		}
 	}
-	return reqs[:n], zones[:n], rel
+	return reqs[:n], zones[:n], rel, h.dryRunOutcome(dry, dryZones, decisions)
+}
+
+// dryRunOutcome is what the dry-run zones would show in the headers, as an
+// allowance, with DryRunHeaders; else nil.
+func (h *Handler) dryRunOutcome(reqs []limiter.Request, zones []*Zone, decisions []limiter.Decision) *outcome {
+	if !h.DryRunHeaders || len(decisions) == 0 {
+		return nil
+	}
+	i := mostRestrictive(decisions)
+	d := decisions[i]
+	d.Allowed, d.RetryAfter = true, 0
+	o := h.outcome(zones[i].name, reqs[i], d)
+	return &o
 }
 
 // count adds the decisions to the metrics; failed means on_store_error

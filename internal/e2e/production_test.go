@@ -115,6 +115,32 @@ func TestHandlerDryRunNeverBlocks(t *testing.T) {
 	}
 }
 
+func TestDryRunHeaders(t *testing.T) {
+	c := testcaddy.Start(t, `
+	rate_limit {
+		dry_run_headers
+		zone api {
+			key   {client_ip}
+			rate  100r/h
+		}
+		zone coming {
+			key     {client_ip}
+			rate    1r/h
+			burst   2
+			dry_run
+		}
+	}
+	respond "ok"
+`)
+	for i, want := range []string{"1", "0", "0", "0"} {
+		resp, _ := get(t, c, "/")
+		if resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Remaining") != want ||
+			resp.Header.Get("X-RateLimit-Limit") != "2" || resp.Header.Get("Retry-After") != "" {
+			t.Fatalf("request %d: %d %v; want 200 with the dry-run zone's headers, remaining %s", i, resp.StatusCode, resp.Header, want)
+		}
+	}
+}
+
 func TestProblemJSONAndIETFHeaders(t *testing.T) {
 	c := testcaddy.Start(t, `
 	rate_limit {
