@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -217,16 +218,23 @@ func oneOf(d *caddyfile.Dispenser, dst *string, choices ...string) error {
 }
 
 func parseJitter(d *caddyfile.Dispenser, h *Handler) error {
+	var err error
+	h.RetryAfterJitter, err = durationArg(d, 0, "retry_after_jitter %q: want a duration such as 5s")
+	return err
+}
+
+// durationArg reads a single duration argument of at least min; msg
+// (with a %q for the argument) says what is wrong otherwise.
+func durationArg(d *caddyfile.Dispenser, min time.Duration, msg string) (caddy.Duration, error) {
 	var s string
 	if err := oneArg(d, &s); err != nil {
-		return err
+		return 0, err
 	}
 	t, err := caddy.ParseDuration(s)
-	if err != nil || t < 0 {
-		return d.Errf("retry_after_jitter %q: want a duration such as 5s", s)
+	if err != nil || t < min {
+		return 0, d.Errf(msg, s)
 	}
-	h.RetryAfterJitter = caddy.Duration(t)
-	return nil
+	return caddy.Duration(t), nil
 }
 
 func parseAlgorithm(d *caddyfile.Dispenser, z *Zone) error {
@@ -240,16 +248,9 @@ func parseAlgorithm(d *caddyfile.Dispenser, z *Zone) error {
 }
 
 func parseLease(d *caddyfile.Dispenser, z *Zone) error {
-	var s string
-	if err := oneArg(d, &s); err != nil {
-		return err
-	}
-	t, err := caddy.ParseDuration(s)
-	if err != nil || t < time.Second {
-		return d.Errf("zone %q: lease %q: want a duration of at least 1s", z.name, s)
-	}
-	z.Lease = caddy.Duration(t)
-	return nil
+	var err error
+	z.Lease, err = durationArg(d, time.Second, fmt.Sprintf("zone %q: lease %%q: want a duration of at least 1s", z.name))
+	return err
 }
 
 func parseZoneMatch(d *caddyfile.Dispenser, z *Zone) error {
@@ -420,16 +421,9 @@ func parseLocalCache(d *caddyfile.Dispenser, c *RedisConfig) error {
 }
 
 func parseRedisTimeout(d *caddyfile.Dispenser, c *RedisConfig) error {
-	var s string
-	if err := oneArg(d, &s); err != nil {
-		return err
-	}
-	t, err := caddy.ParseDuration(s)
-	if err != nil || t <= 0 {
-		return d.Errf("redis: timeout %q: want a positive duration such as 100ms", s)
-	}
-	c.Timeout = caddy.Duration(t)
-	return nil
+	var err error
+	c.Timeout, err = durationArg(d, 1, "redis: timeout %q: want a positive duration such as 100ms")
+	return err
 }
 
 func parseRedisTLS(d *caddyfile.Dispenser, c *RedisConfig) error {
@@ -511,17 +505,9 @@ func parseJWTFrom(d *caddyfile.Dispenser, c *JWTConfig) error {
 }
 
 func parseJWTLeeway(d *caddyfile.Dispenser, c *JWTConfig) error {
-	var s string
-	if err := oneArg(d, &s); err != nil {
-		return err
-	}
-	t, err := caddy.ParseDuration(s)
-	if err != nil || t < 0 {
-		return d.Errf("jwt: leeway %q: want a duration such as 30s", s)
-	}
-	leeway := caddy.Duration(t)
+	leeway, err := durationArg(d, 0, "jwt: leeway %q: want a duration such as 30s")
 	c.Leeway = &leeway
-	return nil
+	return err
 }
 
 // unmarshalStoreError parses: on_store_error allow | deny [<status>] |
