@@ -278,10 +278,13 @@ func TestBans(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			_, s := newStore(t)
 			other := s
-			if rs, ok := s.(*RedisStore); ok { // a second instance
-				c := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: redistest.ClusterAddrs(t)})
-				if name == "redis" {
-					c = redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+			if rs, ok := s.(*RedisStore); ok { // a second instance: a client of its own, to the same Redis
+				var c redis.UniversalClient
+				switch first := rs.client.(type) {
+				case *redis.ClusterClient:
+					c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: first.Options().Addrs})
+				case *redis.Client:
+					c = redis.NewClient(&redis.Options{Addr: first.Options().Addr})
 				}
 				o, _ := NewRedisStore(c, rs.prefix)
 				t.Cleanup(func() { o.Close() })
