@@ -13,11 +13,7 @@
 -- Returns { now, all allowed, then per key: allowed, slots free, 0, µs
 -- until the same request could pass (a guess: 1 s), 0 }.
 
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- now (µs) comes from clock.lua, which is prepended to this script.
 local take = ARGV[2] == 'take'
 
 local all = true

@@ -10,11 +10,7 @@
 -- Returns { now, all allowed, then per key: allowed, remaining, µs until the
 -- window ends, µs until the same request could pass, 0 }.
 
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- now (µs) comes from clock.lua, which is prepended to this script.
 local refund = ARGV[2] == 'refund'
 
 local all = true

@@ -12,11 +12,7 @@
 -- Returns { now, all allowed, then per key: allowed, remaining, µs until
 -- both counters have faded out, µs until the same request could pass, 0 }.
 
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- now (µs) comes from clock.lua, which is prepended to this script.
 local refund = ARGV[2] == 'refund'
 local eps = 1e-9
 

@@ -14,11 +14,7 @@
 -- the oldest counted request leaves the window, µs until the same request
 -- could pass, 0 }.
 
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- now (µs) comes from clock.lua, which is prepended to this script.
 local refund = ARGV[2] == 'refund'
 
 -- the window of the key at hand (scores at or before now - window have left)

@@ -14,11 +14,7 @@
 -- allowed (1/0), whole tokens remaining, µs until full, µs until the same
 -- request could pass (0 when allowed), µs to wait (always 0 here) }.
 
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- now (µs) comes from clock.lua, which is prepended to this script.
 local refund = ARGV[2] == 'refund'
 local eps = 1e-9
 
