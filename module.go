@@ -1149,7 +1149,7 @@ func (h *Handler) requests(r *http.Request, repl *caddy.Replacer) ([]limiter.Req
 		}
 		key = clientkey.Subnet(key, cmp.Or(z.IPv4Prefix, 32), cmp.Or(z.IPv6Prefix, 64))
 		policy, cost := z.limits(repl, h.logger)
-		req := limiter.Request{Zone: z.name, Key: key, Policy: policy, Cost: cost}
+		req := limiter.Request{Zone: z.name, Key: key, Policy: policy, Cost: cost}.WithDigest()
 		if a := policy.Algorithm; a == limiter.Concurrency || a == limiter.SlidingWindowLog {
 			if id == "" {
 				id = rand.Text() // names this request's slot or log entries

@@ -22,10 +22,6 @@ type banState struct {
 	bannedUntil int64
 }
 
-func (b *memBans) key(r Request) memKey {
-	return memKey{zone: r.Zone, algo: r.Policy.Algorithm, hash: KeyHash(r.Key)}
-}
-
 // BannedAt is Banned at an explicit time.
 func (s *MemoryStore) BannedAt(now time.Time, reqs []Request) []time.Duration {
 	left := make([]time.Duration, len(reqs))
@@ -35,7 +31,7 @@ func (s *MemoryStore) BannedAt(now time.Time, reqs []Request) []time.Duration {
 		if r.Policy.Ban.After == 0 {
 			continue
 		}
-		if st, ok := s.bans.clients[s.bans.key(r)]; ok && st.bannedUntil > now.UnixNano() {
+		if st, ok := s.bans.clients[bucketKey(r)]; ok && st.bannedUntil > now.UnixNano() {
 			left[i] = time.Duration(st.bannedUntil - now.UnixNano())
 		}
 	}
@@ -56,7 +52,7 @@ func (s *MemoryStore) RefusedAt(now time.Time, r Request) (time.Duration, bool) 
 	ns := now.UnixNano()
 	s.bans.mu.Lock()
 	defer s.bans.mu.Unlock()
-	k := s.bans.key(r)
+	k := bucketKey(r)
 	st := s.bans.clients[k]
 	if st.bannedUntil > ns {
 		return time.Duration(st.bannedUntil - ns), false

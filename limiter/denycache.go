@@ -14,13 +14,7 @@ type DenyCache struct {
 	mu      sync.Mutex
 	size    int
 	maxAge  time.Duration
-	entries map[denyKey]denyEntry
-}
-
-type denyKey struct {
-	zone string
-	algo Algorithm
-	hash [16]byte
+	entries map[memKey]denyEntry
 }
 
 type denyEntry struct {
@@ -34,18 +28,14 @@ type denyEntry struct {
 // NewDenyCache returns a cache of at most size clients, each kept at most
 // maxAge (so that a reset through another instance reaches this one).
 func NewDenyCache(size int, maxAge time.Duration) *DenyCache {
-	return &DenyCache{size: size, maxAge: maxAge, entries: make(map[denyKey]denyEntry)}
-}
-
-func denyKeyOf(r Request) denyKey {
-	return denyKey{zone: r.Zone, algo: r.Policy.Algorithm, hash: KeyHash(r.Key)}
+	return &DenyCache{size: size, maxAge: maxAge, entries: make(map[memKey]denyEntry)}
 }
 
 // Get returns the refusal cached for r at now, if r has the same policy
 // (a reload or a plan may change it) and costs at least what the refused
 // request did.
 func (c *DenyCache) Get(r Request, now time.Time) (Decision, bool) {
-	k := denyKeyOf(r)
+	k := bucketKey(r)
 	c.mu.Lock()
 	e, ok := c.entries[k]
 	c.mu.Unlock()
@@ -79,7 +69,7 @@ func (c *DenyCache) PutBan(r Request, d Decision, now time.Time) {
 	if len(c.entries) >= c.size {
 		c.evict(now.UnixNano())
 	}
-	c.entries[denyKeyOf(r)] = denyEntry{policy: r.Policy, until: until, retryAt: now.Add(d.RetryAfter).UnixNano(), cost: r.Cost, d: d}
+	c.entries[bucketKey(r)] = denyEntry{policy: r.Policy, until: until, retryAt: now.Add(d.RetryAfter).UnixNano(), cost: r.Cost, d: d}
 }
 
 // evict makes room for a tenth of the cache at once (so that a flood of
@@ -97,7 +87,7 @@ func (c *DenyCache) evict(now int64) {
 // Delete forgets r's client (after a reset).
 func (c *DenyCache) Delete(r Request) {
 	c.mu.Lock()
-	delete(c.entries, denyKeyOf(r))
+	delete(c.entries, bucketKey(r))
 	c.mu.Unlock()
 }
 

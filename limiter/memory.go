@@ -33,8 +33,7 @@ type memShard struct {
 	_       [40]byte
 }
 
-// memKey names a bucket: its zone, algorithm (each keeps its state in its
-// own way) and the digest of its client key.
+// memKey names a bucket: see bucketKey.
 type memKey struct {
 	zone string
 	algo Algorithm
@@ -66,7 +65,7 @@ func (s *MemoryStore) Take(_ context.Context, reqs []Request) ([]Decision, error
 func (s *MemoryStore) TakeAt(now time.Time, reqs []Request) []Decision {
 	keys := make([]memKey, len(reqs))
 	for i, r := range reqs {
-		keys[i] = memKey{zone: r.Zone, algo: r.Policy.Algorithm, hash: KeyHash(r.Key)}
+		keys[i] = bucketKey(r)
 	}
 	shards := s.lock(keys)
 	defer s.unlock(shards)
@@ -111,7 +110,7 @@ func (s *MemoryStore) Release(_ context.Context, reqs []Request) error {
 		if r.Policy.Algorithm != Concurrency {
 			continue
 		}
-		k := memKey{zone: r.Zone, algo: r.Policy.Algorithm, hash: KeyHash(r.Key)}
+		k := bucketKey(r)
 		sh := s.shard(k)
 		sh.mu.Lock()
 		if b, ok := sh.buckets[k]; ok {
@@ -124,7 +123,7 @@ func (s *MemoryStore) Release(_ context.Context, reqs []Request) error {
 
 // Peek tells the state of req's bucket (see Store.Peek).
 func (s *MemoryStore) Peek(_ context.Context, req Request) (Decision, error) {
-	k := memKey{zone: req.Zone, algo: req.Policy.Algorithm, hash: KeyHash(req.Key)}
+	k := bucketKey(req)
 	sh := s.shard(k)
 	sh.mu.Lock()
 	b, known := sh.buckets[k]
@@ -135,13 +134,13 @@ func (s *MemoryStore) Peek(_ context.Context, req Request) (Decision, error) {
 
 // Reset drops req's bucket (see Store.Reset).
 func (s *MemoryStore) Reset(_ context.Context, req Request) error {
-	k := memKey{zone: req.Zone, algo: req.Policy.Algorithm, hash: KeyHash(req.Key)}
+	k := bucketKey(req)
 	sh := s.shard(k)
 	sh.mu.Lock()
 	delete(sh.buckets, k)
 	sh.mu.Unlock()
 	s.bans.mu.Lock()
-	delete(s.bans.clients, s.bans.key(req))
+	delete(s.bans.clients, bucketKey(req))
 	s.bans.mu.Unlock()
 	return nil
 }

@@ -62,8 +62,11 @@ func NewRedisStore(client redis.UniversalClient, prefix string) (*RedisStore, er
 
 // Key is the Redis key of the token bucket of key in zone.
 func (s *RedisStore) Key(zone, key string) string {
-	h := KeyHash(key)
-	return s.prefix + "{" + base64.RawURLEncoding.EncodeToString(h[:]) + "}:" + zone
+	return s.keyOf(zone, KeyHash(key))
+}
+
+func (s *RedisStore) keyOf(zone string, digest [16]byte) string {
+	return s.prefix + "{" + base64.RawURLEncoding.EncodeToString(digest[:]) + "}:" + zone
 }
 
 // key is the Redis key of r's state. Other algorithms than the token
@@ -71,7 +74,7 @@ func (s *RedisStore) Key(zone, key string) string {
 // of its own, a sorted set), so a zone whose algorithm changes starts
 // afresh instead of reading another's state.
 func (s *RedisStore) key(r Request) string {
-	k := s.Key(r.Zone, r.Key)
+	k := s.keyOf(r.Zone, r.Digest())
 	if a := r.Policy.Algorithm; a != TokenBucket {
 		k += ":" + a.String()
 	}

@@ -19,6 +19,9 @@ type Request struct {
 	Policy Policy
 	// Cost is the number of tokens the request uses; at least 1.
 	Cost int64
+	// digest is KeyHash(Key), when WithDigest computed it.
+	digest    [16]byte
+	hasDigest bool
 	// ID is unique to the HTTP request. It names the concurrency slot the
 	// request holds until Release, and, in Redis, the entries of a sliding
 	// log, so that a refund removes exactly them. Other algorithms ignore it.
@@ -48,6 +51,28 @@ type Store interface {
 	Refused(ctx context.Context, req Request) (left time.Duration, started bool, err error)
 	// Close stops the store's background work and releases its resources.
 	Close() error
+}
+
+// WithDigest returns r with its key's digest computed, once for the
+// several lookups of one request (the stores, the caches, the bans). Key
+// must not change afterwards.
+func (r Request) WithDigest() Request {
+	r.digest, r.hasDigest = KeyHash(r.Key), true
+	return r
+}
+
+// Digest is KeyHash(r.Key).
+func (r Request) Digest() [16]byte {
+	if r.hasDigest {
+		return r.digest
+	}
+	return KeyHash(r.Key)
+}
+
+// bucketKey names r's bucket in this process: its zone, algorithm (each
+// keeps its state in its own way) and key digest.
+func bucketKey(r Request) memKey {
+	return memKey{zone: r.Zone, algo: r.Policy.Algorithm, hash: r.Digest()}
 }
 
 // KeyHash is the fixed-length digest under which a client key is stored:
