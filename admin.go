@@ -12,7 +12,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/clientkey"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
@@ -120,7 +119,7 @@ func listZones() []zoneInfo {
 	return list
 }
 
-// usage is a client's usage, the design's getCurrentUsage.
+// usage is a client's usage in a zone, as GET /rate_limit/zones/<zone>/keys/<key> answers it.
 type usage struct {
 	Zone      string `json:"zone"`
 	Key       string `json:"key"`
@@ -130,6 +129,8 @@ type usage struct {
 	Algorithm string `json:"algorithm"`
 }
 
+// serveAdmin routes a request of the admin API to the zones' list or to a
+// client's bucket (see AdminAPI).
 func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 	path := strings.TrimPrefix(r.URL.EscapedPath(), "/rate_limit/")
 	if path == "zones" || path == "zones/" {
@@ -164,11 +165,15 @@ func parseKeyPath(path string) (zone, key string, ok bool) {
 	return zone, key, err1 == nil && err2 == nil
 }
 
+// serveKey serves GET (the usage) and DELETE (a reset) of a client's
+// bucket in a zone. The key is grouped by the zone's IP prefixes as the
+// requests' keys are. A reset also forgets the client in this instance's
+// cache of refused clients; with Redis, other instances forget it within
+// localCacheMaxAge.
 func serveKey(w http.ResponseWriter, r *http.Request, ref zoneRef, key string) error {
 	z, b := ref.z, ref.h.backend
-	req := limiter.Request{Zone: z.name, Policy: z.policy,
-		Key: clientkey.Subnet(key, cmp.Or(z.IPv4Prefix, 32), cmp.Or(z.IPv6Prefix, 64))}
-	var store limiter.Store = b.local
+	req := z.bucket(key)
+	var store limiter.Store = b.memory
 	if b.redis != nil {
 		store = b.redis
 	}
@@ -181,8 +186,8 @@ func serveKey(w http.ResponseWriter, r *http.Request, ref zoneRef, key string) e
 		return writeJSON(w, usage{Zone: z.name, Key: req.Key, Limit: d.Limit, Remaining: d.Remaining,
 			Reset: d.ResetUnix(), Algorithm: z.policy.Algorithm.String()})
 	case http.MethodDelete:
-		if b.cache != nil {
-			b.cache.Delete(req)
+		if b.refused != nil {
+			b.refused.Delete(req)
 		}
 		if err := store.Reset(r.Context(), req); err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("resetting the bucket: %w", err)}

@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"cmp"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -90,79 +89,101 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // the directive's name
+	err := parseBlock(d, "", h, handlerOptions)
+	if err == nil && len(h.Zones) == 0 {
+		err = d.Err("rate_limit needs at least one zone")
+	}
+	return err
+}
+
+// parseBlock parses "<name> { ... }" from d: the name, which takes no
+// arguments, and its block (see parseSubdirectives).
+func parseBlock[T any](d *caddyfile.Dispenser, what string, dst T, options map[string]func(*caddyfile.Dispenser, T) error) error {
+	d.Next() // the name
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	for d.NextBlock(0) {
-		var err error
-		switch d.Val() {
-		case "zone":
-			err = h.unmarshalZone(d.NewFromNextSegment())
-		case "redis":
-			err = h.unmarshalRedis(d)
-		case "on_store_error":
-			err = h.unmarshalStoreError(d)
-		case "jwt":
-			err = h.unmarshalJWT(d)
-		case "dry_run":
-			err = noArgs(d, &h.DryRun)
-		case "dry_run_headers":
-			err = noArgs(d, &h.DryRunHeaders)
-		case "log_keys":
-			err = noArgs(d, &h.LogKeys)
-		case "response":
-			err = oneOf(d, &h.Response, "json", "problem", "handle_errors")
-		case "headers":
-			err = oneOf(d, &h.Headers, "x_ratelimit", "ietf", "both", "none")
-		case "retry_after_jitter":
-			err = parseJitter(d, h)
-		default:
-			err = d.Errf("unrecognized subdirective %q", d.Val())
+	return parseSubdirectives(d, what, dst, options)
+}
+
+// parseSubdirectives parses the subdirectives of the block that follows
+// d's current token, each with its entry in options; an unknown one is an
+// error that starts with what (e.g. "redis: ").
+func parseSubdirectives[T any](d *caddyfile.Dispenser, what string, dst T, options map[string]func(*caddyfile.Dispenser, T) error) error {
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		parse, ok := options[d.Val()]
+		if !ok {
+			return d.Errf("%sunrecognized subdirective %q", what, d.Val())
 		}
-		if err != nil {
+		if err := parse(d, dst); err != nil {
 			return err
 		}
-	}
-	if len(h.Zones) == 0 {
-		return d.Err("rate_limit needs at least one zone")
 	}
 	return nil
 }
 
-// unmarshalZone parses one zone block, given as its own dispenser so that
-// errors about the whole zone point at its first line.
-func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
+// handlerOptions parse the subdirectives of rate_limit, one each. A
+// sub-config parses its own block from a dispenser of its own.
+var handlerOptions = map[string]func(*caddyfile.Dispenser, *Handler) error{
+	"zone": unmarshalZone,
+	"redis": func(d *caddyfile.Dispenser, h *Handler) error {
+		return unmarshalOnce(d, &h.Redis, "redis is already configured")
+	},
+	"on_store_error": func(d *caddyfile.Dispenser, h *Handler) error {
+		return unmarshalOnce(d, &h.OnStoreError, "on_store_error is already set")
+	},
+	"jwt": func(d *caddyfile.Dispenser, h *Handler) error {
+		return unmarshalOnce(d, &h.JWT, "jwt is already configured")
+	},
+	"dry_run":            func(d *caddyfile.Dispenser, h *Handler) error { return noArgs(d, &h.DryRun) },
+	"dry_run_headers":    func(d *caddyfile.Dispenser, h *Handler) error { return noArgs(d, &h.DryRunHeaders) },
+	"log_keys":           func(d *caddyfile.Dispenser, h *Handler) error { return noArgs(d, &h.LogKeys) },
+	"response":           func(d *caddyfile.Dispenser, h *Handler) error { return oneOf(d, &h.Response, responseChoices) },
+	"headers":            func(d *caddyfile.Dispenser, h *Handler) error { return oneOf(d, &h.Headers, headersChoices) },
+	"retry_after_jitter": parseJitter,
+}
+
+// unmarshalZone parses a zone block into h.Zones.
+func unmarshalZone(d *caddyfile.Dispenser, h *Handler) error {
+	d = d.NewFromNextSegment()
 	d.Next() // "zone"
-	if !d.NextArg() || d.Val() == "{" {
-		return d.Err("zone needs a name: zone <name> { ... }")
-	}
-	name := d.Val()
 	if d.NextArg() {
-		return d.ArgErr()
-	}
-	if _, dup := h.Zones[name]; dup {
-		return d.Errf("duplicate zone %q", name)
-	}
-	z := &Zone{name: name}
-	for d.NextBlock(0) {
-		parse, ok := zoneOptions[d.Val()]
-		if !ok {
-			return d.Errf("zone %q: unrecognized subdirective %q", name, d.Val())
-		}
-		if err := parse(d, z); err != nil {
-			return err
+		if _, dup := h.Zones[d.Val()]; dup {
+			return d.Errf("duplicate zone %q", d.Val())
 		}
 	}
-	if err := z.check(); err != nil {
-		d.Reset()
-		d.Next()
-		return d.Errf("zone %q: %v", name, err)
+	d.Reset()
+	z := new(Zone)
+	if err := z.UnmarshalCaddyfile(d); err != nil {
+		return err
 	}
 	if h.Zones == nil {
 		h.Zones = make(map[string]*Zone)
 	}
-	h.Zones[name] = z
+	h.Zones[z.name] = z
+	return nil
+}
+
+// UnmarshalCaddyfile parses a zone block: zone <name> { ... } (see
+// Handler.UnmarshalCaddyfile), and checks the zone, so that its errors
+// point at its first line.
+func (z *Zone) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // "zone"
+	if !d.NextArg() || d.Val() == "{" {
+		return d.Err("zone needs a name: zone <name> { ... }")
+	}
+	z.name = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	if err := parseSubdirectives(d, fmt.Sprintf("zone %q: ", z.name), z, zoneOptions); err != nil {
+		return err
+	}
+	if err := z.check(); err != nil {
+		d.Reset()
+		d.Next()
+		return d.Errf("zone %q: %v", z.name, err)
+	}
 	return nil
 }
 
@@ -205,36 +226,10 @@ func parseBan(d *caddyfile.Dispenser, z *Zone) error {
 	return nil
 }
 
-// oneOf reads a single argument that must be one of choices.
-func oneOf(d *caddyfile.Dispenser, dst *string, choices ...string) error {
-	name := d.Val()
-	if err := oneArg(d, dst); err != nil {
-		return err
-	}
-	if !slices.Contains(choices, *dst) {
-		return d.Errf("%s %q: want %s", name, *dst, strings.Join(choices, ", "))
-	}
-	return nil
-}
-
 func parseJitter(d *caddyfile.Dispenser, h *Handler) error {
 	var err error
 	h.RetryAfterJitter, err = durationArg(d, 0, "retry_after_jitter %q: want a duration such as 5s")
 	return err
-}
-
-// durationArg reads a single duration argument of at least min; msg
-// (with a %q for the argument) says what is wrong otherwise.
-func durationArg(d *caddyfile.Dispenser, min time.Duration, msg string) (caddy.Duration, error) {
-	var s string
-	if err := oneArg(d, &s); err != nil {
-		return 0, err
-	}
-	t, err := caddy.ParseDuration(s)
-	if err != nil || t < min {
-		return 0, d.Errf(msg, s)
-	}
-	return caddy.Duration(t), nil
 }
 
 func parseAlgorithm(d *caddyfile.Dispenser, z *Zone) error {
@@ -260,22 +255,6 @@ func parseZoneMatch(d *caddyfile.Dispenser, z *Zone) error {
 	}
 	z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
 	return nil
-}
-
-// templateArgs reads "<template> [<default>]" and reports whether the
-// template holds placeholders.
-func templateArgs(d *caddyfile.Dispenser) (tmpl, dflt string, err error) {
-	args := d.RemainingArgs()
-	if len(args) == 0 || len(args) > 2 {
-		return "", "", d.ArgErr()
-	}
-	if len(args) == 2 {
-		if !hasPlaceholder(args[0]) {
-			return "", "", d.Errf("%q has no placeholder: a default is only for placeholders", args[0])
-		}
-		dflt = args[1]
-	}
-	return args[0], dflt, nil
 }
 
 // parseZoneRate parses: rate <N>r/<unit> | rate <template> <default>.
@@ -341,38 +320,23 @@ func parseOnEmptyKey(d *caddyfile.Dispenser, z *Zone) error {
 	if err := oneArg(d, &z.OnEmptyKey); err != nil {
 		return err
 	}
-	if z.OnEmptyKey != "shared" && z.OnEmptyKey != "skip" {
-		return d.Errf("zone %q: on_empty_key %q: want shared or skip", z.name, z.OnEmptyKey)
+	if !onEmptyKeyChoices.has(z.OnEmptyKey) {
+		return d.Errf("zone %q: %v", z.name, onEmptyKeyChoices.refuse("on_empty_key", z.OnEmptyKey))
 	}
 	return nil
 }
 
-// unmarshalRedis parses the redis block.
-func (h *Handler) unmarshalRedis(d *caddyfile.Dispenser) error {
-	if h.Redis != nil {
-		return d.Err("redis is already configured")
+// UnmarshalCaddyfile parses a redis block (see Handler.UnmarshalCaddyfile).
+func (c *RedisConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	err := parseBlock(d, "redis: ", c, redisOptions)
+	if err == nil && len(c.Addresses) == 0 {
+		err = d.Err("redis: addresses is required")
 	}
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	h.Redis = new(RedisConfig)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		parse, ok := redisOptions[d.Val()]
-		if !ok {
-			return d.Errf("redis: unrecognized subdirective %q", d.Val())
-		}
-		if err := parse(d, h.Redis); err != nil {
-			return err
-		}
-	}
-	if len(h.Redis.Addresses) == 0 {
-		return d.Err("redis: addresses is required")
-	}
-	return nil
+	return err
 }
 
 // redisOptions parse the subdirectives of the redis block, one each.
-var redisOptions = map[string]func(*caddyfile.Dispenser, *RedisConfig) error{
+var redisOptions = withStringOptions(map[string]func(*caddyfile.Dispenser, *RedisConfig) error{
 	"addresses": func(d *caddyfile.Dispenser, c *RedisConfig) error {
 		c.Addresses = append(c.Addresses, d.RemainingArgs()...)
 		if len(c.Addresses) == 0 {
@@ -381,23 +345,23 @@ var redisOptions = map[string]func(*caddyfile.Dispenser, *RedisConfig) error{
 		return nil
 	},
 	"cluster":     func(d *caddyfile.Dispenser, c *RedisConfig) error { return noArgs(d, &c.Cluster) },
-	"master_name": func(d *caddyfile.Dispenser, c *RedisConfig) error { return oneArg(d, &c.MasterName) },
-	"username":    func(d *caddyfile.Dispenser, c *RedisConfig) error { return oneArg(d, &c.Username) },
-	"password":    func(d *caddyfile.Dispenser, c *RedisConfig) error { return oneArg(d, &c.Password) },
 	"key_prefix":  parseKeyPrefix,
 	"db":          func(d *caddyfile.Dispenser, c *RedisConfig) error { return intArg(d, &c.DB, 0) },
 	"pool_size":   func(d *caddyfile.Dispenser, c *RedisConfig) error { return intArg(d, &c.PoolSize, 1) },
 	"timeout":     parseRedisTimeout,
 	"local_cache": parseLocalCache,
-	"tls":         parseRedisTLS,
-}
+	"tls": func(d *caddyfile.Dispenser, c *RedisConfig) error {
+		c.TLS = new(RedisTLS)
+		return c.TLS.UnmarshalCaddyfile(d.NewFromNextSegment())
+	},
+}, "master_name", "username", "password")
 
 func parseKeyPrefix(d *caddyfile.Dispenser, c *RedisConfig) error {
 	if err := oneArg(d, &c.KeyPrefix); err != nil {
 		return err
 	}
-	if strings.ContainsAny(c.KeyPrefix, "{}") {
-		return d.Errf("redis: key_prefix %q must not contain { or } (they would choose the cluster slot)", c.KeyPrefix)
+	if err := checkKeyPrefix(c.KeyPrefix); err != nil {
+		return d.Errf("redis: %v", err)
 	}
 	return nil
 }
@@ -426,68 +390,30 @@ func parseRedisTimeout(d *caddyfile.Dispenser, c *RedisConfig) error {
 	return err
 }
 
-func parseRedisTLS(d *caddyfile.Dispenser, c *RedisConfig) error {
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	c.TLS = new(RedisTLS)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		var err error
-		switch d.Val() {
-		case "ca":
-			err = oneArg(d, &c.TLS.CA)
-		case "cert":
-			err = oneArg(d, &c.TLS.Cert)
-		case "key":
-			err = oneArg(d, &c.TLS.Key)
-		case "server_name":
-			err = oneArg(d, &c.TLS.ServerName)
-		case "insecure_skip_verify":
-			err = noArgs(d, &c.TLS.InsecureSkipVerify)
-		default:
-			err = d.Errf("redis tls: unrecognized subdirective %q", d.Val())
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+// UnmarshalCaddyfile parses the tls block of redis.
+func (t *RedisTLS) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	return parseBlock(d, "redis tls: ", t, redisTLSOptions)
 }
 
-// unmarshalJWT parses the jwt block.
-func (h *Handler) unmarshalJWT(d *caddyfile.Dispenser) error {
-	if h.JWT != nil {
-		return d.Err("jwt is already configured")
+// redisTLSOptions parse the subdirectives of redis's tls block, one each.
+var redisTLSOptions = withStringOptions(map[string]func(*caddyfile.Dispenser, *RedisTLS) error{
+	"insecure_skip_verify": func(d *caddyfile.Dispenser, t *RedisTLS) error { return noArgs(d, &t.InsecureSkipVerify) },
+}, "ca", "cert", "key", "server_name")
+
+// UnmarshalCaddyfile parses a jwt block (see Handler.UnmarshalCaddyfile).
+func (c *JWTConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	err := parseBlock(d, "jwt: ", c, jwtOptions)
+	if err == nil && c.Secret == "" && c.PublicKeyFile == "" && c.JWKSFile == "" {
+		err = d.Err("jwt: needs secret, public_key_file or jwks_file")
 	}
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	h.JWT = new(JWTConfig)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		parse, ok := jwtOptions[d.Val()]
-		if !ok {
-			return d.Errf("jwt: unrecognized subdirective %q", d.Val())
-		}
-		if err := parse(d, h.JWT); err != nil {
-			return err
-		}
-	}
-	if h.JWT.Secret == "" && h.JWT.PublicKeyFile == "" && h.JWT.JWKSFile == "" {
-		return d.Err("jwt: needs secret, public_key_file or jwks_file")
-	}
-	return nil
+	return err
 }
 
 // jwtOptions parse the subdirectives of the jwt block, one each.
-var jwtOptions = map[string]func(*caddyfile.Dispenser, *JWTConfig) error{
-	"secret":          func(d *caddyfile.Dispenser, c *JWTConfig) error { return oneArg(d, &c.Secret) },
-	"public_key_file": func(d *caddyfile.Dispenser, c *JWTConfig) error { return oneArg(d, &c.PublicKeyFile) },
-	"jwks_file":       func(d *caddyfile.Dispenser, c *JWTConfig) error { return oneArg(d, &c.JWKSFile) },
-	"issuer":          func(d *caddyfile.Dispenser, c *JWTConfig) error { return oneArg(d, &c.Issuer) },
-	"audience":        func(d *caddyfile.Dispenser, c *JWTConfig) error { return oneArg(d, &c.Audience) },
-	"from":            parseJWTFrom,
-	"leeway":          parseJWTLeeway,
-}
+var jwtOptions = withStringOptions(map[string]func(*caddyfile.Dispenser, *JWTConfig) error{
+	"from":   parseJWTFrom,
+	"leeway": parseJWTLeeway,
+}, "secret", "public_key_file", "jwks_file", "issuer", "audience")
 
 // parseJWTFrom parses: from header <name> | from cookie <name>.
 func parseJWTFrom(d *caddyfile.Dispenser, c *JWTConfig) error {
@@ -510,21 +436,21 @@ func parseJWTLeeway(d *caddyfile.Dispenser, c *JWTConfig) error {
 	return err
 }
 
-// unmarshalStoreError parses: on_store_error allow | deny [<status>] |
+// UnmarshalCaddyfile parses: on_store_error allow | deny [<status>] |
 // local [instances <n>].
-func (h *Handler) unmarshalStoreError(d *caddyfile.Dispenser) error {
-	if h.OnStoreError != nil {
-		return d.Err("on_store_error is already set")
-	}
+func (p *StoreErrorPolicy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // "on_store_error"
 	args := d.RemainingArgs()
 	if len(args) == 0 {
 		return d.ArgErr()
 	}
-	p := &StoreErrorPolicy{Mode: args[0]}
-	h.OnStoreError = p
+	if d.NextBlock(0) {
+		return d.Err("on_store_error takes no block")
+	}
+	p.Mode = args[0]
 	switch {
-	case args[0] == "allow" && len(args) == 1:
-	case args[0] == "deny" && len(args) <= 2:
+	case args[0] == storeErrorAllow && len(args) == 1:
+	case args[0] == storeErrorDeny && len(args) <= 2:
 		if len(args) == 2 {
 			n, err := strconv.Atoi(args[1])
 			if err != nil || n < 400 || n > 599 {
@@ -532,7 +458,7 @@ func (h *Handler) unmarshalStoreError(d *caddyfile.Dispenser) error {
 			}
 			p.Status = n
 		}
-	case args[0] == "local" && (len(args) == 1 || len(args) == 3 && args[1] == "instances"):
+	case args[0] == storeErrorLocal && (len(args) == 1 || len(args) == 3 && args[1] == "instances"):
 		if len(args) == 3 {
 			n, err := strconv.Atoi(args[2])
 			if err != nil || n < 1 {
@@ -546,40 +472,12 @@ func (h *Handler) unmarshalStoreError(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// oneArg reads the single argument of the current subdirective into dst.
-func oneArg(d *caddyfile.Dispenser, dst *string) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	*dst = d.Val()
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	return nil
-}
-
-// noArgs sets a flag subdirective, which takes no argument.
-func noArgs(d *caddyfile.Dispenser, dst *bool) error {
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	*dst = true
-	return nil
-}
-
-// intArg reads a single whole-number argument of at least min.
-func intArg(d *caddyfile.Dispenser, dst *int, min int) error {
-	name, s := d.Val(), ""
-	if err := oneArg(d, &s); err != nil {
-		return err
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < min {
-		return d.Errf("%s %q: want a whole number of at least %d", name, s, min)
-	}
-	*dst = n
-	return nil
-}
-
-// Interface guard.
-var _ caddyfile.Unmarshaler = (*Handler)(nil)
+// Interface guards.
+var (
+	_ caddyfile.Unmarshaler = (*Handler)(nil)
+	_ caddyfile.Unmarshaler = (*Zone)(nil)
+	_ caddyfile.Unmarshaler = (*RedisConfig)(nil)
+	_ caddyfile.Unmarshaler = (*RedisTLS)(nil)
+	_ caddyfile.Unmarshaler = (*JWTConfig)(nil)
+	_ caddyfile.Unmarshaler = (*StoreErrorPolicy)(nil)
+)

@@ -31,33 +31,35 @@ const (
 	resultBanned     = "banned"      // refused by a ban
 )
 
+// The namespace and subsystem of every metric: caddy_rate_limit_*.
+const metricsNamespace, metricsSubsystem = "caddy", "rate_limit"
+
+// counterVec is a counter caddy_rate_limit_<name> with labels.
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
+	}, labels)
+}
+
 func initMetrics() {
-	const ns, sub = "caddy", "rate_limit"
-	metrics.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "decisions_total",
-		Help: "Decisions by zone and result: allowed, denied, banned, dry_run (a dry-run zone would have refused), store_error (decided by on_store_error).",
-	}, []string{"zone", "result"})
+	const ns, sub = metricsNamespace, metricsSubsystem
+	metrics.decisions = counterVec("decisions_total",
+		"Decisions by zone and result: allowed, denied, banned, dry_run (a dry-run zone would have refused), store_error (decided by on_store_error).",
+		"zone", "result")
 	metrics.storeLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
 		Help:    "Time a decision took in its store (memory or redis), errors included.",
 		Buckets: prometheus.ExponentialBuckets(0.00005, 2.5, 12), // 50µs to 1.2s
 	}, []string{"store"})
-	metrics.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "store_errors_total",
-		Help: "Store calls that failed (timeouts, connection errors, an open circuit breaker).",
-	}, []string{"store"})
+	metrics.storeErrors = counterVec("store_errors_total",
+		"Store calls that failed (timeouts, connection errors, an open circuit breaker).", "store")
 	metrics.breakerOpen = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: ns, Subsystem: sub, Name: "circuit_breaker_open",
 		Help: "1 while a Redis circuit breaker is open (Redis is skipped), else 0.",
 	})
-	metrics.cacheHits = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "local_cache_hits_total",
-		Help: "Requests refused from the local cache of refused clients: Redis calls saved.",
-	}, []string{"zone"})
-	metrics.bans = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "bans_total",
-		Help: "Bans started: clients refused often enough to be banned.",
-	}, []string{"zone"})
+	metrics.cacheHits = counterVec("local_cache_hits_total",
+		"Requests refused from the local cache of refused clients: Redis calls saved.", "zone")
+	metrics.bans = counterVec("bans_total", "Bans started: clients refused often enough to be banned.", "zone")
 }
 
 // registerMetrics registers the collectors in reg (once per registry).
@@ -73,4 +75,27 @@ func registerMetrics(reg *prometheus.Registry) error {
 		}
 	}
 	return nil
+}
+
+// recordDecisions adds the decisions of a verdict to the metrics, a
+// result per zone asked; dryRun means that refusals were not enforced.
+func recordDecisions(zones []*Zone, v verdict, dryRun bool) {
+	for i, z := range zones {
+		var result string
+		switch {
+		case v.storeFailed:
+			result = resultStoreError
+		case v.decisions[i].Limit == 0: // not asked: another zone refused first
+			continue
+		case v.decisions[i].Banned:
+			result = resultBanned
+		case !v.decisions[i].Allowed && dryRun:
+			result = resultDryRun
+		case v.decisions[i].Allowed:
+			result = resultAllowed
+		default:
+			result = resultDenied
+		}
+		metrics.decisions.WithLabelValues(z.name, result).Inc()
+	}
 }

@@ -1,6 +1,8 @@
 package ratelimit
 
 import (
+	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -15,6 +17,53 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
+
+// The values of Handler.Response and Handler.Headers.
+var (
+	responseChoices = choices{"json", "problem", "handle_errors"}
+	headersChoices  = choices{"x_ratelimit", "ietf", "both", "none"}
+)
+
+// checkResponseOptions checks response, headers and retry_after_jitter.
+func (h *Handler) checkResponseOptions() error {
+	if err := cmp.Or(responseChoices.check("response", h.Response), headersChoices.check("headers", h.Headers)); err != nil {
+		return err
+	}
+	if j := time.Duration(h.RetryAfterJitter); j < 0 || j > 0 && j < time.Second {
+		return fmt.Errorf("retry_after_jitter %s: want 0 or at least 1s (Retry-After counts whole seconds)", j)
+	}
+	return nil
+}
+
+// respond answers a request as its verdict says: on_store_error's refusal
+// or pass; else the most restrictive decision sets the placeholders and
+// headers, and refuses the request or lets it go on to next (after a
+// leaky bucket's wait), giving back its concurrency slots when next is done.
+// shown is what dry-run zones show in the headers, or nil.
+func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, v verdict, shown *outcome) error {
+	switch {
+	case v.err != nil: // Redis failed, on_store_error deny
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(breakerCooldown/time.Second), 10))
+		return v.err
+	case v.unlimited: // Redis failed, on_store_error allow
+		return next.ServeHTTP(w, r)
+	}
+	i := mostRestrictive(v.decisions)
+	o := h.outcome(v.zones[i].name, v.reqs[i], v.decisions[i])
+	o.setPlaceholders(repl)
+	if shown == nil || !o.d.Allowed || o.d.Remaining <= shown.d.Remaining {
+		h.setLimitHeaders(w.Header(), o)
+	}
+	if !o.d.Allowed {
+		h.logRefusal(o)
+		return h.refuse(w, o)
+	}
+	defer v.release.call()
+	if err := wait(r.Context(), maxDelay(v.decisions)); err != nil {
+		return caddyhttp.Error(499, fmt.Errorf("client left while its request waited its turn: %w", err))
+	}
+	return next.ServeHTTP(w, r)
+}
 
 // outcome is what a request is told: the deciding zone's decision.
 type outcome struct {
@@ -124,4 +173,39 @@ func seconds(n int64) string {
 		return "1 second"
 	}
 	return strconv.FormatInt(n, 10) + " seconds"
+}
+
+// mostRestrictive is the index of the decision the client is shown.
+func mostRestrictive(decisions []limiter.Decision) int {
+	best := 0
+	for i, d := range decisions[1:] {
+		if d.MoreRestrictive(decisions[best]) {
+			best = i + 1
+		}
+	}
+	return best
+}
+
+// maxDelay is the longest wait a leaky bucket asks of the request.
+func maxDelay(decisions []limiter.Decision) time.Duration {
+	var d time.Duration
+	for _, x := range decisions {
+		d = max(d, x.Delay)
+	}
+	return d
+}
+
+// wait sleeps for d, or until the client goes away.
+func wait(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

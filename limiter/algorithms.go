@@ -97,7 +97,7 @@ func (p Policy) takeFixed(b bucket, now, cost int64) (bucket, Decision) {
 		d.RetryAfter = time.Duration(end - now)
 	}
 	d.Remaining = max(p.Rate-count, 0)
-	return bucket{tokens: float64(count), last: start, full: end}, d
+	return bucket{tokens: float64(count), last: start, idleAt: end}, d
 }
 
 // takeLog: the times of the requests counted in the last Period.
@@ -117,11 +117,11 @@ func (p Policy) takeLog(b bucket, now, cost int64) (bucket, Decision) {
 	}
 	d.Remaining = max(p.Rate-int64(len(log)), 0)
 	d.Reset = at(now)
-	full := now
+	idleAt := now
 	if len(log) > 0 {
-		d.Reset, full = at(log[0]+period), log[len(log)-1]+period
+		d.Reset, idleAt = at(log[0]+period), log[len(log)-1]+period
 	}
-	return bucket{log: log, full: full}, d
+	return bucket{log: log, idleAt: idleAt}, d
 }
 
 // takeCounter: this window's count plus the previous one's, weighed by
@@ -150,7 +150,7 @@ func (p Policy) takeCounter(b bucket, now, cost int64) (bucket, Decision) {
 		reset += period // and then this one
 	}
 	d.Reset = at(reset)
-	return bucket{tokens: curr, prev: prev, last: start, full: reset}, d
+	return bucket{tokens: curr, prev: prev, last: start, idleAt: reset}, d
 }
 
 // counterRetry is how long until prev*weight + curr + c fits in limit:
@@ -191,7 +191,7 @@ func (p Policy) takeLeaky(b bucket, now, cost int64) (bucket, Decision) {
 	ahead := (tat - nowUs) / interval // requests queued, this one included
 	d.Remaining = max(int64(math.Floor(float64(p.Burst)+1-ahead+epsilon)), 0)
 	d.Reset = at(now/1e3*1e3 + int64(micros(tat-nowUs)))
-	return bucket{prev: tat, full: now + int64(micros(tat-nowUs))}, d
+	return bucket{prev: tat, idleAt: now + int64(micros(tat-nowUs))}, d
 }
 
 // leakySlack absorbs the rounding of float microseconds (a quarter of a
@@ -216,7 +216,7 @@ func (p Policy) takeSlot(b bucket, now, cost int64) (bucket, Decision) {
 		d.RetryAfter = time.Second // no telling when one ends
 	}
 	d.Remaining = max(p.Burst-inFlight, 0)
-	return bucket{tokens: float64(inFlight), full: math.MaxInt64}, d
+	return bucket{tokens: float64(inFlight), idleAt: math.MaxInt64}, d
 }
 
 // release gives back a concurrency slot; a bucket with none in flight
@@ -224,7 +224,7 @@ func (p Policy) takeSlot(b bucket, now, cost int64) (bucket, Decision) {
 func (p Policy) release(b bucket, now, cost int64) bucket {
 	b.tokens = max(b.tokens-float64(cost), 0)
 	if b.tokens == 0 {
-		b.full = now
+		b.idleAt = now
 	}
 	return b
 }

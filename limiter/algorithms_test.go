@@ -42,6 +42,45 @@ func TestSlidingWindowLog(t *testing.T) {
 	})
 }
 
+// TestSlidingWindowLogMixedWindows: two sliding log zones of different
+// windows on one client are decided in one script run, each with its own
+// window: a client idle for longer than the short window, but not the
+// long one, is counted right (the script once read each key with the
+// previous key's window, and failed on that client).
+func TestSlidingWindowLogMixedWindows(t *testing.T) {
+	short := Policy{Algorithm: SlidingWindowLog, Rate: 3, Period: time.Second, Burst: 3}
+	long := Policy{Algorithm: SlidingWindowLog, Rate: 5, Period: time.Minute, Burst: 5}
+	steps := []struct {
+		at          time.Duration // since t0
+		short, long Decision      // remaining and reset (since t0) of each zone
+	}{
+		{0, Decision{Remaining: 2, Reset: t0.Add(time.Second)}, Decision{Remaining: 4, Reset: t0.Add(time.Minute)}},
+		{2 * time.Second, Decision{Remaining: 2, Reset: t0.Add(3 * time.Second)}, Decision{Remaining: 3, Reset: t0.Add(time.Minute)}},
+		{2 * time.Second, Decision{Remaining: 1, Reset: t0.Add(3 * time.Second)}, Decision{Remaining: 2, Reset: t0.Add(time.Minute)}},
+	}
+	for name, newStore := range testStores {
+		t.Run(name, func(t *testing.T) {
+			take := newStore(t)
+			for i, st := range steps {
+				reqs := []Request{
+					{Zone: "short", Key: "k", Policy: short, Cost: 1, ID: fmt.Sprint("short-", i)},
+					{Zone: "long", Key: "k", Policy: long, Cost: 1, ID: fmt.Sprint("long-", i)},
+				}
+				d, err := take(t0.Add(st.at), reqs)
+				if err != nil {
+					t.Fatalf("step %d (at %s): %v", i, st.at, err)
+				}
+				for j, want := range []Decision{st.short, st.long} {
+					want.Allowed, want.Limit = true, reqs[j].Policy.Limit()
+					if !sameDecision(d[j], want) {
+						t.Fatalf("step %d (at %s), zone %s:\n got %+v\nwant %+v", i, st.at, reqs[j].Zone, d[j], want)
+					}
+				}
+			}
+		})
+	}
+}
+
 func TestSlidingWindowCounter(t *testing.T) {
 	p := Policy{Algorithm: SlidingWindowCounter, Rate: 10, Period: time.Second, Burst: 10}
 	runSteps(t, p, []step{

@@ -13,7 +13,7 @@ import (
 // memBans are the bans of a MemoryStore.
 type memBans struct {
 	mu      sync.Mutex
-	clients map[memKey]banState
+	clients map[bucketID]banState
 }
 
 type banState struct {
@@ -31,7 +31,7 @@ func (s *MemoryStore) BannedAt(now time.Time, reqs []Request) []time.Duration {
 		if r.Policy.Ban.After == 0 {
 			continue
 		}
-		if st, ok := s.bans.clients[bucketKey(r)]; ok && st.bannedUntil > now.UnixNano() {
+		if st, ok := s.bans.clients[bucketIDOf(r)]; ok && st.bannedUntil > now.UnixNano() {
 			left[i] = time.Duration(st.bannedUntil - now.UnixNano())
 		}
 	}
@@ -52,7 +52,7 @@ func (s *MemoryStore) RefusedAt(now time.Time, r Request) (time.Duration, bool) 
 	ns := now.UnixNano()
 	s.bans.mu.Lock()
 	defer s.bans.mu.Unlock()
-	k := bucketKey(r)
+	k := bucketIDOf(r)
 	st := s.bans.clients[k]
 	if st.bannedUntil > ns {
 		return time.Duration(st.bannedUntil - ns), false

@@ -11,13 +11,13 @@ import (
 // memShards is the number of independently locked parts of a MemoryStore.
 const memShards = 64
 
-// DefaultSweepInterval is how often a MemoryStore drops full buckets.
+// DefaultSweepInterval is how often a MemoryStore drops idle buckets.
 const DefaultSweepInterval = 30 * time.Second
 
 // MemoryStore keeps buckets in this process: exact for one instance, and
 // the store used when no Redis is configured. It is safe for concurrent
-// use. Buckets that are full again are dropped by a sweeper, so memory
-// holds active clients only.
+// use. Buckets back to their initial state (a token bucket full again)
+// are dropped by a sweeper, so memory holds active clients only.
 type MemoryStore struct {
 	shards [memShards]memShard
 	bans   memBans
@@ -28,16 +28,9 @@ type MemoryStore struct {
 
 type memShard struct {
 	mu      sync.Mutex
-	buckets map[memKey]bucket
+	buckets map[bucketID]bucket
 	peak    int // largest len(buckets) since the map was last rebuilt
 	_       [40]byte
-}
-
-// memKey names a bucket: see bucketKey.
-type memKey struct {
-	zone string
-	algo Algorithm
-	hash [16]byte
 }
 
 // NewMemoryStore returns a store whose sweeper runs every sweepEvery
@@ -47,9 +40,9 @@ func NewMemoryStore(sweepEvery time.Duration) *MemoryStore {
 		sweepEvery = DefaultSweepInterval
 	}
 	s := &MemoryStore{stop: make(chan struct{}), done: make(chan struct{})}
-	s.bans.clients = make(map[memKey]banState)
+	s.bans.clients = make(map[bucketID]banState)
 	for i := range s.shards {
-		s.shards[i].buckets = make(map[memKey]bucket)
+		s.shards[i].buckets = make(map[bucketID]bucket)
 	}
 	go s.sweepLoop(sweepEvery)
 	return s
@@ -63,9 +56,9 @@ func (s *MemoryStore) Take(_ context.Context, reqs []Request) ([]Decision, error
 // TakeAt charges the buckets of reqs at time now, all or nothing (see
 // Store.Take).
 func (s *MemoryStore) TakeAt(now time.Time, reqs []Request) []Decision {
-	keys := make([]memKey, len(reqs))
+	keys := make([]bucketID, len(reqs))
 	for i, r := range reqs {
-		keys[i] = bucketKey(r)
+		keys[i] = bucketIDOf(r)
 	}
 	shards := s.lock(keys)
 	defer s.unlock(shards)
@@ -74,7 +67,7 @@ func (s *MemoryStore) TakeAt(now time.Time, reqs []Request) []Decision {
 
 // takeLocked applies each request in turn and rolls all of them back, in
 // reverse order, if one is refused.
-func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []memKey) []Decision {
+func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []bucketID) []Decision {
 	type saved struct {
 		b     bucket
 		known bool
@@ -110,7 +103,7 @@ func (s *MemoryStore) Release(_ context.Context, reqs []Request) error {
 		if r.Policy.Algorithm != Concurrency {
 			continue
 		}
-		k := bucketKey(r)
+		k := bucketIDOf(r)
 		sh := s.shard(k)
 		sh.mu.Lock()
 		if b, ok := sh.buckets[k]; ok {
@@ -123,7 +116,7 @@ func (s *MemoryStore) Release(_ context.Context, reqs []Request) error {
 
 // Peek tells the state of req's bucket (see Store.Peek).
 func (s *MemoryStore) Peek(_ context.Context, req Request) (Decision, error) {
-	k := bucketKey(req)
+	k := bucketIDOf(req)
 	sh := s.shard(k)
 	sh.mu.Lock()
 	b, known := sh.buckets[k]
@@ -134,28 +127,28 @@ func (s *MemoryStore) Peek(_ context.Context, req Request) (Decision, error) {
 
 // Reset drops req's bucket (see Store.Reset).
 func (s *MemoryStore) Reset(_ context.Context, req Request) error {
-	k := bucketKey(req)
+	k := bucketIDOf(req)
 	sh := s.shard(k)
 	sh.mu.Lock()
 	delete(sh.buckets, k)
 	sh.mu.Unlock()
 	s.bans.mu.Lock()
-	delete(s.bans.clients, bucketKey(req))
+	delete(s.bans.clients, bucketIDOf(req))
 	s.bans.mu.Unlock()
 	return nil
 }
 
-func (s *MemoryStore) shardIndex(k memKey) int {
+func (s *MemoryStore) shardIndex(k bucketID) int {
 	return int(binary.LittleEndian.Uint64(k.hash[:8]) % memShards)
 }
 
-func (s *MemoryStore) shard(k memKey) *memShard {
+func (s *MemoryStore) shard(k bucketID) *memShard {
 	return &s.shards[s.shardIndex(k)]
 }
 
 // lock locks the shards of keys in ascending order (so that concurrent
 // multi-key calls cannot deadlock) and returns them for unlock.
-func (s *MemoryStore) lock(keys []memKey) []int {
+func (s *MemoryStore) lock(keys []bucketID) []int {
 	idx := make([]int, 0, len(keys))
 	for _, k := range keys {
 		idx = append(idx, s.shardIndex(k))
@@ -186,8 +179,9 @@ func (s *MemoryStore) Len() int {
 	return n
 }
 
-// Sweep drops the buckets that are full at now, since a missing bucket
-// means a full one, and returns how many it dropped.
+// Sweep drops the buckets idle at now (back to their initial state, which
+// a missing bucket stands for), and the expired bans, and returns how many
+// buckets it dropped.
 func (s *MemoryStore) Sweep(now time.Time) int {
 	s.sweepBans(now.UnixNano())
 	dropped := 0
@@ -203,7 +197,7 @@ func (sh *memShard) sweep(now int64) int {
 	before := len(sh.buckets)
 	sh.peak = max(sh.peak, before)
 	for k, b := range sh.buckets {
-		if b.full <= now {
+		if b.idleAt <= now {
 			delete(sh.buckets, k)
 		}
 	}
@@ -218,8 +212,8 @@ func (sh *memShard) sweep(now int64) int {
 
 // shrink copies m into a map sized for its contents (maps.Clone would keep
 // the old capacity).
-func shrink(m map[memKey]bucket) map[memKey]bucket {
-	n := make(map[memKey]bucket, len(m))
+func shrink(m map[bucketID]bucket) map[bucketID]bucket {
+	n := make(map[bucketID]bucket, len(m))
 	for k, v := range m {
 		n[k] = v
 	}

@@ -60,11 +60,8 @@ func NewRedisStore(client redis.UniversalClient, prefix string) (*RedisStore, er
 	return &RedisStore{client: client, prefix: prefix, cluster: cluster}, nil
 }
 
-// Key is the Redis key of the token bucket of key in zone.
-func (s *RedisStore) Key(zone, key string) string {
-	return s.keyOf(zone, KeyHash(key))
-}
-
+// keyOf is the Redis key, in zone, of the token bucket of the client whose
+// key has digest as its KeyHash.
 func (s *RedisStore) keyOf(zone string, digest [16]byte) string {
 	return s.prefix + "{" + base64.RawURLEncoding.EncodeToString(digest[:]) + "}:" + zone
 }
@@ -97,9 +94,10 @@ func (s *RedisStore) Close() error {
 	return s.client.Close()
 }
 
-// call is one script run: the requests (by index) of one algorithm whose
-// keys share a slot.
-type call struct {
+// scriptRun is one run of an algorithm's script: the requests of that
+// algorithm whose keys share a hash slot, by their index in the requests
+// that scriptRuns grouped, and their Redis keys, in the same order.
+type scriptRun struct {
 	script *redis.Script
 	idx    []int
 	keys   []string
@@ -113,24 +111,31 @@ type RefundError struct{ Err error }
 func (e *RefundError) Error() string { return "refunding zones of a refused request: " + e.Err.Error() }
 func (e *RefundError) Unwrap() error { return e.Err }
 
+// take decides reqs at now (Unix µs in decimal; "" for the server's
+// clock): it groups them into script runs, runs them in one round trip and
+// decodes the replies into decisions. Each run is all or nothing on its
+// own: when one refused, take refunds the runs that charged their buckets,
+// at the take's time, and if that fails, returns the decisions with a
+// *RefundError. When a run fails (a cluster then reloads its slot map) or
+// a reply is malformed, take returns the error and no decisions.
 func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]Decision, error) {
 	start := time.Now()
-	calls := s.calls(reqs)
-	replies, err := s.run(ctx, calls, now, "take", reqs)
+	runs := s.scriptRuns(reqs)
+	replies, err := s.run(ctx, runs, now, "take", reqs)
 	if err != nil {
 		s.reloadTopology(err)
 		return nil, err
 	}
 	decisions := make([]Decision, len(reqs))
 	allowed := true
-	for i, c := range calls {
-		ok, err := decode(replies[i], c.idx, reqs, decisions)
+	for i, sr := range runs {
+		ok, err := decode(replies[i], sr.idx, reqs, decisions)
 		if err != nil {
 			return nil, err
 		}
 		allowed = allowed && ok
 	}
-	if !allowed && len(calls) > 1 {
+	if !allowed && len(runs) > 1 {
 		// The refund gets a time budget of its own, as long as the take's.
 		if deadline, ok := ctx.Deadline(); ok {
 			var cancel context.CancelFunc
@@ -139,10 +144,10 @@ func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]De
 		}
 		// At the take's time: a window may have turned since.
 		if now == "" {
-			ints, _ := replyInts(replies[0], 2+replyPerKey*len(calls[0].idx))
+			ints, _ := replyInts(replies[0], 2+replyPerKey*len(runs[0].idx))
 			now = strconv.FormatInt(ints[0], 10)
 		}
-		if err := s.refund(ctx, now, calls, replies, reqs); err != nil {
+		if err := s.refund(ctx, now, runs, replies, reqs); err != nil {
 			return decisions, &RefundError{err}
 		}
 	}
@@ -161,15 +166,15 @@ func (s *RedisStore) reloadTopology(err error) {
 	}
 }
 
-// calls groups reqs into script runs, one per algorithm: in standalone
-// Redis, all keys of an algorithm in one run; in a cluster, one run per
-// hash slot (that is, per client key).
-func (s *RedisStore) calls(reqs []Request) []call {
+// scriptRuns groups reqs into script runs, one per algorithm: in
+// standalone Redis, all keys of an algorithm in one run; in a cluster, one
+// run per algorithm and hash slot (that is, per client key).
+func (s *RedisStore) scriptRuns(reqs []Request) []scriptRun {
 	type group struct {
 		a   Algorithm
 		key string
 	}
-	var calls []call
+	var runs []scriptRun
 	byGroup := map[group]int{}
 	for i, r := range reqs {
 		g := group{a: r.Policy.Algorithm}
@@ -178,21 +183,21 @@ func (s *RedisStore) calls(reqs []Request) []call {
 		}
 		j, ok := byGroup[g]
 		if !ok {
-			j = len(calls)
+			j = len(runs)
 			byGroup[g] = j
-			calls = append(calls, call{script: scripts[min(int(g.a), len(scripts)-1)]})
+			runs = append(runs, scriptRun{script: scripts[min(int(g.a), len(scripts)-1)]})
 		}
-		calls[j].idx = append(calls[j].idx, i)
-		calls[j].keys = append(calls[j].keys, s.key(r))
+		runs[j].idx = append(runs[j].idx, i)
+		runs[j].keys = append(runs[j].keys, s.key(r))
 	}
-	return calls
+	return runs
 }
 
-// args are the script's arguments for the requests of c.
-func args(c call, now, mode string, reqs []Request) []any {
-	a := make([]any, 0, 2+argsPerKey*len(c.idx))
+// args are the script's arguments for the requests of sr.
+func args(sr scriptRun, now, mode string, reqs []Request) []any {
+	a := make([]any, 0, 2+argsPerKey*len(sr.idx))
 	a = append(a, now, mode)
-	for _, i := range c.idx {
+	for _, i := range sr.idx {
 		p := reqs[i].Policy
 		period := p.Period.Microseconds()
 		if p.Algorithm == Concurrency {
@@ -207,24 +212,25 @@ func args(c call, now, mode string, reqs []Request) []any {
 	return a
 }
 
-// run runs the calls in one round trip (a pipeline per node when there are
-// several) with EVALSHA, and EVAL for those that found no script cached.
-func (s *RedisStore) run(ctx context.Context, calls []call, now, mode string, reqs []Request) ([]any, error) {
-	if len(calls) == 1 {
-		v, err := calls[0].script.Run(ctx, s.client, calls[0].keys, args(calls[0], now, mode, reqs)...).Result()
+// run runs the script runs in one round trip (a pipeline per node when
+// there are several) with EVALSHA, and EVAL for those that found no script
+// cached, and returns their replies in order.
+func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string, reqs []Request) ([]any, error) {
+	if len(runs) == 1 {
+		v, err := runs[0].script.Run(ctx, s.client, runs[0].keys, args(runs[0], now, mode, reqs)...).Result()
 		return []any{v}, err
 	}
-	cmds := make([]*redis.Cmd, len(calls))
+	cmds := make([]*redis.Cmd, len(runs))
 	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, c := range calls {
-			cmds[i] = c.script.EvalSha(ctx, p, c.keys, args(c, now, mode, reqs)...)
+		for i, sr := range runs {
+			cmds[i] = sr.script.EvalSha(ctx, p, sr.keys, args(sr, now, mode, reqs)...)
 		}
 		return nil
 	})
-	replies := make([]any, len(calls))
+	replies := make([]any, len(runs))
 	for i, cmd := range cmds {
 		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			cmd = calls[i].script.Eval(ctx, s.client, calls[i].keys, args(calls[i], now, mode, reqs)...)
+			cmd = runs[i].script.Eval(ctx, s.client, runs[i].keys, args(runs[i], now, mode, reqs)...)
 		}
 		v, err := cmd.Result()
 		if err != nil {
@@ -235,13 +241,13 @@ func (s *RedisStore) run(ctx context.Context, calls []call, now, mode string, re
 	return replies, nil
 }
 
-// refund gives back the tokens of the calls that were charged, since
-// another call refused the request.
-func (s *RedisStore) refund(ctx context.Context, now string, calls []call, replies []any, reqs []Request) error {
-	var charged []call
-	for i, c := range calls {
-		if all, _ := replyInts(replies[i], 2+replyPerKey*len(c.idx)); all[1] == 1 {
-			charged = append(charged, c)
+// refund gives back the tokens of the runs that were charged (all of
+// their keys allowed), since another run refused the request.
+func (s *RedisStore) refund(ctx context.Context, now string, runs []scriptRun, replies []any, reqs []Request) error {
+	var charged []scriptRun
+	for i, sr := range runs {
+		if all, _ := replyInts(replies[i], 2+replyPerKey*len(sr.idx)); all[1] == 1 {
+			charged = append(charged, sr)
 		}
 	}
 	if len(charged) == 0 {
@@ -269,7 +275,7 @@ func replyInts(v any, n int) ([]int64, error) {
 }
 
 // decode fills the decisions of the requests idx from a script reply and
-// reports whether the call allowed them all.
+// reports whether the run allowed them all.
 func decode(v any, idx []int, reqs []Request, decisions []Decision) (bool, error) {
 	ints, err := replyInts(v, 2+replyPerKey*len(idx))
 	if err != nil {
@@ -305,7 +311,7 @@ func (s *RedisStore) Release(ctx context.Context, reqs []Request) error {
 	if len(held) == 0 {
 		return nil
 	}
-	_, err := s.run(ctx, s.calls(held), "", "release", held)
+	_, err := s.run(ctx, s.scriptRuns(held), "", "release", held)
 	return err
 }
 
@@ -314,13 +320,13 @@ func (s *RedisStore) Release(ctx context.Context, reqs []Request) error {
 func (s *RedisStore) Peek(ctx context.Context, req Request) (Decision, error) {
 	req.Cost, req.ID = 0, ""
 	reqs := []Request{req}
-	calls := s.calls(reqs)
-	replies, err := s.run(ctx, calls, "", "peek", reqs)
+	runs := s.scriptRuns(reqs)
+	replies, err := s.run(ctx, runs, "", "peek", reqs)
 	if err != nil {
 		return Decision{}, err
 	}
 	decisions := make([]Decision, 1)
-	_, err = decode(replies[0], calls[0].idx, reqs, decisions)
+	_, err = decode(replies[0], runs[0].idx, reqs, decisions)
 	return decisions[0], err
 }
 

@@ -69,10 +69,19 @@ func (r Request) Digest() [16]byte {
 	return KeyHash(r.Key)
 }
 
-// bucketKey names r's bucket in this process: its zone, algorithm (each
-// keeps its state in its own way) and key digest.
-func bucketKey(r Request) memKey {
-	return memKey{zone: r.Zone, algo: r.Policy.Algorithm, hash: r.Digest()}
+// bucketID identifies a client's bucket in this process: its zone, its
+// algorithm (each keeps its state in its own way, so a zone whose algorithm
+// changes starts afresh) and the digest of its client key. It keys a
+// MemoryStore's buckets and bans, and a DenyCache's entries.
+type bucketID struct {
+	zone string
+	algo Algorithm
+	hash [16]byte
+}
+
+// bucketIDOf is the ID of r's bucket.
+func bucketIDOf(r Request) bucketID {
+	return bucketID{zone: r.Zone, algo: r.Policy.Algorithm, hash: r.Digest()}
 }
 
 // KeyHash is the fixed-length digest under which a client key is stored:

@@ -10,13 +10,25 @@ import (
 const epsilon = 1e-9
 
 // bucket is the state of one bucket, whatever its algorithm, and when it
-// may be dropped (a dropped bucket is a fresh one). Times are Unix ns.
+// may be dropped (a dropped bucket is a fresh one). Times are Unix ns but
+// for the leaky bucket's TAT.
 type bucket struct {
-	tokens float64 // tokens; the count of the current window; in flight
-	prev   float64 // the count of the previous window (sliding counter)
-	last   int64   // last update; the start of the current window; the leaky bucket's TAT
-	log    []int64 // times of the counted requests, oldest first (sliding log)
-	full   int64
+	// tokens: the tokens held (token bucket); the count of the current
+	// window (fixed window, sliding counter); the requests in flight
+	// (concurrency).
+	tokens float64
+	// prev: the count of the previous window (sliding counter); the
+	// theoretical arrival time, in µs, unrounded (leaky bucket).
+	prev float64
+	// last: the last update (token bucket); the start of the current
+	// window (fixed window, sliding counter).
+	last int64
+	// log: the times of the counted requests, oldest first (sliding log).
+	log []int64
+	// idleAt: when the bucket is back to its initial state, so that it
+	// may be dropped (concurrency: math.MaxInt64 until its last slot is
+	// released).
+	idleAt int64
 }
 
 // takeToken refills b up to now and charges cost tokens if it holds them.
@@ -41,7 +53,7 @@ func (p Policy) takeToken(b bucket, known bool, now, cost int64) (bucket, Decisi
 	if !allowed {
 		d.RetryAfter = p.retryAfter(tokens, cost, toFull)
 	}
-	return bucket{tokens: tokens, last: now, full: now + toFull}, d
+	return bucket{tokens: tokens, last: now, idleAt: now + toFull}, d
 }
 
 // refill is the number of tokens b holds at now. A bucket from an older

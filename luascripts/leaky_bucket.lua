@@ -1,9 +1,9 @@
--- Leaky bucket as nginx's limit_req (GCRA), all or nothing over every key
--- of one call.
+-- Leaky bucket as nginx's limit_req (GCRA).
 --
--- KEYS, ARGV[1] (time) and ARGV[2] ("take" or "refund") as in
--- token_bucket.lua. ARGV[3 + 6(i-1) ...]: for KEYS[i]: rate, period (µs),
--- burst (requests that may wait), cost, nodelay (1 or 0), unused.
+-- KEYS, ARGV and the reply as in common.lua, which is prepended to this
+-- script. For KEYS[i]: rate, period (µs), burst (requests that may wait),
+-- cost, flag (nodelay: "1" or "0"); id is unused. "take" queues the
+-- request if there is room; "refund" takes its cost off the queue.
 --
 -- The state is the theoretical arrival time (µs, unrounded): when the
 -- requests queued so far have all left. A request that would wait more
@@ -11,12 +11,9 @@
 -- others wait until their slot (none with nodelay). Stored as "<tat>",
 -- expiring when the queue is empty.
 --
--- Returns { now, all allowed, then per key: allowed, remaining, µs until
--- the queue is empty, µs until the same request could pass, µs to wait }.
+-- Reply per key: allowed, remaining, µs until the queue is empty, µs
+-- until the same request could pass, µs to wait.
 
--- now (µs) comes from clock.lua, which is prepended to this script.
-local refund = ARGV[2] == 'refund'
-local eps = 1e-9
 local slack = 0.5 -- absorbs the rounding of float microseconds
 
 -- rounds x microseconds up, as the Go implementation does
@@ -27,14 +24,10 @@ local function micros(x)
   return math.ceil(x - 1e-6)
 end
 
-local all = true
-local state = {}
-for i = 1, #KEYS do
-  local a = 3 + (i - 1) * 6
-  local rate, period = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local burst, cost, nodelay = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4] == '1'
-  local interval = period / rate
-  local tat = tonumber(redis.call('GET', KEYS[i]) or '') or now
+local function decide(key, k)
+  local burst, cost, nodelay = k.burst, k.cost, k.flag == '1'
+  local interval = k.period / k.rate
+  local tat = tonumber(redis.call('GET', key) or '') or now
   tat = math.max(tat, now)
   local wait = tat - now
   local max_wait = burst * interval
@@ -52,26 +45,17 @@ for i = 1, #KEYS do
       retry = math.max(micros(wait - max_wait), 1)
     end
   end
-  all = all and ok
   local ahead = (tat - now) / interval
-  state[i] = { ok = ok, tat = tat, retry = retry, delay = delay,
-    remaining = math.max(math.floor(burst + 1 - ahead + eps), 0) }
+  return { ok = ok, remaining = math.max(math.floor(burst + 1 - ahead + eps), 0), reset = micros(tat - now),
+    retry = retry, delay = delay, tat = tat }
 end
 
-local out = { now, all and 1 or 0 }
-for i = 1, #KEYS do
-  local s = state[i]
-  if all and ARGV[2] ~= 'peek' then -- a peek writes nothing
-    if s.tat > now then
-      redis.call('SET', KEYS[i], string.format('%.17g', s.tat), 'PX', math.max(math.ceil((s.tat - now) / 1000), 1))
-    else
-      redis.call('DEL', KEYS[i])
-    end
+local function write(key, s)
+  if s.tat > now then
+    redis.call('SET', key, string.format('%.17g', s.tat), 'PX', ttl_ms(s.tat - now))
+  else
+    redis.call('DEL', key)
   end
-  table.insert(out, s.ok and 1 or 0)
-  table.insert(out, s.remaining)
-  table.insert(out, micros(s.tat - now))
-  table.insert(out, s.retry)
-  table.insert(out, s.delay)
 end
-return out
+
+return run(decide, write)

@@ -1,14 +1,15 @@
 // Package luascripts holds the Redis Lua scripts of the Redis store,
-// embedded in the binary: one per algorithm, each with clock.lua in front
-// of it. Each takes the same arguments and returns the same reply; see
-// token_bucket.lua.
+// embedded in the binary: one per algorithm, each with common.lua in front
+// of it. common.lua reads the arguments and builds the reply, the same for
+// every algorithm (it documents both); an algorithm's script only decides
+// one key and writes its state. ban.lua, the bans' script, stands alone.
 package luascripts
 
 import _ "embed"
 
 var (
-	//go:embed clock.lua
-	clock string
+	//go:embed common.lua
+	common string
 	//go:embed token_bucket.lua
 	tokenBucket string
 	//go:embed fixed_window.lua
@@ -25,12 +26,12 @@ var (
 
 // The scripts, by algorithm, and the bans' script.
 var (
-	TokenBucket          = clock + tokenBucket
-	FixedWindow          = clock + fixedWindow
-	SlidingWindowLog     = clock + slidingWindowLog
-	SlidingWindowCounter = clock + slidingWindowCounter
-	LeakyBucket          = clock + leakyBucket
-	Concurrency          = clock + concurrency
+	TokenBucket          = common + tokenBucket
+	FixedWindow          = common + fixedWindow
+	SlidingWindowLog     = common + slidingWindowLog
+	SlidingWindowCounter = common + slidingWindowCounter
+	LeakyBucket          = common + leakyBucket
+	Concurrency          = common + concurrency
 
 	//go:embed ban.lua
 	Ban string

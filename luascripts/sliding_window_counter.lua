@@ -1,20 +1,17 @@
--- Sliding window counter, all or nothing over every key of one call.
+-- Sliding window counter.
 --
--- KEYS, ARGV[1] (time) and ARGV[2] ("take" or "refund") as in
--- token_bucket.lua. ARGV[3 + 6(i-1) ...]: for KEYS[i]: the limit (requests
--- per window), the window (µs), unused, cost, unused, unused.
+-- KEYS, ARGV and the reply as in common.lua, which is prepended to this
+-- script. For KEYS[i]: rate is the limit (requests per window), period the
+-- window (µs); cost; burst, flag and id are unused. "take" counts the cost
+-- if it fits in the limit; "refund" takes it off this window's count.
 --
 -- Two counters: this window's and the previous one's, which counts for
 -- the part of it still inside the sliding window. Stored as
 -- "<window start, µs>:<count>:<previous count>", expiring when both have
 -- faded out.
 --
--- Returns { now, all allowed, then per key: allowed, remaining, µs until
--- both counters have faded out, µs until the same request could pass, 0 }.
-
--- now (µs) comes from clock.lua, which is prepended to this script.
-local refund = ARGV[2] == 'refund'
-local eps = 1e-9
+-- Reply per key: allowed, remaining, µs until both counters have faded
+-- out, µs until the same request could pass, 0.
 
 -- how long until prev * weight + curr + cost fits in the limit
 local function retry_after(start, window, prev, curr, cost, limit)
@@ -32,26 +29,27 @@ local function retry_after(start, window, prev, curr, cost, limit)
   return math.max(nxt - now, 1)
 end
 
-local all = true
-local state = {}
-for i = 1, #KEYS do
-  local a = 3 + (i - 1) * 6
-  local limit, window, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 3])
-  local start = now - now % window
-  local curr, prev = 0, 0
-  local v = redis.call('GET', KEYS[i])
+-- the counts of the window that started at start and of the one before
+local function counts(key, start, window)
+  local v = redis.call('GET', key)
   if v then
     local s, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
     s, c, p = tonumber(s), tonumber(c), tonumber(p)
     if s == start then
-      curr, prev = c, p
+      return c, p
     elseif s == start - window then
-      prev = c
+      return 0, c
     end
   end
+  return 0, 0
+end
+
+local function decide(key, k)
+  local limit, window, cost = k.rate, k.period, k.cost
+  local start = now - now % window
+  local curr, prev = counts(key, start, window)
   local weight = 1 - (now - start) / window
-  local ok = true
-  local retry = 0
+  local ok, retry = true, 0
   if refund then
     curr = math.max(curr - cost, 0)
   else
@@ -62,26 +60,16 @@ for i = 1, #KEYS do
       retry = retry_after(start, window, prev, curr, cost, limit)
     end
   end
-  all = all and ok
   local reset = start + window
   if curr > 0 then
     reset = reset + window
   end
-  state[i] = { ok = ok, start = start, curr = curr, prev = prev, reset = reset - now, retry = retry,
-    remaining = math.max(math.floor(limit - prev * weight - curr + eps), 0) }
+  return { ok = ok, remaining = math.max(math.floor(limit - prev * weight - curr + eps), 0),
+    reset = reset - now, retry = retry, start = start, curr = curr, prev = prev }
 end
 
-local out = { now, all and 1 or 0 }
-for i = 1, #KEYS do
-  local s = state[i]
-  if all and ARGV[2] ~= 'peek' then -- a peek writes nothing
-    local ms = math.max(math.ceil(s.reset / 1000), 1)
-    redis.call('SET', KEYS[i], string.format('%.0f:%.0f:%.0f', s.start, s.curr, s.prev), 'PX', ms)
-  end
-  table.insert(out, s.ok and 1 or 0)
-  table.insert(out, s.remaining)
-  table.insert(out, s.reset)
-  table.insert(out, s.retry)
-  table.insert(out, 0)
+local function write(key, s)
+  redis.call('SET', key, string.format('%.0f:%.0f:%.0f', s.start, s.curr, s.prev), 'PX', ttl_ms(s.reset))
 end
-return out
+
+return run(decide, write)

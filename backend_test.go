@@ -9,10 +9,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 )
+
+func TestCleanupReleasesStore(t *testing.T) {
+	h := &Handler{Zones: map[string]*Zone{"a": {Key: "k", Rate: "1r/s"}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if refs, ok := backends.References(memoryPoolKey); ok {
+		t.Fatalf("store still has %d references after Cleanup", refs)
+	}
+}
 
 // TestClockSkew: two instances whose clocks differ by ten minutes share
 // one limit through Redis, and tell clients the same reset time, since
@@ -87,59 +98,5 @@ func TestBreakerProbeOfALeavingClient(t *testing.T) {
 	w := serve(h, r)
 	if w.Code != http.StatusOK || w.Header().Get("X-RateLimit-Remaining") != "3" {
 		t.Fatalf("after the probe: status %d, remaining %q; want a Redis decision", w.Code, w.Header().Get("X-RateLimit-Remaining"))
-	}
-}
-
-// redisHandler provisions a handler with one zone (burst 5) on Redis,
-// failing closed so that a Redis that cannot be used shows as 503.
-func redisHandler(t *testing.T, cfg *RedisConfig) *Handler {
-	t.Helper()
-	cfg.KeyPrefix = fmt.Sprintf("t%x:", rand.Uint64())
-	h := &Handler{
-		Zones:        map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Burst: "5"}},
-		Redis:        cfg,
-		OnStoreError: &StoreErrorPolicy{Mode: "deny"},
-	}
-	if err := provision(t, h); err != nil {
-		t.Fatal(err)
-	}
-	return h
-}
-
-func keyRequest(key string) *http.Request {
-	r := httptest.NewRequest(http.MethodGet, "/", nil)
-	r.Header.Set("X-Key", key)
-	return r
-}
-
-func TestRedisTLS(t *testing.T) {
-	_, addr, files := redistest.NewTLSServer(t)
-	h := redisHandler(t, &RedisConfig{Addresses: []string{addr},
-		TLS: &RedisTLS{CA: files.CA, Cert: files.Cert, Key: files.Key}})
-	for _, want := range []string{"4", "3"} {
-		if w := serve(h, keyRequest("k")); w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != want {
-			t.Fatalf("over TLS: status %d, remaining %q; want 200, %s", w.Code, w.Header().Get("X-RateLimit-Remaining"), want)
-		}
-	}
-	// Without a client certificate the server refuses: deny applies.
-	h = redisHandler(t, &RedisConfig{Addresses: []string{addr}, TLS: &RedisTLS{CA: files.CA}})
-	if w := serve(h, keyRequest("k")); w.Code != http.StatusServiceUnavailable {
-		t.Fatalf("TLS without a client certificate: status %d; want 503", w.Code)
-	}
-}
-
-func TestRedisSentinel(t *testing.T) {
-	master := redistest.NewServer(t)
-	sentinel := redistest.NewSentinel(t, "rlmaster", master.Addr)
-	h := redisHandler(t, &RedisConfig{Addresses: []string{sentinel}, MasterName: "rlmaster"})
-	for _, want := range []string{"4", "3"} {
-		if w := serve(h, keyRequest("k")); w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != want {
-			t.Fatalf("through Sentinel: status %d, remaining %q; want 200, %s", w.Code, w.Header().Get("X-RateLimit-Remaining"), want)
-		}
-	}
-	c := redis.NewClient(&redis.Options{Addr: master.Addr})
-	defer c.Close()
-	if n, err := c.DBSize(context.Background()).Result(); err != nil || n != 1 {
-		t.Fatalf("master holds %d keys (%v); want the one bucket", n, err)
 	}
 }

@@ -1,0 +1,74 @@
+-- Prepended to every algorithm's script (not to ban.lua): the arguments,
+-- the clock, and run, which decides every key of the call, all or nothing.
+--
+-- KEYS: one bucket per key (in a cluster, all in one hash slot).
+-- ARGV[1]: the time in microseconds, or "" for the server's clock (TIME).
+-- ARGV[2]: the mode: "take" charges the costs if every key allows them,
+--          else none; "refund" gives them back; "peek" decides and stores
+--          no decision; "release" gives back a lease (concurrency only).
+-- ARGV[3 + 6(i-1) ... 8 + 6(i-1)]: KEYS[i]'s six arguments, as args(i)
+--          reads them: rate, period (µs), burst, cost, flag, id. Each
+--          script says which it uses, and what they mean to it.
+--
+-- Returns integers only: { now, all allowed (1/0), then for each key:
+-- allowed (1/0), remaining, µs until the reset (each script says what it
+-- is), µs until the same request could pass (0 when allowed), µs to wait
+-- before passing }.
+
+-- now, in microseconds, is ARGV[1] when the caller gives a time (tests),
+-- else the Redis server's clock, so that gateways whose clocks disagree
+-- agree on every bucket.
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local mode = ARGV[2]
+local refund = mode == 'refund'
+local peek = mode == 'peek'
+local eps = 1e-9 -- absorbs float rounding: 2.9999999999 tokens count as 3
+
+-- the six arguments of KEYS[i]; numbers but for flag and id, kept as given
+local function args(i)
+  local a = 3 + (i - 1) * 6
+  return {
+    rate = tonumber(ARGV[a]), period = tonumber(ARGV[a + 1]),
+    burst = tonumber(ARGV[a + 2]), cost = tonumber(ARGV[a + 3]),
+    flag = ARGV[a + 4], id = ARGV[a + 5],
+  }
+end
+
+-- us microseconds in whole milliseconds (for PX and PEXPIRE), rounded up,
+-- at least 1
+local function ttl_ms(us)
+  return math.max(math.ceil(us / 1000), 1)
+end
+
+-- run decides every key with decide(key, args), which returns the key's
+-- state: ok (allowed), remaining, reset, retry and delay (retry and delay
+-- default to 0) for the reply, and what write needs. When every key is
+-- allowed and the call is no peek, write(key, state) stores each key's
+-- state (in refund and release modes too: write knows whether to). Returns
+-- the reply.
+local function run(decide, write)
+  local all, state = true, {}
+  for i = 1, #KEYS do
+    state[i] = decide(KEYS[i], args(i))
+    all = all and state[i].ok
+  end
+  local out = { now, all and 1 or 0 }
+  for i = 1, #KEYS do
+    local s = state[i]
+    if all and not peek then
+      write(KEYS[i], s)
+    end
+    table.insert(out, s.ok and 1 or 0)
+    table.insert(out, s.remaining)
+    table.insert(out, s.reset)
+    table.insert(out, s.retry or 0)
+    table.insert(out, s.delay or 0)
+  end
+  return out
+end
+

@@ -1,0 +1,267 @@
+package ratelimit
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+)
+
+// RedisConfig says how to reach Redis. Addresses, username, password and
+// master name may use placeholders such as {env.REDIS_PASSWORD}.
+type RedisConfig struct {
+	// Addresses are host:port of Redis. One address: a standalone server
+	// (or a cluster, with Cluster set); several: Redis Cluster nodes; with
+	// MasterName: Sentinel servers. Required.
+	Addresses []string `json:"addresses,omitempty"`
+
+	// Cluster treats a single address as a seed of Redis Cluster (several
+	// addresses always mean a cluster).
+	Cluster bool `json:"cluster,omitempty"`
+
+	// MasterName is the name of the master monitored by Sentinel; with it,
+	// Addresses are the Sentinels.
+	MasterName string `json:"master_name,omitempty"`
+
+	// Username and Password authenticate to Redis (ACL or requirepass).
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+
+	// DB is the database number (standalone and Sentinel only). Default: 0.
+	DB int `json:"db,omitempty"`
+
+	// TLS, when set, connects with TLS.
+	TLS *RedisTLS `json:"tls,omitempty"`
+
+	// KeyPrefix starts every Redis key of the limiter; it must not contain
+	// { or }. Default: "rl:".
+	KeyPrefix string `json:"key_prefix,omitempty"`
+
+	// PoolSize is the largest number of connections per Redis node.
+	// Default: 10 per CPU (go-redis's default).
+	PoolSize int `json:"pool_size,omitempty"`
+
+	// Timeout is the longest a decision waits on Redis (connection, command
+	// and reply); after it, on_store_error applies. Default: 100ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// LocalCache is how many clients refused by Redis this instance
+	// remembers, to refuse their next requests without asking Redis until
+	// they could pass (at most 5s, so that a reset through the admin API
+	// of another instance reaches this one soon): a client hammering past
+	// its limit costs no Redis calls. 0 means the default, 10000; -1 turns
+	// it off.
+	LocalCache int `json:"local_cache,omitempty"`
+}
+
+// RedisTLS configures TLS to Redis.
+type RedisTLS struct {
+	// CA is a PEM file of the certificate authorities that sign the
+	// servers' certificates. Default: the system's roots.
+	CA string `json:"ca,omitempty"`
+	// Cert and Key are PEM files of a client certificate and its key, for
+	// servers that require one.
+	Cert string `json:"cert,omitempty"`
+	Key  string `json:"key,omitempty"`
+	// ServerName is the name expected in the servers' certificates.
+	// Default: the host of each address.
+	ServerName string `json:"server_name,omitempty"`
+	// InsecureSkipVerify accepts any server certificate. For tests only.
+	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
+}
+
+// localCacheSize is the size of the cache of refused clients: n, or the
+// default for 0, or none for -1.
+func localCacheSize(n int) int {
+	if n == 0 {
+		return defaultLocalCache
+	}
+	return max(n, 0)
+}
+
+// defaultLocalCache is RedisConfig.LocalCache when unset.
+const defaultLocalCache = 10000
+
+// localCacheMaxAge bounds how long a refusal is answered locally.
+const localCacheMaxAge = 5 * time.Second
+
+// defaultRedisTimeout is RedisConfig.Timeout when unset.
+const defaultRedisTimeout = 100 * time.Millisecond
+
+// provisionRedis acquires the Redis backend of h.Redis, shared by every
+// handler with the same configuration.
+func (h *Handler) provisionRedis() error {
+	cfg, err := h.Redis.resolve()
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	h.timeout = time.Duration(cfg.Timeout)
+	opts, err := cfg.options()
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	key, err := cfg.poolKey()
+	if err != nil {
+		return err
+	}
+	created := false
+	err = h.loadBackend(key, func() (caddy.Destructor, error) {
+		store, err := limiter.NewRedisStore(redis.NewUniversalClient(opts), cfg.KeyPrefix)
+		if err != nil {
+			return nil, err
+		}
+		created = true
+		return &backend{redis: store, memory: limiter.NewMemoryStore(0),
+			breaker: limiter.NewBreaker(breakerFailures, breakerCooldown),
+			refused: limiter.NewDenyCache(localCacheSize(cfg.LocalCache), localCacheMaxAge)}, nil
+	})
+	if err == nil && created {
+		h.checkRedis()
+	}
+	return err
+}
+
+// checkRedis warns when Redis does not answer at start; Caddy starts
+// anyway and on_store_error applies until Redis answers.
+func (h *Handler) checkRedis() {
+	ctx, cancel := context.WithTimeout(context.Background(), max(h.timeout, time.Second))
+	defer cancel()
+	if err := h.backend.redis.Ping(ctx); err != nil {
+		h.logger.Warn("redis not reachable at start; on_store_error applies until it is",
+			zap.Strings("addresses", h.Redis.Addresses), zap.String("on_store_error", h.onError.Mode), zap.Error(err))
+	}
+}
+
+// resolve returns a copy of c with placeholders replaced, defaults set and
+// values checked.
+func (c *RedisConfig) resolve() (RedisConfig, error) {
+	repl := caddy.NewReplacer()
+	r := *c
+	r.Addresses = make([]string, len(c.Addresses))
+	for i, a := range c.Addresses {
+		r.Addresses[i] = repl.ReplaceKnown(a, "")
+	}
+	r.MasterName = repl.ReplaceKnown(c.MasterName, "")
+	r.Username = repl.ReplaceKnown(c.Username, "")
+	r.Password = repl.ReplaceKnown(c.Password, "")
+	r.KeyPrefix = cmp.Or(c.KeyPrefix, limiter.DefaultKeyPrefix)
+	r.Timeout = cmp.Or(c.Timeout, caddy.Duration(defaultRedisTimeout))
+	return r, r.check()
+}
+
+func (c *RedisConfig) check() error {
+	switch {
+	case len(c.Addresses) == 0 || slices.Contains(c.Addresses, ""):
+		return fmt.Errorf("addresses: at least one host:port, none empty")
+	case c.Timeout < 0:
+		return fmt.Errorf("timeout %s: must be positive", time.Duration(c.Timeout))
+	case checkKeyPrefix(c.KeyPrefix) != nil:
+		return checkKeyPrefix(c.KeyPrefix)
+	case c.PoolSize < 0:
+		return fmt.Errorf("pool_size %d: must be positive", c.PoolSize)
+	case c.LocalCache < -1:
+		return fmt.Errorf("local_cache %d: want a size, 0 (the default) or -1 (off)", c.LocalCache)
+	case c.DB < 0:
+		return fmt.Errorf("db %d: must be 0 or more", c.DB)
+	case c.DB != 0 && (c.Cluster || len(c.Addresses) > 1) && c.MasterName == "":
+		return fmt.Errorf("db %d: Redis Cluster has only db 0", c.DB)
+	}
+	return nil
+}
+
+// checkKeyPrefix refuses a key prefix with { or }: in a cluster, they
+// would choose the hash slot of every key.
+func checkKeyPrefix(prefix string) error {
+	if strings.ContainsAny(prefix, "{}") {
+		return fmt.Errorf("key_prefix %q must not contain { or } (they would choose the cluster slot)", prefix)
+	}
+	return nil
+}
+
+// options are the go-redis options of c: every wait bounded by Timeout.
+func (c *RedisConfig) options() (*redis.UniversalOptions, error) {
+	t := time.Duration(c.Timeout)
+	opts := &redis.UniversalOptions{
+		Addrs:                 c.Addresses,
+		IsClusterMode:         c.Cluster,
+		MasterName:            c.MasterName,
+		Username:              c.Username,
+		Password:              c.Password,
+		DB:                    c.DB,
+		PoolSize:              c.PoolSize,
+		DialTimeout:           max(t, time.Second),
+		ReadTimeout:           t,
+		WriteTimeout:          t,
+		PoolTimeout:           t,
+		ContextTimeoutEnabled: true,
+		MaxRetries:            -1, // a script that may have run is not sent again
+	}
+	if c.TLS != nil {
+		tlsConfig, err := c.TLS.config()
+		if err != nil {
+			return nil, fmt.Errorf("tls: %w", err)
+		}
+		opts.TLSConfig = tlsConfig
+	}
+	return opts, nil
+}
+
+// config loads the certificates named by t.
+func (t *RedisTLS) config() (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
+	if t.CA != "" {
+		pem, err := os.ReadFile(t.CA)
+		if err != nil {
+			return nil, fmt.Errorf("reading ca: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ca %s: no PEM certificate found", t.CA)
+		}
+	}
+	if (t.Cert == "") != (t.Key == "") {
+		return nil, fmt.Errorf("cert and key go together")
+	}
+	if t.Cert != "" {
+		pair, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+		if err != nil {
+			return nil, fmt.Errorf("loading client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
+}
+
+// poolKey names the backend of c in stores: handlers with the same
+// resolved configuration share one Redis client. The password enters the
+// key only as part of a digest.
+func (c *RedisConfig) poolKey() (string, error) {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return "redis:" + hex.EncodeToString(sum[:]), nil
+}
+
+// redisLogger routes go-redis's own log lines (failed dials and the like)
+// to Caddy's logger at debug level: the handler logs failures once.
+type redisLogger struct{}
+
+func (redisLogger) Printf(_ context.Context, format string, v ...any) {
+	caddy.Log().Named("http.handlers.rate_limit.redis").Debug(fmt.Sprintf(format, v...))
+}

@@ -1,0 +1,421 @@
+package ratelimit
+
+import (
+	"cmp"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/clientkey"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+)
+
+// Zone is one limit. The requests it matches are counted per client key,
+// each key in a bucket of its own, by the zone's algorithm: by default a
+// token bucket that holds Burst tokens and refills at Rate, each request
+// taking Cost tokens. With MaxConcurrent instead of a rate, the zone
+// limits the requests of a key in flight at once.
+//
+// Rate, burst and cost may come from placeholders (a plan mapped from the
+// request, a JWT claim), resolved per request; when they resolve to
+// nothing valid, the zone's defaults apply and a warning is logged once.
+type Zone struct {
+	// Match limits the zone to the requests that match any of these
+	// matcher sets, e.g. one path. Default: every request.
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	// Key is the template of the client key, with placeholders such as
+	// {client_ip} or {http.request.header.X-API-Key}; each distinct value
+	// has its own bucket. Unknown placeholders resolve to nothing; a static
+	// key makes one bucket shared by all. Required.
+	Key string `json:"key,omitempty"`
+
+	// Rate is the sustained rate, "<N>r/<unit>" with unit s, m, h or d,
+	// optionally with a multiplier: "100r/m", "5r/s", "30r/10m". Required.
+	Rate string `json:"rate,omitempty"`
+
+	// DefaultRate is the rate when Rate holds placeholders (e.g. a plan
+	// set by the map directive or read from a JWT claim) that resolve to
+	// something that is not a rate; a warning is logged once. Required when
+	// Rate holds placeholders.
+	DefaultRate string `json:"default_rate,omitempty"`
+
+	// Burst is the capacity of the bucket: how many requests may come at
+	// once after a quiet period. A number or a placeholder. Default: N of
+	// the rate.
+	Burst caddyhttp.WeakString `json:"burst,omitempty"`
+
+	// DefaultBurst is the burst when Burst holds placeholders that resolve
+	// to no whole number of at least 1. Default: N of the rate.
+	DefaultBurst int64 `json:"default_burst,omitempty"`
+
+	// Cost is the number of tokens a request takes, e.g. 5 for an
+	// expensive search. A number or a placeholder. A request that costs
+	// more than the burst is always refused. Default: 1.
+	Cost caddyhttp.WeakString `json:"cost,omitempty"`
+
+	// DefaultCost is the cost when Cost holds placeholders that resolve to
+	// no whole number of at least 1. Default: 1.
+	DefaultCost int64 `json:"default_cost,omitempty"`
+
+	// IPv4Prefix groups keys that are IPv4 addresses by network: with 24,
+	// every address of a /24 shares one bucket. Default: 32 (each address
+	// alone).
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// IPv6Prefix groups keys that are IPv6 addresses by network, so that a
+	// client cannot escape its limit by rotating addresses inside its own
+	// subnet. Default: 64 (one bucket per /64, the usual end-site subnet).
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+
+	// Algorithm is how the zone counts: "token_bucket" (the default),
+	// "fixed_window", "sliding_window_log", "sliding_window_counter" or
+	// "leaky_bucket". For the windows, the rate gives the window and its
+	// limit ("100r/m": 100 per minute), and burst does not apply. For the
+	// leaky bucket (nginx's limit_req), requests leave at the rate, up to
+	// Burst more wait for their turn (default 0), the rest are refused.
+	Algorithm string `json:"algorithm,omitempty"`
+
+	// NoDelay lets a leaky bucket's burst through at once instead of
+	// spacing it out, as nginx's nodelay.
+	NoDelay bool `json:"nodelay,omitempty"`
+
+	// MaxConcurrent limits the requests of a key in flight at once,
+	// instead of a rate: a slot is taken when the request comes and given
+	// back when its response ends (also when the client goes away).
+	MaxConcurrent int64 `json:"max_concurrent,omitempty"`
+
+	// Lease is, in Redis, how long a concurrency slot lives: a Caddy that
+	// crashes with requests in flight holds their slots no longer. Longer
+	// than any request should take. Default: 5m.
+	Lease caddy.Duration `json:"lease,omitempty"`
+
+	// DryRun computes, counts and logs the zone's decisions but never
+	// refuses a request because of it, and sets no headers.
+	DryRun bool `json:"dry_run,omitempty"`
+
+	// Ban refuses repeat offenders for a while: a client refused After
+	// times within Within is refused for For, whatever its bucket holds,
+	// with a Retry-After of the ban's remaining time. With Redis, bans are
+	// shared by the fleet. Default: no bans.
+	Ban *BanConfig `json:"ban,omitempty"`
+
+	// OnEmptyKey is what happens when Key resolves to nothing (no such
+	// header, no valid token): "shared" counts all such requests in one
+	// bucket of the zone, so that leaving the header out cannot escape the
+	// limit; "skip" leaves the request to the other zones. Default: shared.
+	OnEmptyKey string `json:"on_empty_key,omitempty"`
+
+	name     string
+	matchers caddyhttp.MatcherSets
+	static   bool           // no placeholders in rate, burst and cost
+	policy   limiter.Policy // the static policy, or the defaults
+	cost     int64          // the static cost, or the default
+	warned   [numDynamicFields]atomic.Bool
+}
+
+// Defaults of Zone's fields.
+const (
+	defaultIPv4Prefix = 32 // each IPv4 address alone
+	defaultIPv6Prefix = 64 // one bucket per /64
+	defaultLease      = 5 * time.Minute
+)
+
+// onEmptyKeyChoices are the values of Zone.OnEmptyKey.
+const (
+	onEmptyKeyShared = "shared"
+	onEmptyKeySkip   = "skip"
+)
+
+var onEmptyKeyChoices = choices{onEmptyKeyShared, onEmptyKeySkip}
+
+// maxLeakyWait bounds how long a leaky bucket may hold a request.
+const maxLeakyWait = time.Minute
+
+// maxLogLimit bounds a sliding log's limit: the log keeps one entry per
+// request counted.
+const maxLogLimit = 10000
+
+// provisionZones compiles the zones, in the order of their names.
+func (h *Handler) provisionZones(ctx caddy.Context) error {
+	for _, name := range sortedNames(h.Zones) {
+		z := h.Zones[name]
+		if err := z.provision(ctx, name); err != nil {
+			return fmt.Errorf("zone %q: %w", name, err)
+		}
+		if _, err := localPolicy(z.policy, h.onError.Instances); err != nil {
+			return fmt.Errorf("zone %q: on_store_error local instances %d: %w", name, h.onError.Instances, err)
+		}
+		h.zones = append(h.zones, z)
+	}
+	return nil
+}
+
+func sortedNames(zones map[string]*Zone) []string {
+	names := make([]string, 0, len(zones))
+	for name := range zones {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// provision names z, checks it and loads its matchers.
+func (z *Zone) provision(ctx caddy.Context, name string) error {
+	if z == nil {
+		return fmt.Errorf("empty zone")
+	}
+	z.name = name
+	if err := z.check(); err != nil {
+		return err
+	}
+	if z.MatcherSetsRaw == nil {
+		return nil
+	}
+	mods, err := ctx.LoadModule(z, "MatcherSetsRaw")
+	if err != nil {
+		return fmt.Errorf("loading matchers: %w", err)
+	}
+	return z.matchers.FromInterface(mods)
+}
+
+// hasPlaceholder reports whether s is a template rather than a literal.
+func hasPlaceholder(s string) bool { return strings.Contains(s, "{") }
+
+// check validates the zone's fields and computes its static (or default)
+// policy and cost. The Caddyfile parser calls it too, so that errors show
+// the zone's line.
+func (z *Zone) check() error {
+	switch {
+	case z.name == "":
+		return fmt.Errorf("zone has no name")
+	case strings.Trim(z.name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") != "":
+		return fmt.Errorf("zone name %q: use letters, digits, '_', '-' and '.'", z.name)
+	case z.Key == "":
+		return fmt.Errorf("key is required")
+	}
+	err := cmp.Or(onEmptyKeyChoices.check("on_empty_key", z.OnEmptyKey),
+		checkRange("ipv4_prefix", cmp.Or(z.IPv4Prefix, defaultIPv4Prefix), 1, 32),
+		checkRange("ipv6_prefix", cmp.Or(z.IPv6Prefix, defaultIPv6Prefix), 1, 128))
+	switch {
+	case err != nil:
+		return err
+	case z.MaxConcurrent != 0:
+		return z.checkConcurrency()
+	case z.Rate == "":
+		return fmt.Errorf("rate (or max_concurrent) is required")
+	}
+	if err := z.compilePolicy(); err != nil {
+		return err
+	}
+	if z.policy.Ban, err = z.Ban.policy(); err != nil {
+		return err
+	}
+	return z.policy.Validate()
+}
+
+// compilePolicy computes the zone's static (or default) policy and cost
+// from its rate, algorithm, burst and cost.
+func (z *Zone) compilePolicy() error {
+	algo, err := limiter.ParseAlgorithm(z.Algorithm)
+	if err != nil {
+		return err
+	}
+	if err := z.checkAlgorithmOptions(algo); err != nil {
+		return err
+	}
+	z.static = !hasPlaceholder(z.Rate) && !hasPlaceholder(string(z.Burst)) && !hasPlaceholder(string(z.Cost))
+	rate := z.Rate
+	if hasPlaceholder(rate) {
+		if z.DefaultRate == "" {
+			return fmt.Errorf("rate %q has placeholders: default_rate is required", rate)
+		}
+		rate = z.DefaultRate
+	}
+	n, period, err := limiter.ParseRate(rate)
+	if err != nil {
+		return err
+	}
+	z.policy = limiter.Policy{Algorithm: algo, Rate: n, Period: period, Burst: n, NoDelay: z.NoDelay}
+	if z.policy.Burst, err = staticCount("burst", z.Burst, z.DefaultBurst, defaultBurst(algo, n)); err != nil {
+		return err
+	}
+	if z.cost, err = staticCount("cost", z.Cost, z.DefaultCost, 1); err != nil {
+		return err
+	}
+	if z.cost > z.policy.Limit() && !hasPlaceholder(string(z.Burst)) && !hasPlaceholder(z.Rate) {
+		return fmt.Errorf("cost %d is more than the limit, %d: every request would be refused", z.cost, z.policy.Limit())
+	}
+	return checkAlgorithmLimits(z.policy)
+}
+
+// checkAlgorithmLimits refuses policies that would hold requests or
+// memory without bound.
+func checkAlgorithmLimits(p limiter.Policy) error {
+	switch {
+	case p.Algorithm == limiter.LeakyBucket && !p.NoDelay && time.Duration(float64(p.Burst)*p.Interval()) > maxLeakyWait:
+		return fmt.Errorf("leaky_bucket: burst %d at %s makes requests wait up to %s; at most %s (lower the burst, or use nodelay)",
+			p.Burst, p, time.Duration(float64(p.Burst)*p.Interval()).Round(time.Second), maxLeakyWait)
+	case p.Algorithm == limiter.SlidingWindowLog && p.Rate > maxLogLimit:
+		return fmt.Errorf("sliding_window_log: limit %d is over %d entries per key; use sliding_window_counter", p.Rate, maxLogLimit)
+	}
+	return nil
+}
+
+// defaultBurst is the burst of a zone that sets none: N of the rate, but
+// none for the leaky bucket (nginx's default: requests are spaced out).
+func defaultBurst(algo limiter.Algorithm, n int64) int64 {
+	if algo == limiter.LeakyBucket {
+		return 0
+	}
+	return n
+}
+
+// checkAlgorithmOptions refuses options that the algorithm does not use.
+func (z *Zone) checkAlgorithmOptions(algo limiter.Algorithm) error {
+	switch {
+	case algo.Windowed() && (z.Burst != "" || z.DefaultBurst != 0):
+		return fmt.Errorf("burst does not apply to %s: its limit is N of the rate per window", algo)
+	case z.NoDelay && algo != limiter.LeakyBucket:
+		return fmt.Errorf("nodelay applies to leaky_bucket only")
+	case z.Lease != 0:
+		return fmt.Errorf("lease applies to max_concurrent only")
+	}
+	return nil
+}
+
+// checkConcurrency sets up a zone that limits requests in flight.
+func (z *Zone) checkConcurrency() error {
+	if z.Rate != "" || z.Algorithm != "" || z.Burst != "" || z.Cost != "" || z.NoDelay || z.Ban != nil {
+		return fmt.Errorf("max_concurrent limits requests in flight: rate, algorithm, burst, cost, nodelay and ban do not apply")
+	}
+	if z.MaxConcurrent < 0 {
+		return fmt.Errorf("max_concurrent %d: want at least 1", z.MaxConcurrent)
+	}
+	z.static, z.cost = true, 1
+	z.policy = limiter.Policy{Algorithm: limiter.Concurrency, Burst: z.MaxConcurrent,
+		Lease: cmp.Or(time.Duration(z.Lease), defaultLease)}
+	return z.policy.Validate()
+}
+
+// staticCount is a burst or cost as configured: v's literal value; for a
+// template (or nothing), the zone's default_<field>, configured, or else
+// builtin, the module's default.
+func staticCount(field string, v caddyhttp.WeakString, configured, builtin int64) (int64, error) {
+	if configured < 0 {
+		return 0, fmt.Errorf("default_%s %d: want at least 1", field, configured)
+	}
+	if v == "" || hasPlaceholder(string(v)) {
+		return cmp.Or(configured, builtin), nil
+	}
+	n, err := strconv.ParseInt(string(v), 10, 64)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%s %q: want a whole number of at least 1", field, v)
+	}
+	return n, nil
+}
+
+// request is the store request of r in z, with the policy and cost for r;
+// false when z's matchers do not match r, or when its key is empty and
+// the zone skips empty keys.
+func (z *Zone) request(r *http.Request, repl *caddy.Replacer, logger *zap.Logger) (limiter.Request, bool, error) {
+	match, err := z.matchers.AnyMatchWithError(r)
+	if err != nil {
+		return limiter.Request{}, false, fmt.Errorf("zone %q: matching: %w", z.name, err)
+	}
+	if !match {
+		return limiter.Request{}, false, nil
+	}
+	key := repl.ReplaceAll(z.Key, "")
+	if key == "" && z.OnEmptyKey == onEmptyKeySkip {
+		return limiter.Request{}, false, nil
+	}
+	req := z.bucket(key)
+	req.Policy, req.Cost = z.limits(repl, logger)
+	return req, true, nil
+}
+
+// bucket is the store request for the bucket of a resolved client key in
+// z, with the zone's static (or default) policy and cost. It is the one
+// place that turns a key into a bucket's identity: an IP address is
+// grouped by the zone's prefixes. Requests and the admin API both name
+// buckets through it.
+func (z *Zone) bucket(key string) limiter.Request {
+	key = clientkey.Subnet(key, cmp.Or(z.IPv4Prefix, defaultIPv4Prefix), cmp.Or(z.IPv6Prefix, defaultIPv6Prefix))
+	return limiter.Request{Zone: z.name, Key: key, Policy: z.policy, Cost: z.cost}.WithDigest()
+}
+
+// dynamicField names a value that a zone may take from placeholders, for
+// its warnings: each is logged once per zone.
+type dynamicField int
+
+const (
+	fieldRate   dynamicField = iota
+	fieldBurst               // a burst template
+	fieldCost                // a cost template
+	fieldPolicy              // rate and burst together (e.g. a leaky bucket's wait)
+	numDynamicFields
+)
+
+func (f dynamicField) String() string {
+	return [...]string{"rate", "burst", "cost", "rate and burst"}[f]
+}
+
+// limits are the zone's policy and cost for one request: the static ones,
+// or those its placeholders give, falling back to the defaults (with one
+// warning per zone and field) when a value is not valid.
+func (z *Zone) limits(repl *caddy.Replacer, logger *zap.Logger) (limiter.Policy, int64) {
+	if z.static {
+		return z.policy, z.cost
+	}
+	p := z.policy
+	if hasPlaceholder(z.Rate) {
+		if n, period, err := limiter.ParseRate(repl.ReplaceAll(z.Rate, "")); err == nil {
+			p.Rate, p.Period = n, period
+		} else {
+			z.warn(fieldRate, logger, err)
+		}
+		if z.Burst == "" { // the default burst of the rate in force
+			p.Burst = defaultBurst(p.Algorithm, p.Rate)
+		}
+	}
+	if hasPlaceholder(string(z.Burst)) {
+		p.Burst = z.dynamicCount(fieldBurst, logger, z.Burst, repl, cmp.Or(z.DefaultBurst, defaultBurst(p.Algorithm, p.Rate)))
+	}
+	cost := z.dynamicCount(fieldCost, logger, z.Cost, repl, z.cost)
+	if err := cmp.Or(p.Validate(), checkAlgorithmLimits(p)); err != nil {
+		z.warn(fieldPolicy, logger, err)
+		p = z.policy
+	}
+	return p, cost
+}
+
+// dynamicCount resolves a burst or cost template, or keeps def.
+func (z *Zone) dynamicCount(f dynamicField, logger *zap.Logger, v caddyhttp.WeakString, repl *caddy.Replacer, def int64) int64 {
+	if !hasPlaceholder(string(v)) {
+		return def
+	}
+	s := repl.ReplaceAll(string(v), "")
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 1 {
+		z.warn(f, logger, fmt.Errorf("%q is not a whole number of at least 1", s))
+		return def
+	}
+	return n
+}
+
+// warn logs, once per zone and field, that a template gave no valid value.
+func (z *Zone) warn(f dynamicField, logger *zap.Logger, err error) {
+	if z.warned[f].CompareAndSwap(false, true) {
+		logger.Warn("placeholder gave no valid value; using the zone's default (logged once)",
+			zap.String("zone", z.name), zap.String("field", f.String()), zap.Error(err))
+	}
+}
