@@ -1,11 +1,10 @@
 package ratelimit
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,22 +24,19 @@ var backends = caddy.NewUsagePool()
 // memoryPoolKey names the memory backend in backends.
 const memoryPoolKey = "memory"
 
-// Circuit breaker: after breakerFailures consecutive Redis failures, Redis
-// is skipped for breakerCooldown, then probed.
-const (
-	breakerFailures = 3
-	breakerCooldown = 2 * time.Second
-)
-
 // backend is what handlers decide with: the memory store alone, or Redis
 // with its circuit breaker, its cache of refused clients, and the memory
 // store for on_store_error local.
 type backend struct {
-	redis   *limiter.RedisStore // nil for the memory backend
+	redis   *limiter.RedisStore // nil for the memory backend; holds a circuit breaker per node
 	memory  *limiter.MemoryStore
-	breaker *limiter.Breaker   // nil without Redis
 	refused *limiter.DenyCache // clients Redis refused, refused here until they could pass; nil without Redis
 	failing atomic.Bool        // Redis failed last time: on_store_error applies
+	retries *releaseRetries    // releases to try again; nil without Redis
+	nodes   sync.Map           // the breakers' node labels shown in metrics
+	// scriptErrorLogged is when a failed script was last logged at error
+	// level (Unix ns).
+	scriptErrorLogged atomic.Int64
 }
 
 func newMemoryBackend() (caddy.Destructor, error) {
@@ -49,8 +45,12 @@ func newMemoryBackend() (caddy.Destructor, error) {
 
 // Destruct closes the stores, when the last handler using them is cleaned up.
 func (b *backend) Destruct() error {
-	if b.breaker != nil && b.breaker.Open() {
-		metrics.breakerOpen.Set(0) // this Redis is no longer used
+	b.nodes.Range(func(label, _ any) bool { // this Redis is no longer used
+		metrics.breakerOpen.DeleteLabelValues(label.(string))
+		return true
+	})
+	if b.retries != nil {
+		b.retries.stop()
 	}
 	err := b.memory.Close()
 	if b.redis != nil {
@@ -126,36 +126,33 @@ func (h *Handler) decide(ctx context.Context, reqs []limiter.Request, zones []*Z
 }
 
 // take decides reqs with Redis when configured, else in memory. When Redis
-// fails, on_store_error decides.
+// cannot decide, on_store_error decides.
 func (h *Handler) take(ctx context.Context, reqs []limiter.Request) verdict {
 	b := h.backend
 	if b.redis == nil {
 		start := time.Now()
 		d := b.memory.TakeAt(h.now(), reqs)
 		metrics.storeLatency.WithLabelValues("memory").Observe(time.Since(start).Seconds())
-		return verdict{decisions: d, release: h.releaser(b.memory, reqs)}
+		return verdict{decisions: d, release: h.holdSlots(b.memory, reqs)}
 	}
 	d, err := h.takeRedis(ctx, reqs)
-	if err != nil {
+	switch {
+	case err == nil:
+		return verdict{decisions: d, release: h.holdSlots(b.redis, reqs)}
+	case limiter.Unavailable(err):
 		return h.storeFailed(reqs, err)
 	}
-	return verdict{decisions: d, release: h.releaser(b.redis, reqs)}
+	return h.scriptFailed(reqs, err)
 }
 
-var errBreakerOpen = errors.New("circuit breaker open after consecutive redis failures")
-
-// takeRedis asks Redis, within the timeout and unless the breaker is open.
-// A client that leaves does not cut the call short: every call that starts
-// ends as a success or a failure of the breaker (a probe included), and a
-// script that ran is not retried.
+// takeRedis asks Redis, within the timeout, unless a node's breaker is
+// open (the store keeps one per node). A client that leaves does not cut
+// the call short: every call that starts ends as a success or a failure of
+// its node's breaker (a probe included), and a script is sent at most once.
 func (h *Handler) takeRedis(ctx context.Context, reqs []limiter.Request) ([]limiter.Decision, error) {
 	b, now := h.backend, h.now()
 	if d, hit := h.cachedRefusal(reqs, now); hit {
 		return d, nil
-	}
-	if !b.breaker.Allow(now) {
-		metrics.storeErrors.WithLabelValues("redis").Inc()
-		return nil, errBreakerOpen
 	}
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.timeout)
 	start := time.Now()
@@ -165,15 +162,13 @@ func (h *Handler) takeRedis(ctx context.Context, reqs []limiter.Request) ([]limi
 	var refund *limiter.RefundError
 	if errors.As(err, &refund) { // the request is refused either way
 		h.logger.Debug("refund of a refused request failed; its tokens stay taken", zap.Error(err))
-		go h.releaser(b.redis, reqs).call() // its concurrency slots, at least
+		go h.releaseSlots(b.redis, reqs) // its concurrency slots, at least
 		err = nil
 	}
 	if err != nil {
-		h.redisFailed(reqs, now)
+		metrics.storeErrors.WithLabelValues("redis").Inc()
+		go h.releaseSlots(b.redis, reqs) // a script may have run before the error
 		return nil, err
-	}
-	if b.breaker.Success() {
-		metrics.breakerOpen.Set(0)
 	}
 	for i, d := range decisions {
 		b.refused.Put(reqs[i], d, now)
@@ -182,18 +177,6 @@ func (h *Handler) takeRedis(ctx context.Context, reqs []limiter.Request) ([]limi
 		h.logger.Info("redis store available again; decisions are shared again")
 	}
 	return decisions, nil
-}
-
-// redisFailed counts a failed Redis call toward the breaker and gives back
-// any slot a script may have taken before the error.
-func (h *Handler) redisFailed(reqs []limiter.Request, now time.Time) {
-	b := h.backend
-	metrics.storeErrors.WithLabelValues("redis").Inc()
-	go h.releaser(b.redis, reqs).call()
-	if b.breaker.Failure(now) {
-		metrics.breakerOpen.Set(1)
-		h.logger.Warn("redis circuit breaker open: skipping redis", zap.Duration("cooldown", breakerCooldown))
-	}
 }
 
 // cachedRefusal answers a request that a zone refused lately from the
@@ -211,33 +194,4 @@ func (h *Handler) cachedRefusal(reqs []limiter.Request, now time.Time) ([]limite
 		return decisions, true
 	}
 	return nil, false
-}
-
-// release gives back, when called, the concurrency slots a store took
-// for a request. Calling a nil release does nothing.
-type release func()
-
-func (r release) call() {
-	if r != nil {
-		r()
-	}
-}
-
-// releaser returns the release of the concurrency slots that store took
-// for reqs; nil when reqs hold none. Redis is skipped while the breaker is
-// open: the leases expire by themselves.
-func (h *Handler) releaser(store limiter.Store, reqs []limiter.Request) release {
-	if !slices.ContainsFunc(reqs, func(r limiter.Request) bool { return r.Policy.Algorithm == limiter.Concurrency }) {
-		return nil
-	}
-	return func() {
-		if b := h.backend; store != limiter.Store(b.memory) && b.breaker.Open() {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(h.timeout, time.Second))
-		defer cancel()
-		if err := store.Release(ctx, reqs); err != nil {
-			h.logger.Debug("concurrency slots not released; their leases will expire", zap.Error(err))
-		}
-	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
 func TestCleanupReleasesStore(t *testing.T) {
@@ -77,9 +78,9 @@ func TestBreakerProbeOfALeavingClient(t *testing.T) {
 	if err := provision(t, h); err != nil {
 		t.Fatal(err)
 	}
-	b := h.backend.breaker
+	b := h.backend.redis.Breaker("") // standalone: one breaker
 	past := time.Now().Add(-time.Minute)
-	for range breakerFailures {
+	for range limiter.BreakerFailures {
 		b.Failure(past)
 	}
 	if !b.Open() {

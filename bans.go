@@ -34,10 +34,11 @@ func (b *BanConfig) policy() (limiter.Ban, error) {
 	return ban, ban.Validate()
 }
 
-// banStore is the store that keeps bans: Redis while it answers (bans are
-// shared by the fleet), else this instance's memory.
-func (h *Handler) banStore() limiter.Store {
-	if b := h.backend; b.redis != nil && !b.breaker.Open() {
+// banStore is the store that keeps the bans of reqs: Redis while the
+// breakers of their nodes are closed (bans are shared by the fleet), else
+// this instance's memory.
+func (h *Handler) banStore(ctx context.Context, reqs []limiter.Request) limiter.Store {
+	if b := h.backend; b.redis != nil && b.redis.Available(ctx, reqs) {
 		return b.redis
 	}
 	return h.backend.memory
@@ -66,7 +67,7 @@ func (h *Handler) banned(ctx context.Context, reqs []limiter.Request) (verdict, 
 		return verdict{}, false
 	}
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(h.timeout, time.Second))
-	left, err := h.banStore().Banned(tctx, look)
+	left, err := h.banStore(tctx, look).Banned(tctx, look)
 	cancel()
 	if err != nil {
 		h.logger.Debug("looking up bans", zap.Error(err))
@@ -107,7 +108,7 @@ func (h *Handler) countRefusals(ctx context.Context, reqs []limiter.Request, dec
 			continue // a ban's refusal counts no more
 		}
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(h.timeout, time.Second))
-		left, started, err := h.banStore().Refused(tctx, r)
+		left, started, err := h.banStore(tctx, reqs[i:i+1]).Refused(tctx, r)
 		cancel()
 		if err != nil {
 			h.logger.Debug("counting a refusal for bans", zap.Error(err))

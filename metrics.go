@@ -17,7 +17,8 @@ var metrics = struct {
 	decisions    *prometheus.CounterVec
 	storeLatency *prometheus.HistogramVec
 	storeErrors  *prometheus.CounterVec
-	breakerOpen  prometheus.Gauge
+	breakerOpen  *prometheus.GaugeVec
+	scriptErrors prometheus.Counter
 	cacheHits    *prometheus.CounterVec
 	bans         *prometheus.CounterVec
 }{}
@@ -52,10 +53,14 @@ func initMetrics() {
 		Buckets: prometheus.ExponentialBuckets(0.00005, 2.5, 12), // 50µs to 1.2s
 	}, []string{"store"})
 	metrics.storeErrors = counterVec("store_errors_total",
-		"Store calls that failed (timeouts, connection errors, an open circuit breaker).", "store")
-	metrics.breakerOpen = prometheus.NewGauge(prometheus.GaugeOpts{
+		"Store calls that failed (timeouts, connection errors, an open circuit breaker, script errors).", "store")
+	metrics.breakerOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ns, Subsystem: sub, Name: "circuit_breaker_open",
-		Help: "1 while a Redis circuit breaker is open (Redis is skipped), else 0.",
+		Help: "1 while the circuit breaker of a Redis node is open (the node is skipped), else 0; node is a cluster master's address, or the configured addresses outside a cluster.",
+	}, []string{"node"})
+	metrics.scriptErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "script_errors_total",
+		Help: "Requests whose Redis script failed in a Redis that answered (decided by on_store_error, counted toward no breaker).",
 	})
 	metrics.cacheHits = counterVec("local_cache_hits_total",
 		"Requests refused from the local cache of refused clients: Redis calls saved.", "zone")
@@ -68,7 +73,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.cacheHits, metrics.bans} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.scriptErrors, metrics.cacheHits, metrics.bans} {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
 			return err

@@ -109,7 +109,12 @@ type Handler struct {
 	// Headers are the rate limit headers sent: "x_ratelimit" (the default:
 	// X-RateLimit-Limit, -Remaining and -Reset), "ietf" (RateLimit-Policy
 	// and RateLimit, as the IETF httpapi draft), "both", or "none".
-	// Retry-After is always sent with a refusal.
+	// RateLimit-Policy's q is the quota that RateLimit's r counts down (the
+	// same number as X-RateLimit-Limit: the burst of a token bucket, the
+	// rate of a window, the burst + 1 of a leaky bucket), and w the seconds
+	// in which the whole quota comes back (a window's period; for the
+	// buckets, the time to refill the quota at the rate). A concurrency
+	// zone sends RateLimit only. Retry-After is always sent with a refusal.
 	Headers string `json:"headers,omitempty"`
 
 	// RetryAfterJitter adds a random 0 to this much to Retry-After, so

@@ -16,16 +16,25 @@ import (
 )
 
 // FuzzServeHTTP: whatever the headers (token, API key, client address,
-// burst and cost), a request is answered 200 or 429, never a crash.
+// burst and cost), a request is answered 200 or 429, never a crash, on
+// every algorithm: each takes its cost from X-Cost (but the concurrency
+// limit, which has none).
 func FuzzServeHTTP(f *testing.F) {
 	secret := strings.Repeat("s", 32)
+	const client, cost = "{http.request.header.X-Client}", "{http.request.header.X-Cost}"
 	h := &Handler{
 		JWT: &JWTConfig{Secret: secret},
 		Zones: map[string]*Zone{
-			"ip": {Key: "{http.request.header.X-Client}", Rate: "1000r/s", IPv4Prefix: 24, IPv6Prefix: 64},
+			"ip": {Key: client, Rate: "1000r/s", IPv4Prefix: 24, IPv6Prefix: 64},
 			"user": {Key: "{http.rate_limit.jwt.sub}:{http.request.header.X-API-Key}", Rate: "{http.rate_limit.jwt.rate}",
-				DefaultRate: "100r/s", Burst: "{http.request.header.X-Burst}", Cost: "{http.request.header.X-Cost}"},
-			"org": {Key: "{http.rate_limit.jwt.org.id}", Rate: "1r/s", OnEmptyKey: "skip"},
+				DefaultRate: "100r/s", Burst: "{http.request.header.X-Burst}", Cost: cost},
+			"org":     {Key: "{http.rate_limit.jwt.org.id}", Rate: "1r/s", OnEmptyKey: "skip"},
+			"fixed":   {Key: client, Rate: "1000r/s", Algorithm: "fixed_window", Cost: cost},
+			"log":     {Key: client, Rate: "1000r/s", Algorithm: "sliding_window_log", Cost: cost},
+			"counter": {Key: client, Rate: "1000r/s", Algorithm: "sliding_window_counter", Cost: cost},
+			"leaky": {Key: client, Rate: "1000r/s", Algorithm: "leaky_bucket", NoDelay: true,
+				Burst: "{http.request.header.X-Burst}", DefaultBurst: 100, Cost: cost},
+			"slots": {Key: client, MaxConcurrent: 2},
 		},
 	}
 	if err := provision(f, h); err != nil {
@@ -41,6 +50,10 @@ func FuzzServeHTTP(f *testing.F) {
 	f.Add("Bearer x.y.z", "", "2001:db8::1", "{", "999999999999999999999")
 	f.Add("", "{a}", "::ffff:1.2.3.4", "-1", "0")
 	f.Add("bearer  ", "\x00", "not an ip", "1e9", " 2")
+	// More than any limit, for a client the first seed charged: refused,
+	// with no count wrapped; 2^53+1 is not exact in a float64.
+	f.Add("", "key-1", "10.0.0.1", "10", "9223372036854775807")
+	f.Add("", "key-1", "10.0.0.1", "10", "9007199254740993")
 	f.Fuzz(func(t *testing.T, auth, apiKey, client, burst, cost string) {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
 		r.Header["Authorization"] = []string{auth}

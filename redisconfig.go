@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -110,29 +111,55 @@ func (h *Handler) provisionRedis() error {
 		return fmt.Errorf("redis: %w", err)
 	}
 	h.timeout = time.Duration(cfg.Timeout)
-	opts, err := cfg.options()
+	files, err := cfg.TLS.read()
+	if err != nil {
+		return fmt.Errorf("redis: tls: %w", err)
+	}
+	opts, err := cfg.options(files)
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	key, err := cfg.poolKey()
+	key, err := cfg.poolKey(files)
 	if err != nil {
 		return err
 	}
 	created := false
 	err = h.loadBackend(key, func() (caddy.Destructor, error) {
-		store, err := limiter.NewRedisStore(redis.NewUniversalClient(opts), cfg.KeyPrefix)
-		if err != nil {
-			return nil, err
-		}
 		created = true
-		return &backend{redis: store, memory: limiter.NewMemoryStore(0),
-			breaker: limiter.NewBreaker(breakerFailures, breakerCooldown),
-			refused: limiter.NewDenyCache(localCacheSize(cfg.LocalCache), localCacheMaxAge)}, nil
+		return newRedisBackend(cfg, opts)
 	})
 	if err == nil && created {
 		h.checkRedis()
 	}
 	return err
+}
+
+// newRedisBackend makes the backend of cfg: its Redis store, whose node
+// breakers show in the metrics and logs, and the memory store and caches
+// around it.
+func newRedisBackend(cfg RedisConfig, opts *redis.UniversalOptions) (*backend, error) {
+	store, err := limiter.NewRedisStore(redis.NewUniversalClient(opts), cfg.KeyPrefix)
+	if err != nil {
+		return nil, err
+	}
+	b := &backend{redis: store, memory: limiter.NewMemoryStore(0),
+		refused: limiter.NewDenyCache(localCacheSize(cfg.LocalCache), localCacheMaxAge),
+		retries: newReleaseRetries(store, max(time.Duration(cfg.Timeout), time.Second))}
+	logger := caddy.Log().Named("http.handlers.rate_limit")
+	whole := strings.Join(cfg.Addresses, ",") // the label outside a cluster
+	store.OnBreaker(func(node string, open bool) {
+		label := cmp.Or(node, whole)
+		b.nodes.Store(label, true)
+		if !open {
+			metrics.breakerOpen.WithLabelValues(label).Set(0)
+			logger.Info("redis circuit breaker closed: the node decides again", zap.String("node", label))
+			return
+		}
+		metrics.breakerOpen.WithLabelValues(label).Set(1)
+		logger.Warn("redis circuit breaker open: skipping the node; its keys use on_store_error",
+			zap.String("node", label), zap.Duration("cooldown", limiter.BreakerCooldown))
+	})
+	return b, nil
 }
 
 // checkRedis warns when Redis does not answer at start; Caddy starts
@@ -192,8 +219,9 @@ func checkKeyPrefix(prefix string) error {
 	return nil
 }
 
-// options are the go-redis options of c: every wait bounded by Timeout.
-func (c *RedisConfig) options() (*redis.UniversalOptions, error) {
+// options are the go-redis options of c, with the TLS files' contents:
+// every wait bounded by Timeout.
+func (c *RedisConfig) options(files tlsFiles) (*redis.UniversalOptions, error) {
 	t := time.Duration(c.Timeout)
 	opts := &redis.UniversalOptions{
 		Addrs:                 c.Addresses,
@@ -211,7 +239,7 @@ func (c *RedisConfig) options() (*redis.UniversalOptions, error) {
 		MaxRetries:            -1, // a script that may have run is not sent again
 	}
 	if c.TLS != nil {
-		tlsConfig, err := c.TLS.config()
+		tlsConfig, err := c.TLS.config(files)
 		if err != nil {
 			return nil, fmt.Errorf("tls: %w", err)
 		}
@@ -220,42 +248,76 @@ func (c *RedisConfig) options() (*redis.UniversalOptions, error) {
 	return opts, nil
 }
 
-// config loads the certificates named by t.
-func (t *RedisTLS) config() (*tls.Config, error) {
+// tlsFiles are the contents of the files a RedisTLS names, read once per
+// provisioning: the TLS configuration and the pool key both come from
+// them, so that files replaced on disk make a new pool on reload.
+type tlsFiles struct {
+	ca, cert, key []byte
+}
+
+// read reads the files t names; none without TLS.
+func (t *RedisTLS) read() (tlsFiles, error) {
+	var f tlsFiles
+	if t == nil {
+		return f, nil
+	}
+	if (t.Cert == "") != (t.Key == "") {
+		return f, fmt.Errorf("cert and key go together")
+	}
+	for _, file := range []struct {
+		name, path string
+		data       *[]byte
+	}{{"ca", t.CA, &f.ca}, {"cert", t.Cert, &f.cert}, {"key", t.Key, &f.key}} {
+		if file.path == "" {
+			continue
+		}
+		data, err := os.ReadFile(file.path)
+		if err != nil {
+			return f, fmt.Errorf("reading %s: %w", file.name, err)
+		}
+		*file.data = data
+	}
+	return f, nil
+}
+
+// config is the TLS configuration of t, with the certificates in files
+// (read from t's files).
+func (t *RedisTLS) config(files tlsFiles) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
 	if t.CA != "" {
-		pem, err := os.ReadFile(t.CA)
-		if err != nil {
-			return nil, fmt.Errorf("reading ca: %w", err)
-		}
 		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+		if !cfg.RootCAs.AppendCertsFromPEM(files.ca) {
 			return nil, fmt.Errorf("ca %s: no PEM certificate found", t.CA)
 		}
 	}
-	if (t.Cert == "") != (t.Key == "") {
-		return nil, fmt.Errorf("cert and key go together")
-	}
 	if t.Cert != "" {
-		pair, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+		pair, err := tls.X509KeyPair(files.cert, files.key)
 		if err != nil {
-			return nil, fmt.Errorf("loading client certificate: %w", err)
+			return nil, fmt.Errorf("loading client certificate %s and key %s: %w", t.Cert, t.Key, err)
 		}
 		cfg.Certificates = []tls.Certificate{pair}
 	}
 	return cfg, nil
 }
 
-// poolKey names the backend of c in stores: handlers with the same
-// resolved configuration share one Redis client. The password enters the
-// key only as part of a digest.
-func (c *RedisConfig) poolKey() (string, error) {
+// poolKey names the backend of c in backends: handlers with the same
+// resolved configuration and the same contents of its TLS files share one
+// Redis client. Certificates replaced on disk change the key, so that a
+// reload builds a client with them (the old one goes with the old
+// handlers). The password and the files (a private key among them) enter
+// the key only as part of a digest.
+func (c *RedisConfig) poolKey(files tlsFiles) (string, error) {
 	b, err := json.Marshal(c)
 	if err != nil {
 		return "", err
 	}
-	sum := sha256.Sum256(b)
-	return "redis:" + hex.EncodeToString(sum[:]), nil
+	h := sha256.New()
+	h.Write(b) // a JSON object: it ends where the files begin
+	for _, f := range [][]byte{files.ca, files.cert, files.key} {
+		h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(f))))
+		h.Write(f)
+	}
+	return "redis:" + hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // redisLogger routes go-redis's own log lines (failed dials and the like)

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -80,6 +82,58 @@ func TestRedisTLS(t *testing.T) {
 	}
 }
 
+// TestRedisTLSRotation: certificates replaced on disk take effect on the
+// next provisioning of the same configuration (a caddy reload): the new
+// handler gets a pool of its own, built from the new files, and the old
+// pool goes when the old handler is cleaned up. Here the CA, the
+// certificate and the key all change, and the server restarts with them,
+// so that only the new files are accepted.
+func TestRedisTLSRotation(t *testing.T) {
+	s, addr, files := redistest.NewTLSServer(t)
+	prefix := fmt.Sprintf("rot%x:", rand.Uint64())
+	handler := func() *Handler { // the same configuration every time
+		h := &Handler{
+			Zones: map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Burst: "5"}},
+			Redis: &RedisConfig{Addresses: []string{addr}, KeyPrefix: prefix,
+				TLS: &RedisTLS{CA: files.CA, Cert: files.Cert, Key: files.Key}},
+			OnStoreError: &StoreErrorPolicy{Mode: "deny"},
+		}
+		if err := provision(t, h); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	expect := func(h *Handler, when, remaining string) {
+		t.Helper()
+		if w := serve(h, keyRequest("k")); w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != remaining {
+			t.Fatalf("%s: status %d, remaining %q; want 200, %s", when, w.Code, w.Header().Get("X-RateLimit-Remaining"), remaining)
+		}
+	}
+	old := handler()
+	expect(old, "before the rotation", "4")
+
+	if _, err := redistest.WriteTLSFiles(filepath.Dir(files.CA)); err != nil { // same paths, new CA, cert and key
+		t.Fatal(err)
+	}
+	s.Stop()
+	if err := s.Start(); err != nil { // with the new files; its data is gone
+		t.Fatal(err)
+	}
+	reloaded := handler()
+	oldKey := old.poolKey
+	if reloaded.poolKey == oldKey || reloaded.backend == old.backend {
+		t.Error("the handler provisioned after the rotation shares the pool built from the old files")
+	}
+	expect(reloaded, "after the rotation", "4")
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if refs, ok := backends.References(oldKey); ok {
+		t.Fatalf("the old pool still has %d references after its handler's Cleanup", refs)
+	}
+	expect(reloaded, "after the old handler's Cleanup", "3")
+}
+
 func TestRedisSentinel(t *testing.T) {
 	master := redistest.NewServer(t)
 	sentinel := redistest.NewSentinel(t, "rlmaster", master.Addr)
@@ -93,5 +147,54 @@ func TestRedisSentinel(t *testing.T) {
 	defer c.Close()
 	if n, err := c.DBSize(context.Background()).Result(); err != nil || n != 1 {
 		t.Fatalf("master holds %d keys (%v); want the one bucket", n, err)
+	}
+}
+
+// TestPoolKeyFollowsTLSFiles: the pool key changes with the contents of
+// each TLS file (a CA bundle renewed alone, a certificate and its key),
+// not only with their paths, and is the same for the same contents.
+func TestPoolKeyFollowsTLSFiles(t *testing.T) {
+	dir, next := t.TempDir(), t.TempDir()
+	files, err := redistest.WriteTLSFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed, err := redistest.WriteTLSFiles(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &RedisConfig{Addresses: []string{"a:1"}, Password: "secret", TLS: &RedisTLS{CA: files.CA, Cert: files.Cert, Key: files.Key}}
+	key := func() string {
+		t.Helper()
+		f, err := cfg.TLS.read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, err := cfg.poolKey(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	copyFile := func(from, to string) {
+		t.Helper()
+		b, err := os.ReadFile(from)
+		if err == nil {
+			err = os.WriteFile(to, b, 0o600)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := key()
+	if key() != first || strings.Contains(first, "secret") {
+		t.Fatalf("pool key %q: not stable, or shows the password", first)
+	}
+	copyFile(renewed.CA, files.CA)
+	afterCA := key()
+	copyFile(renewed.Cert, files.Cert)
+	copyFile(renewed.Key, files.Key)
+	if afterCert := key(); afterCA == first || afterCert == afterCA {
+		t.Fatalf("pool keys %s, then %s (new CA), then %s (new cert and key); want three", first, afterCA, afterCert)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -43,7 +44,7 @@ func (h *Handler) checkResponseOptions() error {
 func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, v verdict, shown *outcome) error {
 	switch {
 	case v.err != nil: // Redis failed, on_store_error deny
-		w.Header().Set("Retry-After", strconv.FormatInt(int64(breakerCooldown/time.Second), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(limiter.BreakerCooldown/time.Second), 10))
 		return v.err
 	case v.unlimited: // Redis failed, on_store_error allow
 		return next.ServeHTTP(w, r)
@@ -104,14 +105,38 @@ func (h *Handler) setLimitHeaders(hdr http.Header, o outcome) {
 		// draft-ietf-httpapi-ratelimit-headers: the policy (quota per
 		// window) and the state (remaining, seconds until reset). A
 		// concurrency limit has no window: only its state is sent.
-		p := o.req.Policy
-		if p.Algorithm != limiter.Concurrency {
-			window := int64(max(p.Period, time.Second) / time.Second)
-			hdr.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", o.zone, p.Rate, window))
+		if p := o.req.Policy; p.Algorithm != limiter.Concurrency {
+			q := cmp.Or(o.d.Limit, p.Limit()) // a zone not asked has no decision
+			hdr.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", o.zone, q, quotaWindow(p, q)))
 		}
 		reset := max(int64(math.Ceil(time.Until(o.d.Reset).Seconds())), 0)
 		hdr.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", o.zone, o.d.Remaining, reset))
 	}
+}
+
+// quotaWindow is RateLimit-Policy's w for the quota q of p, the limit
+// that RateLimit's r counts down: the seconds in which the whole quota
+// comes back. For the windows, the period; for the token and leaky
+// buckets, the time to refill q tokens, q × Period / Rate, computed
+// exactly (in floats, 45 × (1s/45) rounds up to 2s). Rounded up to whole
+// seconds, at least 1.
+func quotaWindow(p limiter.Policy, q int64) int64 {
+	ns := uint64(p.Period)
+	if !p.Algorithm.Windowed() {
+		hi, lo := bits.Mul64(uint64(q), uint64(p.Period))
+		if hi >= uint64(p.Rate) { // over 2^64 ns: no valid policy has it
+			return math.MaxInt64 / int64(time.Second)
+		}
+		var rem uint64
+		if ns, rem = bits.Div64(hi, lo, uint64(p.Rate)); rem > 0 {
+			ns++
+		}
+	}
+	s := ns / uint64(time.Second)
+	if ns%uint64(time.Second) > 0 {
+		s++
+	}
+	return int64(max(s, 1)) // s <= 2^64/1e9: an int64
 }
 
 func (h *Handler) logRefusal(o outcome) {

@@ -75,7 +75,9 @@ func (p *StoreErrorPolicy) resolve(withRedis bool) (StoreErrorPolicy, error) {
 	return r, nil
 }
 
-// storeFailed applies on_store_error to a request that Redis did not decide.
+// storeFailed applies on_store_error to a request that Redis could not
+// decide (unreachable, timed out, or a node's breaker open). Entering the
+// failure mode is logged once, leaving it once (in takeRedis).
 func (h *Handler) storeFailed(reqs []limiter.Request, err error) verdict {
 	if h.backend.failing.CompareAndSwap(false, true) {
 		h.logger.Error("redis store failing; on_store_error applies until it answers again",
@@ -83,6 +85,33 @@ func (h *Handler) storeFailed(reqs []limiter.Request, err error) verdict {
 	} else {
 		h.logger.Debug("redis store failed", zap.Error(err))
 	}
+	return h.failureMode(reqs, err)
+}
+
+// scriptFailed applies on_store_error to a request whose script failed in
+// a Redis that answered: an error caused by its data, which is its own
+// problem and no sign that Redis is down (it counts toward no breaker). It
+// is counted, and logged at error level at most once per scriptErrorLogEvery
+// per Redis configuration (else at debug), since a client may cause it at will.
+func (h *Handler) scriptFailed(reqs []limiter.Request, err error) verdict {
+	metrics.scriptErrors.Inc()
+	now := h.now()
+	logged := &h.backend.scriptErrorLogged
+	last := logged.Load()
+	if now.UnixNano()-last >= int64(scriptErrorLogEvery) && logged.CompareAndSwap(last, now.UnixNano()) {
+		h.logger.Error("rate limit script failed for a request; on_store_error applies to it alone (logged at most every 10s)",
+			zap.String("on_store_error", h.onError.Mode), zap.Error(err))
+	} else {
+		h.logger.Debug("rate limit script failed for a request", zap.Error(err))
+	}
+	return h.failureMode(reqs, err)
+}
+
+// scriptErrorLogEvery throttles the error logs of failed scripts.
+const scriptErrorLogEvery = 10 * time.Second
+
+// failureMode decides reqs as on_store_error says.
+func (h *Handler) failureMode(reqs []limiter.Request, err error) verdict {
 	switch h.onError.Mode {
 	case storeErrorAllow:
 		return verdict{storeFailed: true, unlimited: true}
@@ -96,7 +125,8 @@ func (h *Handler) storeFailed(reqs []limiter.Request, err error) verdict {
 		}
 		local[i] = r
 	}
-	return verdict{decisions: h.backend.memory.TakeAt(h.now(), local), release: h.releaser(h.backend.memory, local), storeFailed: true}
+	m := h.backend.memory
+	return verdict{decisions: m.TakeAt(h.now(), local), release: h.holdSlots(m, local), storeFailed: true}
 }
 
 // localPolicy is a zone's share of its limit on one of n instances: the

@@ -59,7 +59,10 @@ func (a Algorithm) Windowed() bool {
 
 // take decides one request of cost at now on bucket b (known is false for
 // a fresh bucket) and returns the state to keep if the request is taken.
-// It never changes b's log in place, so b stays valid for a rollback.
+// It never changes b's log or slots in place, so b stays valid for a
+// rollback. cost is at most MaxCost + 1 (see boundedCost): the algorithms
+// compare it with what is left (cost <= limit - count), which cannot
+// overflow whatever the count.
 func (p Policy) take(b bucket, known bool, now, cost int64) (bucket, Decision) {
 	if !known {
 		b = bucket{}
@@ -90,7 +93,7 @@ func (p Policy) takeFixed(b bucket, now, cost int64) (bucket, Decision) {
 		count = int64(b.tokens)
 	}
 	end := start + period
-	d := Decision{Allowed: count+cost <= p.Rate, Limit: p.Rate, Reset: at(end)}
+	d := Decision{Allowed: cost <= p.Rate-count, Limit: p.Rate, Reset: at(end)}
 	if d.Allowed {
 		count += cost
 	} else {
@@ -106,7 +109,7 @@ func (p Policy) takeLog(b bucket, now, cost int64) (bucket, Decision) {
 	first, _ := slices.BinarySearch(b.log, now-period+1) // entries at or before now-period have left
 	log := b.log[first:]
 	count := int64(len(log))
-	d := Decision{Allowed: count+cost <= p.Rate, Limit: p.Rate}
+	d := Decision{Allowed: cost <= p.Rate-count, Limit: p.Rate}
 	if d.Allowed {
 		log = append(slices.Clip(log), slices.Repeat([]int64{now}, int(cost))...)
 	} else if cost > p.Rate || count == 0 {
@@ -206,25 +209,46 @@ func micros(x float64) time.Duration {
 	return time.Duration(math.Ceil(x-1e-6)) * time.Microsecond
 }
 
-// takeSlot: requests in flight, released by Release.
+// takeSlot: requests in flight, released by Release. The slot is named
+// by the request's ID once the take is committed (see hold).
 func (p Policy) takeSlot(b bucket, now, cost int64) (bucket, Decision) {
 	inFlight := int64(b.tokens)
-	d := Decision{Allowed: inFlight+cost <= p.Burst, Limit: p.Burst, Reset: at(now)}
+	d := Decision{Allowed: cost <= p.Burst-inFlight, Limit: p.Burst, Reset: at(now)}
 	if d.Allowed {
 		inFlight += cost
 	} else {
 		d.RetryAfter = time.Second // no telling when one ends
 	}
 	d.Remaining = max(p.Burst-inFlight, 0)
-	return bucket{tokens: float64(inFlight), idleAt: math.MaxInt64}, d
+	return bucket{tokens: float64(inFlight), slots: b.slots, idleAt: math.MaxInt64}, d
 }
 
-// release gives back a concurrency slot; a bucket with none in flight
-// may be dropped.
-func (p Policy) release(b bucket, now, cost int64) bucket {
+// hold names the slot of cost that a committed take gave the request id,
+// so that only its own release frees it, as a lease in Redis: a slot taken
+// before the bucket was reset is not this bucket's. A slot taken again
+// under the same id is held once, as Redis holds one lease per id.
+func (b bucket) hold(id string, cost int64) bucket {
+	if b.slots == nil {
+		b.slots = make(map[string]int64)
+	}
+	if old, ok := b.slots[id]; ok {
+		b.tokens -= float64(old)
+	}
+	b.slots[id] = cost
+	return b
+}
+
+// release gives back the slot of the request id, if b holds it (else it
+// frees nothing); a bucket with none in flight may be dropped.
+func (p Policy) release(b bucket, now int64, id string) bucket {
+	cost, ok := b.slots[id]
+	if !ok {
+		return b
+	}
+	delete(b.slots, id)
 	b.tokens = max(b.tokens-float64(cost), 0)
-	if b.tokens == 0 {
-		b.idleAt = now
+	if len(b.slots) == 0 {
+		b.tokens, b.idleAt = 0, now
 	}
 	return b
 }

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -352,6 +353,75 @@ func TestBans(t *testing.T) {
 			}
 			if left, _ := s.Banned(ctx, []Request{r}); left[0] != 0 {
 				t.Fatalf("banned %s after a reset", left[0])
+			}
+		})
+	}
+}
+
+// TestHugeCost: a cost from a placeholder may be anything up to
+// math.MaxInt64. A cost over the limit is refused, on every algorithm and
+// store, with no error, no panic and no wrapped count, and charges nothing:
+// the next request of cost 1 gets exactly the usual remaining. (The
+// concurrency limit is left out: Redis counts one lease per request,
+// whatever its cost, and zones give it no cost.)
+func TestHugeCost(t *testing.T) {
+	huge := []int64{math.MaxInt64, 1<<53 + 1, MaxCost + 1, 1 << 62}
+	for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, LeakyBucket} {
+		p := Policy{Algorithm: a, Rate: 5, Period: time.Second, Burst: 5, NoDelay: true}
+		for name, newStore := range testStores {
+			t.Run(a.String()+"/"+name, func(t *testing.T) {
+				take := newStore(t)
+				req := func(id string, cost int64) []Request {
+					return []Request{{Zone: "z", Key: "k", Policy: p, Cost: cost, ID: id}}
+				}
+				if d, err := take(t0, req("first", 1)); err != nil || !d[0].Allowed || d[0].Remaining != p.Limit()-1 {
+					t.Fatalf("first request: %+v, %v", d, err)
+				}
+				for _, cost := range huge {
+					d, err := take(t0, req(fmt.Sprint("huge-", cost), cost))
+					if err != nil || d[0].Allowed || d[0].Remaining != p.Limit()-1 || d[0].RetryAfter <= 0 {
+						t.Fatalf("cost %d: %+v, %v; want refused, %d remaining", cost, d, err, p.Limit()-1)
+					}
+				}
+				if d, err := take(t0, req("last", 1)); err != nil || !d[0].Allowed || d[0].Remaining != p.Limit()-2 {
+					t.Fatalf("after the huge costs: %+v, %v; want allowed, %d remaining", d, err, p.Limit()-2)
+				}
+			})
+		}
+	}
+}
+
+// TestConcurrencyReset: an admin reset while requests hold slots starts
+// the bucket afresh, and the releases of the slots taken before it free
+// none of those taken after it (memory as Redis, whose leases are named).
+func TestConcurrencyReset(t *testing.T) {
+	p := Policy{Algorithm: Concurrency, Burst: 2, Lease: time.Minute}
+	req := func(id string) []Request { return []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, ID: id}} }
+	for name, newStore := range concurrencyStores {
+		t.Run(name, func(t *testing.T) {
+			take, s := newStore(t)
+			ctx := context.Background()
+			now := time.Now()
+			steps := []struct {
+				id      string
+				allowed bool
+			}{{"A", true}, {"B", true}, {"reset", false}, {"C", true}, {"D", true}, {"release", false}, {"E", false}}
+			for _, st := range steps {
+				switch st.id {
+				case "reset":
+					if err := s.Reset(ctx, req("")[0]); err != nil {
+						t.Fatal(err)
+					}
+				case "release":
+					if err := s.Release(ctx, append(req("A"), req("B")...)); err != nil {
+						t.Fatal(err)
+					}
+				default:
+					d, err := take(now, req(st.id))
+					if err != nil || d[0].Allowed != st.allowed {
+						t.Fatalf("request %s: %+v, %v; want allowed %v", st.id, d, err, st.allowed)
+					}
+				}
 			}
 		})
 	}

@@ -66,3 +66,9 @@ func (b *Breaker) Failure(now time.Time) (opened bool) {
 func (b *Breaker) Open() bool {
 	return b.openUntil.Load() != 0
 }
+
+// CancelProbe gives back a probe that Allow granted but that was not sent,
+// so that another call may probe.
+func (b *Breaker) CancelProbe() {
+	b.probing.Store(false)
+}

@@ -66,7 +66,10 @@ func (s *MemoryStore) TakeAt(now time.Time, reqs []Request) []Decision {
 }
 
 // takeLocked applies each request in turn and rolls all of them back, in
-// reverse order, if one is refused.
+// reverse order, if one is refused; if none is, it names the concurrency
+// slots taken after their requests. Costs are bounded (see boundedCost).
+// All of it happens under the shards' locks: no other take comes between
+// a charge and its rollback, which restores exactly the state before.
 func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []bucketID) []Decision {
 	type saved struct {
 		b     bucket
@@ -79,10 +82,11 @@ func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []bucketID) []D
 		m := s.shard(keys[i]).buckets
 		b, known := m[keys[i]]
 		before[i] = saved{b, known}
-		m[keys[i]], decisions[i] = r.Policy.take(b, known, now, r.Cost)
+		m[keys[i]], decisions[i] = r.Policy.take(b, known, now, boundedCost(r.Cost))
 		allowed = allowed && decisions[i].Allowed
 	}
 	if allowed {
+		s.holdSlots(reqs, keys)
 		return decisions
 	}
 	for i := len(reqs) - 1; i >= 0; i-- {
@@ -96,7 +100,20 @@ func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []bucketID) []D
 	return decisions
 }
 
-// Release gives back the concurrency slots of reqs (see Store.Release).
+// holdSlots names the concurrency slots that reqs took after their
+// requests (see bucket.hold).
+func (s *MemoryStore) holdSlots(reqs []Request, keys []bucketID) {
+	for i, r := range reqs {
+		if r.Policy.Algorithm == Concurrency {
+			m := s.shard(keys[i]).buckets
+			m[keys[i]] = m[keys[i]].hold(r.ID, boundedCost(r.Cost))
+		}
+	}
+}
+
+// Release gives back the concurrency slots of reqs (see Store.Release):
+// each request's own slot, named by its ID, if its bucket holds it. A slot
+// taken before a Reset frees none taken after it.
 func (s *MemoryStore) Release(_ context.Context, reqs []Request) error {
 	now := time.Now().UnixNano()
 	for _, r := range reqs {
@@ -107,7 +124,7 @@ func (s *MemoryStore) Release(_ context.Context, reqs []Request) error {
 		sh := s.shard(k)
 		sh.mu.Lock()
 		if b, ok := sh.buckets[k]; ok {
-			sh.buckets[k] = r.Policy.release(b, now, r.Cost)
+			sh.buckets[k] = r.Policy.release(b, now, r.ID)
 		}
 		sh.mu.Unlock()
 	}

@@ -63,6 +63,21 @@ var units = map[byte]time.Duration{
 // exact in a float64 (and in Lua, whose numbers are doubles).
 const maxRate = 1 << 40
 
+// MaxCost bounds the cost of a request, as maxRate bounds a policy's
+// numbers: it is the largest limit a valid policy has (a leaky bucket's
+// Burst + 1). A cost from a placeholder may be anything up to
+// math.MaxInt64; the stores count a cost above MaxCost as MaxCost + 1,
+// more than any limit, so that it is refused as any cost over the limit
+// is, and every sum with it stays exact, in int64 and in float64 (Lua's
+// numbers; luascripts/common.lua bounds the cost the same way).
+const MaxCost = maxRate + 1
+
+// boundedCost is cost within [0, MaxCost + 1]: a negative cost counts as
+// none (no zone gives one), one above MaxCost as MaxCost + 1.
+func boundedCost(cost int64) int64 {
+	return min(max(cost, 0), MaxCost+1)
+}
+
 // ParseRate parses a rate such as "100r/m", "5r/s" or "30r/10m": N requests
 // per unit, where the unit is s, m, h or d and may carry a multiplier.
 func ParseRate(s string) (n int64, period time.Duration, err error) {

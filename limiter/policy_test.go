@@ -1,9 +1,12 @@
 package limiter
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 )
 
 func TestParseRate(t *testing.T) {
@@ -76,5 +79,21 @@ func TestPolicyString(t *testing.T) {
 		if got := p.String(); got != want {
 			t.Errorf("%+v.String() = %q; want %q", p, got, want)
 		}
+	}
+}
+
+// TestMaxCost: MaxCost is the largest limit of a valid policy, exact in a
+// float64 with room to add to it, and the scripts bound costs with the
+// same number.
+func TestMaxCost(t *testing.T) {
+	largest := Policy{Algorithm: LeakyBucket, Rate: maxRate, Period: MaxPeriod, Burst: maxRate, NoDelay: true}
+	if err := largest.Validate(); err != nil || largest.Limit() != MaxCost {
+		t.Fatalf("the largest leaky bucket: limit %d, %v; want MaxCost, %d", largest.Limit(), err, int64(MaxCost))
+	}
+	if float64(2*MaxCost+2) != float64(2*MaxCost+1)+1 {
+		t.Fatal("MaxCost is too large to add to exactly in a float64")
+	}
+	if want := fmt.Sprintf("local max_cost = %d\n", int64(MaxCost)); !strings.Contains(luascripts.FixedWindow, want) {
+		t.Fatalf("common.lua does not say %q", want)
 	}
 }

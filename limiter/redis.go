@@ -18,13 +18,13 @@ import (
 const DefaultKeyPrefix = "rl:"
 
 // scripts are the Lua scripts, by algorithm.
-var scripts = [...]*redis.Script{
-	TokenBucket:          redis.NewScript(luascripts.TokenBucket),
-	FixedWindow:          redis.NewScript(luascripts.FixedWindow),
-	SlidingWindowLog:     redis.NewScript(luascripts.SlidingWindowLog),
-	SlidingWindowCounter: redis.NewScript(luascripts.SlidingWindowCounter),
-	LeakyBucket:          redis.NewScript(luascripts.LeakyBucket),
-	Concurrency:          redis.NewScript(luascripts.Concurrency),
+var scripts = [...]*luaScript{
+	TokenBucket:          newLuaScript(luascripts.TokenBucket),
+	FixedWindow:          newLuaScript(luascripts.FixedWindow),
+	SlidingWindowLog:     newLuaScript(luascripts.SlidingWindowLog),
+	SlidingWindowCounter: newLuaScript(luascripts.SlidingWindowCounter),
+	LeakyBucket:          newLuaScript(luascripts.LeakyBucket),
+	Concurrency:          newLuaScript(luascripts.Concurrency),
 }
 
 // Each script takes 6 arguments per key and answers 5 integers per key.
@@ -42,10 +42,20 @@ const (
 // tag is the digest, so a client cannot pick the hash slot, while zones keyed
 // by the same client share one slot and one script run.
 type RedisStore struct {
-	client  redis.UniversalClient
-	prefix  string
-	cluster bool
+	client   redis.UniversalClient
+	prefix   string
+	cluster  bool
+	breakers *nodeBreakers
+	now      func() time.Time // the breakers' clock
 }
+
+// Circuit breakers, one per Redis node: after BreakerFailures consecutive
+// failures (see Unavailable) the node is skipped for BreakerCooldown, then
+// probed by one call at a time.
+const (
+	BreakerFailures = 3
+	BreakerCooldown = 2 * time.Second
+)
 
 // NewRedisStore returns a store on client, whose keys start with prefix
 // (DefaultKeyPrefix when empty). Close closes the client.
@@ -57,7 +67,26 @@ func NewRedisStore(client redis.UniversalClient, prefix string) (*RedisStore, er
 		return nil, fmt.Errorf("key prefix %q: must not contain { or }", prefix)
 	}
 	_, cluster := client.(*redis.ClusterClient)
-	return &RedisStore{client: client, prefix: prefix, cluster: cluster}, nil
+	return &RedisStore{client: client, prefix: prefix, cluster: cluster, now: time.Now,
+		breakers: &nodeBreakers{threshold: BreakerFailures, cooldown: BreakerCooldown, byNode: map[string]*Breaker{}},
+	}, nil
+}
+
+// OnBreaker sets f to be called when the breaker of a node opens or
+// closes; node is "" outside a cluster. Call it before the store is used.
+func (s *RedisStore) OnBreaker(f func(node string, open bool)) {
+	s.breakers.changed = f
+}
+
+// Breaker is the circuit breaker of node ("" outside a cluster).
+func (s *RedisStore) Breaker(node string) *Breaker {
+	return s.breakers.get(node)
+}
+
+// Available reports whether the breakers of the nodes that hold reqs'
+// keys are closed: calls to them are sent.
+func (s *RedisStore) Available(ctx context.Context, reqs []Request) bool {
+	return !s.breakers.anyOpen(s.nodes(ctx, s.scriptRuns(reqs)))
 }
 
 // keyOf is the Redis key, in zone, of the token bucket of the client whose
@@ -98,7 +127,7 @@ func (s *RedisStore) Close() error {
 // algorithm whose keys share a hash slot, by their index in the requests
 // that scriptRuns grouped, and their Redis keys, in the same order.
 type scriptRun struct {
-	script *redis.Script
+	script *luaScript
 	idx    []int
 	keys   []string
 }
@@ -142,11 +171,7 @@ func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]De
 			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), deadline.Sub(start))
 			defer cancel()
 		}
-		// At the take's time: a window may have turned since.
-		if now == "" {
-			ints, _ := replyInts(replies[0], 2+replyPerKey*len(runs[0].idx))
-			now = strconv.FormatInt(ints[0], 10)
-		}
+		// At the take's time: a window may have turned since (see refund).
 		if err := s.refund(ctx, now, runs, replies, reqs); err != nil {
 			return decisions, &RefundError{err}
 		}
@@ -214,47 +239,94 @@ func args(sr scriptRun, now, mode string, reqs []Request) []any {
 
 // run runs the script runs in one round trip (a pipeline per node when
 // there are several) with EVALSHA, and EVAL for those that found no script
-// cached, and returns their replies in order.
+// cached, and returns their replies in order. Each script is sent at most
+// once (see onceCmd). Calls to a node whose breaker is open are not sent,
+// but releases always are; the outcome of every call is recorded by its
+// node's breaker. An error is a *NodeError.
 func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string, reqs []Request) ([]any, error) {
-	if len(runs) == 1 {
-		v, err := runs[0].script.Run(ctx, s.client, runs[0].keys, args(runs[0], now, mode, reqs)...).Result()
-		return []any{v}, err
-	}
-	cmds := make([]*redis.Cmd, len(runs))
-	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, sr := range runs {
-			cmds[i] = sr.script.EvalSha(ctx, p, sr.keys, args(sr, now, mode, reqs)...)
-		}
-		return nil
-	})
-	replies := make([]any, len(runs))
-	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			cmd = runs[i].script.Eval(ctx, s.client, runs[i].keys, args(runs[i], now, mode, reqs)...)
-		}
-		v, err := cmd.Result()
-		if err != nil {
+	nodes := s.nodes(ctx, runs)
+	if mode != "release" {
+		if err := s.breakers.admit(nodes, s.now()); err != nil {
 			return nil, err
 		}
-		replies[i] = v
+	}
+	cmds := make([]onceCmd, len(runs))
+	for i, sr := range runs {
+		cmds[i] = evalCmd(ctx, sr.script, true, sr.keys, args(sr, now, mode, reqs))
+	}
+	if len(cmds) == 1 {
+		_ = s.client.Process(ctx, cmds[0])
+	} else {
+		_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, cmd := range cmds {
+				_ = p.Process(ctx, cmd)
+			}
+			return nil
+		})
+	}
+	replies, errs := make([]any, len(runs)), make([]error, len(runs))
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			cmd = evalCmd(ctx, runs[i].script, false, runs[i].keys, args(runs[i], now, mode, reqs))
+			_ = s.client.Process(ctx, cmd)
+		}
+		replies[i], errs[i] = cmd.Result()
+	}
+	s.breakers.settle(nodes, errs, s.now())
+	for i, err := range errs {
+		if err != nil {
+			return nil, &NodeError{Node: nodes[i], Err: err}
+		}
 	}
 	return replies, nil
 }
 
-// refund gives back the tokens of the runs that were charged (all of
-// their keys allowed), since another run refused the request.
-func (s *RedisStore) refund(ctx context.Context, now string, runs []scriptRun, replies []any, reqs []Request) error {
-	var charged []scriptRun
+// nodes are the addresses of the cluster masters that runs go to, by the
+// slot map go-redis holds; outside a cluster, "" for each.
+func (s *RedisStore) nodes(ctx context.Context, runs []scriptRun) []string {
+	nodes := make([]string, len(runs))
+	c, ok := s.client.(*redis.ClusterClient)
+	if !ok {
+		return nodes
+	}
 	for i, sr := range runs {
-		if all, _ := replyInts(replies[i], 2+replyPerKey*len(sr.idx)); all[1] == 1 {
-			charged = append(charged, sr)
+		if n, err := c.MasterForKey(ctx, sr.keys[0]); err == nil {
+			nodes[i] = n.Options().Addr
 		}
 	}
-	if len(charged) == 0 {
-		return nil
+	return nodes
+}
+
+// refund gives back the tokens of the runs that were charged (all of
+// their keys allowed), since another run refused the request. Each run is
+// refunded at its take's time: now when the take gave one, else the time
+// its own reply gave (its node's clock, so that a refund finds the window
+// it charged whatever the other nodes' clocks say). Runs of one time share
+// a round trip.
+func (s *RedisStore) refund(ctx context.Context, now string, runs []scriptRun, replies []any, reqs []Request) error {
+	var times []string
+	charged := map[string][]scriptRun{}
+	for i, sr := range runs {
+		ints, _ := replyInts(replies[i], 2+replyPerKey*len(sr.idx))
+		if ints[1] != 1 {
+			continue
+		}
+		at := now
+		if at == "" {
+			at = strconv.FormatInt(ints[0], 10)
+		}
+		if _, ok := charged[at]; !ok {
+			times = append(times, at)
+		}
+		charged[at] = append(charged[at], sr)
 	}
-	_, err := s.run(ctx, charged, now, "refund", reqs)
-	return err
+	var errs []error
+	for _, at := range times {
+		if _, err := s.run(ctx, charged[at], at, "refund", reqs); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 var errReply = errors.New("unexpected reply from the rate limit script")
@@ -312,6 +384,23 @@ func (s *RedisStore) Release(ctx context.Context, reqs []Request) error {
 		return nil
 	}
 	_, err := s.run(ctx, s.scriptRuns(held), "", "release", held)
+	return err
+}
+
+// Renew extends the concurrency leases that reqs hold to a full lease from
+// now, as long as they are held: a lease that expired or was reset is not
+// made again. Requests of other algorithms are left alone.
+func (s *RedisStore) Renew(ctx context.Context, reqs []Request) error {
+	held := make([]Request, 0, len(reqs))
+	for _, r := range reqs {
+		if r.Policy.Algorithm == Concurrency {
+			held = append(held, r)
+		}
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	_, err := s.run(ctx, s.scriptRuns(held), "", "renew", held)
 	return err
 }
 

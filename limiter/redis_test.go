@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -198,4 +199,100 @@ func TestRedisClusterFailover(t *testing.T) {
 		}
 	}
 	t.Fatalf("no decision from a promoted replica within 20s: %v", last)
+}
+
+// TestRedisRefundKeepsNewerState: a refund undoes its own charge and
+// nothing else. Two clients' buckets are charged in separate script runs,
+// as on two cluster nodes whose clocks differ by a window; other requests
+// then charge the same buckets, in the window after the charge for the
+// first, in the same one for the second; then the first charges are
+// refunded (as take refunds them when another run refuses the request),
+// each at its own reply's time. The other requests' counts must remain.
+func TestRedisRefundKeepsNewerState(t *testing.T) {
+	windows := []refundClient{{500 * ms, 1500 * ms, 2}, {1500 * ms, 1600 * ms, 2}}
+	cases := []struct {
+		p       Policy
+		clients []refundClient
+	}{
+		{Policy{Algorithm: FixedWindow, Rate: 5, Period: time.Second, Burst: 5}, windows},
+		{Policy{Algorithm: SlidingWindowCounter, Rate: 5, Period: time.Second, Burst: 5}, windows},
+		// 10 tokens, one back every 100ms; charges of 3 and 2, then 1.
+		{Policy{Algorithm: TokenBucket, Rate: 10, Period: time.Second, Burst: 10}, []refundClient{{500 * ms, 550 * ms, 7}, {1500 * ms, 1550 * ms, 7}}},
+		// One leaves every 100ms, 5 more queue (nodelay).
+		{Policy{Algorithm: LeakyBucket, Rate: 10, Period: time.Second, Burst: 5, NoDelay: true}, []refundClient{{500 * ms, 550 * ms, 3}, {1500 * ms, 1550 * ms, 3}}},
+	}
+	stores := map[string]func(t *testing.T) redis.UniversalClient{
+		"redis": func(t *testing.T) redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+		},
+		"cluster": func(t *testing.T) redis.UniversalClient { return clusterClient(t, redistest.ClusterAddrs(t)) },
+	}
+	for _, c := range cases {
+		for name, newClient := range stores {
+			t.Run(c.p.Algorithm.String()+"/"+name, func(t *testing.T) {
+				testRefundKeepsNewerState(t, newRedisStore(t, newClient(t)), c.p, c.clients)
+			})
+		}
+	}
+}
+
+// refundClient is a client of TestRedisRefundKeepsNewerState.
+type refundClient struct {
+	charge, other time.Duration // since t0: the refunded charge, and the request after it
+	want          int64         // remaining for a request of cost 1 at other, after the refund
+}
+
+func testRefundKeepsNewerState(t *testing.T, s *RedisStore, p Policy, clients []refundClient) {
+	ctx := t.Context()
+	var reqs []Request
+	var runs []scriptRun
+	var replies []any
+	for i, c := range clients {
+		r := Request{Zone: "z", Key: fmt.Sprint("client-", i), Policy: p, Cost: 3}
+		reqs = append(reqs, r)
+		sr := scriptRun{script: scripts[p.Algorithm], idx: []int{i}, keys: []string{s.key(r)}}
+		rep, err := s.run(ctx, []scriptRun{sr}, fmt.Sprint(t0.Add(c.charge).UnixMicro()), "take", reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs, replies = append(runs, sr), append(replies, rep[0])
+		r.Cost = 2
+		if d, err := s.TakeAt(ctx, t0.Add(c.other), []Request{r}); err != nil || !d[0].Allowed {
+			t.Fatalf("client %d: the request after the charge: %+v, %v", i, d, err)
+		}
+	}
+	if err := s.refund(ctx, "", runs, replies, reqs); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range clients {
+		r := reqs[i]
+		r.Cost = 1
+		d, err := s.TakeAt(ctx, t0.Add(c.other), []Request{r})
+		if err != nil || !d[0].Allowed || d[0].Remaining != c.want {
+			t.Errorf("client %d, after the refund: %+v, %v; want %d remaining", i, d, err, c.want)
+		}
+	}
+}
+
+// TestRedisRefundHugeCost: a refund of a huge cost (which a take would
+// refuse, so that no refund follows it) removes the request's own entries
+// of a sliding log, no more, and does not loop on it.
+func TestRedisRefundHugeCost(t *testing.T) {
+	srv := redistest.NewServer(t) // of its own: the old script kept it busy
+	s := newRedisStore(t, redis.NewClient(&redis.Options{Addr: srv.Addr}))
+	p := Policy{Algorithm: SlidingWindowLog, Rate: 5, Period: time.Second, Burst: 5}
+	r := Request{Zone: "z", Key: "k", Policy: p, Cost: 2, ID: "a"}
+	if d, err := s.TakeAt(t.Context(), t0, []Request{r}); err != nil || d[0].Remaining != 3 {
+		t.Fatal(d, err)
+	}
+	r.Cost = math.MaxInt64
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	if _, err := s.run(ctx, s.scriptRuns([]Request{r}), fmt.Sprint(t0.UnixMicro()), "refund", []Request{r}); err != nil {
+		t.Fatalf("refund of cost %d: %v", r.Cost, err)
+	}
+	r.Cost, r.ID = 1, "b"
+	if d, err := s.TakeAt(t.Context(), t0, []Request{r}); err != nil || d[0].Remaining != 4 {
+		t.Fatalf("after the refund: %+v, %v; want 4 remaining", d, err)
+	}
 }

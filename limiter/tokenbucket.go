@@ -25,6 +25,9 @@ type bucket struct {
 	last int64
 	// log: the times of the counted requests, oldest first (sliding log).
 	log []int64
+	// slots: the cost of each slot held, by request ID (concurrency); it
+	// changes in place, and only once a take is committed (see hold).
+	slots map[string]int64
 	// idleAt: when the bucket is back to its initial state, so that it
 	// may be dropped (concurrency: math.MaxInt64 until its last slot is
 	// released).

@@ -29,12 +29,27 @@ local refund = mode == 'refund'
 local peek = mode == 'peek'
 local eps = 1e-9 -- absorbs float rounding: 2.9999999999 tokens count as 3
 
+-- MaxCost in Go: the largest limit (2^40 + 1). A cost may be anything up
+-- to 2^63 - 1 (a placeholder's), which a double does not even hold
+-- exactly: a cost above max_cost counts as max_cost + 1, more than any
+-- limit, so that it is refused as any cost over the limit is, and no sum
+-- or loop grows with it; a negative (or not a number) cost counts as none.
+local max_cost = 1099511627777
+
+local function bounded_cost(v)
+  local cost = tonumber(v)
+  if not cost or not (cost >= 0) then
+    return 0
+  end
+  return math.min(cost, max_cost + 1)
+end
+
 -- the six arguments of KEYS[i]; numbers but for flag and id, kept as given
 local function args(i)
   local a = 3 + (i - 1) * 6
   return {
     rate = tonumber(ARGV[a]), period = tonumber(ARGV[a + 1]),
-    burst = tonumber(ARGV[a + 2]), cost = tonumber(ARGV[a + 3]),
+    burst = tonumber(ARGV[a + 2]), cost = bounded_cost(ARGV[a + 3]),
     flag = ARGV[a + 4], id = ARGV[a + 5],
   }
 end

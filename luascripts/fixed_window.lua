@@ -3,7 +3,10 @@
 -- KEYS, ARGV and the reply as in common.lua, which is prepended to this
 -- script. For KEYS[i]: rate is the limit (requests per window), period the
 -- window (µs); cost; burst, flag and id are unused. "take" counts the cost
--- if it fits in the limit; "refund" takes it off the count.
+-- if it fits in the limit; "refund" takes it off the count of the window
+-- it was charged in, now's (the caller refunds at the time the take's
+-- reply gave), and does nothing once another window has begun: that
+-- window's count is other requests'.
 --
 -- Windows start at multiples of their length. A counter is stored as
 -- "<window start, µs>:<count>" and expires with its window.
@@ -11,37 +14,42 @@
 -- Reply per key: allowed, remaining, µs until the window ends, µs until
 -- the same request could pass, 0.
 
--- the count of the window that started at start
+-- the count of the window that started at start, and whether the key
+-- holds that window
 local function counted(key, start)
   local v = redis.call('GET', key)
   if v then
     local s, c = string.match(v, '^(%d+):(%d+)$')
     if tonumber(s) == start then
-      return tonumber(c)
+      return tonumber(c), true
     end
   end
-  return 0
+  return 0, false
 end
 
 local function decide(key, k)
   local limit, window, cost = k.rate, k.period, k.cost
   local start = now - now % window
-  local count = counted(key, start)
-  local ok = true
+  local count, charged = counted(key, start)
+  local ok, skip = true, false
   if refund then
+    skip = not charged
     count = math.max(count - cost, 0)
   else
-    ok = count + cost <= limit
+    ok = cost <= limit - count
     if ok then
       count = count + cost
     end
   end
   local to_end = start + window - now
   return { ok = ok, remaining = math.max(limit - count, 0), reset = to_end, retry = ok and 0 or to_end,
-    start = start, count = count }
+    start = start, count = count, skip = skip }
 end
 
 local function write(key, s)
+  if s.skip then
+    return
+  end
   redis.call('SET', key, string.format('%.0f:%.0f', s.start, s.count), 'PX', ttl_ms(s.reset))
 end
 

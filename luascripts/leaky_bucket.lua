@@ -3,7 +3,15 @@
 -- KEYS, ARGV and the reply as in common.lua, which is prepended to this
 -- script. For KEYS[i]: rate, period (µs), burst (requests that may wait),
 -- cost, flag (nodelay: "1" or "0"); id is unused. "take" queues the
--- request if there is room; "refund" takes its cost off the queue.
+-- request if there is room; "refund" takes its cost off the queue, at the
+-- time the take's reply gave.
+--
+-- A refund that comes after a later request keeps that request's place:
+-- it takes only its own cost off the queue's end, never below its own
+-- time. When the queue had drained between the charge and the later
+-- request, the later one queued from its own time, and the refund may
+-- take off up to that gap: at most what leaves during the refund's round
+-- trip.
 --
 -- The state is the theoretical arrival time (µs, unrounded): when the
 -- requests queued so far have all left. A request that would wait more

@@ -3,7 +3,11 @@
 -- KEYS, ARGV and the reply as in common.lua, which is prepended to this
 -- script. For KEYS[i]: rate is the limit (requests per window), period the
 -- window (µs); cost; burst, flag and id are unused. "take" counts the cost
--- if it fits in the limit; "refund" takes it off this window's count.
+-- if it fits in the limit; "refund" takes it off the count of the window
+-- it was charged in, now's (the caller refunds at the time the take's
+-- reply gave): this window's count, or, once another request has moved
+-- the key on to the next window, the previous count, in which the charge
+-- still weighs; any other state is other requests' and is left alone.
 --
 -- Two counters: this window's and the previous one's, which counts for
 -- the part of it still inside the sliding window. Stored as
@@ -29,46 +33,77 @@ local function retry_after(start, window, prev, curr, cost, limit)
   return math.max(nxt - now, 1)
 end
 
--- the counts of the window that started at start and of the one before
-local function counts(key, start, window)
+-- the stored window start and its two counts, or nil
+local function stored(key)
   local v = redis.call('GET', key)
   if v then
     local s, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
-    s, c, p = tonumber(s), tonumber(c), tonumber(p)
-    if s == start then
-      return c, p
-    elseif s == start - window then
-      return 0, c
+    if s then
+      return tonumber(s), tonumber(c), tonumber(p)
     end
   end
+end
+
+-- the counts of the window that started at start and of the one before
+local function counts(key, start, window)
+  local s, c, p = stored(key)
+  if s == start then
+    return c, p
+  elseif s == start - window then
+    return 0, c
+  end
   return 0, 0
+end
+
+-- the state that a window starting at start, with counts curr and prev,
+-- stores and shows at now
+local function state(limit, window, start, curr, prev)
+  local weight = 1 - (now - start) / window
+  local reset = start + window
+  if curr > 0 then
+    reset = reset + window
+  end
+  return { ok = true, remaining = math.max(math.floor(limit - prev * weight - curr + eps), 0),
+    reset = reset - now, start = start, curr = curr, prev = prev }
+end
+
+-- refund: the cost off the count of the window charged, which started at
+-- start: the stored window's, or its previous one's
+local function give_back(key, k, start)
+  local s, c, p = stored(key)
+  if s == start then
+    c = math.max(c - k.cost, 0)
+  elseif s == start + k.period then
+    p = math.max(p - k.cost, 0)
+  else
+    return { ok = true, remaining = 0, reset = 0, skip = true }
+  end
+  return state(k.rate, k.period, s, c, p)
 end
 
 local function decide(key, k)
   local limit, window, cost = k.rate, k.period, k.cost
   local start = now - now % window
+  if refund then
+    return give_back(key, k, start)
+  end
   local curr, prev = counts(key, start, window)
   local weight = 1 - (now - start) / window
-  local ok, retry = true, 0
-  if refund then
-    curr = math.max(curr - cost, 0)
-  else
-    ok = prev * weight + curr + cost <= limit + eps
-    if ok then
-      curr = curr + cost
-    else
-      retry = retry_after(start, window, prev, curr, cost, limit)
-    end
+  local ok = prev * weight + curr + cost <= limit + eps
+  if ok then
+    curr = curr + cost
   end
-  local reset = start + window
-  if curr > 0 then
-    reset = reset + window
+  local s = state(limit, window, start, curr, prev)
+  if not ok then
+    s.ok, s.retry = false, retry_after(start, window, prev, curr, cost, limit)
   end
-  return { ok = ok, remaining = math.max(math.floor(limit - prev * weight - curr + eps), 0),
-    reset = reset - now, retry = retry, start = start, curr = curr, prev = prev }
+  return s
 end
 
 local function write(key, s)
+  if s.skip then
+    return
+  end
   redis.call('SET', key, string.format('%.0f:%.0f:%.0f', s.start, s.curr, s.prev), 'PX', ttl_ms(s.reset))
 end
 

@@ -33,10 +33,11 @@ local function score(key, window, rank)
 end
 
 -- refund: removes the request's members (named by its id, else the newest
--- cost ones) and returns the count left
+-- cost ones) and returns the count left. A take adds no more members than
+-- the limit, so no more are looked for, whatever the cost.
 local function give_back(key, k)
   if k.id ~= '' then
-    for j = 1, k.cost do
+    for j = 1, math.min(k.cost, k.rate) do
       redis.call('ZREM', key, k.id .. ':' .. j)
     end
     return counted(key, k.period)
@@ -59,7 +60,7 @@ local function decide(key, k)
     count = give_back(key, k)
   else
     count = counted(key, window)
-    ok = count + cost <= limit
+    ok = cost <= limit - count
     if not ok then
       if cost > limit or count == 0 then
         retry = window

@@ -3,7 +3,15 @@
 -- KEYS, ARGV and the reply as in common.lua, which is prepended to this
 -- script. For KEYS[i]: rate, period (µs), burst, cost; flag and id are
 -- unused. "take" charges the cost if the bucket holds it; "refund" gives
--- it back (capped at the burst).
+-- it back (capped at the burst), at the time the take's reply gave.
+--
+-- A refund that comes after a later request leaves that request's charge
+-- alone: the tokens are kept as of the later update (never moved back to
+-- the refund's time, which would refill them twice), plus the cost. It
+-- may give back up to what the bucket refilled between the charge and the
+-- later request, when that refill met the burst's cap (the refund cannot
+-- tell): at most the refill of the refund's round trip, and never more
+-- than the burst.
 --
 -- A bucket is stored as "<tokens>:<time of update, µs>" and expires when it
 -- is full again, since a missing bucket is a full one.
@@ -11,18 +19,19 @@
 -- Reply per key: allowed, whole tokens remaining, µs until full, µs until
 -- the same request could pass, 0.
 
--- tokens held by a bucket at now, refilled since its last update
+-- tokens held by a bucket at now, refilled since its last update, and
+-- the later of now and that update
 local function held(key, burst, interval)
   local v = redis.call('GET', key)
   if not v then
-    return burst
+    return burst, now
   end
   local tokens, last = string.match(v, '^([^:]+):(%d+)$')
   tokens, last = tonumber(tokens), tonumber(last)
   if not tokens or not last then
-    return burst
+    return burst, now
   end
-  return math.min(burst, tokens + math.max(now - last, 0) / interval)
+  return math.min(burst, tokens + math.max(now - last, 0) / interval), math.max(now, last)
 end
 
 -- the time n tokens take to refill, µs rounded up
@@ -35,7 +44,7 @@ end
 
 local function decide(key, k)
   local interval = k.period / k.rate
-  local tokens = held(key, k.burst, interval)
+  local tokens, at = held(key, k.burst, interval)
   local ok = true
   if refund then
     tokens = math.min(k.burst, tokens + k.cost)
@@ -54,12 +63,13 @@ local function decide(key, k)
       retry = ceil_time(k.cost - tokens, interval)
     end
   end
-  return { ok = ok, remaining = math.floor(tokens + eps), reset = to_full, retry = retry, tokens = tokens }
+  return { ok = ok, remaining = math.floor(tokens + eps), reset = to_full, retry = retry, tokens = tokens,
+    at = refund and at or now }
 end
 
 local function write(key, s)
   if s.reset > 0 then
-    redis.call('SET', key, string.format('%.17g:%.0f', s.tokens, now), 'PX', ttl_ms(s.reset))
+    redis.call('SET', key, string.format('%.17g:%.0f', s.tokens, s.at), 'PX', ttl_ms(s.at - now + s.reset))
   else
     redis.call('DEL', key)
   end

@@ -155,7 +155,7 @@ func TestProblemJSONAndIETFHeaders(t *testing.T) {
 	respond "ok"
 `)
 	resp, _ := get(t, c, "/")
-	if p, r := resp.Header.Get("RateLimit-Policy"), resp.Header.Get("RateLimit"); p != `"api";q=60;w=60` || !regexp.MustCompile(`^"api";r=0;t=[01]$`).MatchString(r) {
+	if p, r := resp.Header.Get("RateLimit-Policy"), resp.Header.Get("RateLimit"); p != `"api";q=1;w=1` || !regexp.MustCompile(`^"api";r=0;t=[01]$`).MatchString(r) {
 		t.Fatalf("RateLimit-Policy %q, RateLimit %q", p, r)
 	}
 	if resp.Header.Get("X-RateLimit-Limit") != "" {

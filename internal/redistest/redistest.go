@@ -146,15 +146,27 @@ func (c *Cluster) Addrs() []string {
 	return addrs
 }
 
+// Server is the node at addr, or nil.
+func (c *Cluster) Server(addr string) *Server {
+	for _, s := range c.Servers {
+		if s.Addr == addr {
+			return s
+		}
+	}
+	return nil
+}
+
 // StartCluster starts masters*(1+replicas) cluster nodes under dir, joins
 // them with redis-cli --cluster create, and waits until every node reports
-// the cluster ok with all slots covered.
-func StartCluster(dir string, masters, replicas int) (*Cluster, error) {
+// the cluster ok with all slots covered. extra are more redis-server
+// arguments for every node.
+func StartCluster(dir string, masters, replicas int, extra ...string) (*Cluster, error) {
 	c := &Cluster{}
 	for range masters * (1 + replicas) {
-		s, err := StartServer(dir, "--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
+		args := append([]string{"--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
 			"--cluster-config-file", "nodes.conf", "--repl-diskless-sync-delay", "0",
-			"--cluster-replica-validity-factor", "0")
+			"--cluster-replica-validity-factor", "0"}, extra...)
+		s, err := StartServer(dir, args...)
 		if err != nil {
 			c.Stop()
 			return nil, err

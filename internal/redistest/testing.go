@@ -44,8 +44,15 @@ func NewServer(t testing.TB, extra ...string) *Server {
 // NewCluster starts a cluster owned by the test (3 masters, 1 replica each).
 func NewCluster(t testing.TB) *Cluster {
 	t.Helper()
+	return NewClusterOf(t, 3, 1)
+}
+
+// NewClusterOf starts a cluster owned by the test, of masters with
+// replicas each and extra redis-server arguments.
+func NewClusterOf(t testing.TB, masters, replicas int, extra ...string) *Cluster {
+	t.Helper()
 	needBinary(t)
-	c, err := StartCluster(t.TempDir(), 3, 1)
+	c, err := StartCluster(t.TempDir(), masters, replicas, extra...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,201 @@
+package limiter
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+)
+
+// cutConn passes everything through, but when armed, the connection that
+// writes the next EVALSHA reads EOF instead of its reply: the script ran,
+// and the connection broke before the answer came back.
+type cutConn struct {
+	net.Conn
+	armed *atomic.Bool
+	cut   bool
+}
+
+func (c *cutConn) Write(b []byte) (int, error) {
+	if bytes.Contains(b, []byte("evalsha")) && c.armed.CompareAndSwap(true, false) {
+		c.cut = true
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *cutConn) Read(b []byte) (int, error) {
+	if c.cut {
+		time.Sleep(50 * time.Millisecond) // the script runs meanwhile
+		c.Conn.Close()
+		return 0, io.EOF
+	}
+	return c.Conn.Read(b)
+}
+
+// TestScriptRunsOnceInCluster: go-redis's cluster client retries a command
+// whose connection broke (whatever MaxRetries says); a decision that ran
+// must not run again, or the client is charged twice.
+func TestScriptRunsOnceInCluster(t *testing.T) {
+	armed := new(atomic.Bool)
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: redistest.ClusterAddrs(t),
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &cutConn{Conn: conn, armed: armed}, nil
+		},
+	})
+	s := newRedisStore(t, c)
+	p := Policy{Rate: 1, Period: time.Hour, Burst: 10}
+	req := []Request{{Zone: "z", Key: "once", Policy: p, Cost: 1}}
+	if _, err := s.Take(t.Context(), req); err != nil { // scripts loaded, connections made
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	_, cutErr := s.Take(t.Context(), req)
+	if armed.Load() {
+		t.Fatal("no EVALSHA went through the cut connection")
+	}
+	d, err := s.Peek(t.Context(), req[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Remaining != 8 {
+		t.Fatalf("remaining %d after two takes (one cut after it ran); want 8: the cut one ran once, not twice", d.Remaining)
+	}
+	if cutErr == nil || !Unavailable(cutErr) {
+		t.Fatalf("the cut take: %v; want a connection error", cutErr)
+	}
+}
+
+func TestUnavailable(t *testing.T) {
+	cases := []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{context.DeadlineExceeded, true},
+		{io.EOF, true},
+		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, true},
+		{&NodeError{Node: "a:1", Err: ErrBreakerOpen}, true},
+		{redis.ErrClosed, true},
+		{fmt.Errorf("%w: list of 3", errReply), false},
+	}
+	for _, c := range cases {
+		if got := Unavailable(c.err); got != c.want {
+			t.Errorf("Unavailable(%v) = %v; want %v", c.err, got, c.want)
+		}
+	}
+	// Replies of a real Redis.
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	key := fmt.Sprintf("unavailable:%d", time.Now().UnixNano())
+	c.HSet(t.Context(), key, "f", "v")
+	defer c.Del(context.Background(), key)
+	_, wrongType := c.Get(t.Context(), key).Result()
+	_, scriptErr := c.Eval(t.Context(), "return 1 + nil", nil).Result()
+	for _, err := range []error{wrongType, scriptErr} {
+		if err == nil || Unavailable(err) {
+			t.Errorf("Unavailable(%v) = true; want false: Redis answered", err)
+		}
+	}
+}
+
+// TestScriptErrorKeepsBreakerClosed: a script error caused by one key's
+// data (here a key of the wrong type) fails that request only; the node's
+// breaker stays closed and other keys are decided.
+func TestScriptErrorKeepsBreakerClosed(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	s := newRedisStore(t, c)
+	p := Policy{Rate: 1, Period: time.Hour, Burst: 10}
+	bad := Request{Zone: "z", Key: "bad", Policy: p, Cost: 1}
+	if err := c.HSet(t.Context(), s.key(bad), "not", "a bucket").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 * BreakerFailures {
+		if _, err := s.Take(t.Context(), []Request{bad}); err == nil || Unavailable(err) {
+			t.Fatalf("take of a wrong-type key: %v; want a script error", err)
+		}
+	}
+	if s.Breaker("").Open() {
+		t.Fatal("script errors opened the breaker")
+	}
+	if _, err := s.Take(t.Context(), []Request{{Zone: "z", Key: "good", Policy: p, Cost: 1}}); err != nil {
+		t.Fatalf("another key after script errors: %v", err)
+	}
+}
+
+// TestNodeBreakers: in a cluster, a hung master opens its own breaker
+// only; keys on the other masters are decided by Redis all along, and the
+// hung master's keys fail fast (no timeout per call) once it is open.
+func TestNodeBreakers(t *testing.T) {
+	// No replicas, so that no failover moves the hung master's slots
+	// during the test; the rest of the cluster serves its slots meanwhile.
+	cl := redistest.NewClusterOf(t, 3, 0, "--cluster-require-full-coverage", "no")
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(),
+		ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond})
+	s := newRedisStore(t, c)
+	p := Policy{Rate: 1, Period: time.Hour, Burst: 1000}
+	byNode := keysByNode(t, s, p)
+	if len(byNode) < 2 {
+		t.Fatalf("keys on %d masters; want several", len(byNode))
+	}
+	var hung string
+	for node := range byNode {
+		hung = node
+		break
+	}
+	srv := cl.Server(hung)
+	srv.Pause()
+	defer srv.Resume()
+	take := func(r Request) (time.Duration, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err := s.Take(ctx, []Request{r})
+		return time.Since(start), err
+	}
+	for i := range 10 {
+		for node, r := range byNode {
+			took, err := take(r)
+			switch {
+			case node != hung && err != nil:
+				t.Fatalf("round %d: a key on healthy %s failed: %v", i, node, err)
+			case node == hung && err == nil:
+				t.Fatalf("round %d: a key on the hung master %s was decided", i, node)
+			case node == hung && i >= BreakerFailures && (!errors.Is(err, ErrBreakerOpen) || took > 50*time.Millisecond):
+				t.Fatalf("round %d: the hung master's key took %s (%v); want a fast ErrBreakerOpen", i, took, err)
+			}
+		}
+	}
+	for node := range byNode {
+		if open := s.Breaker(node).Open(); open != (node == hung) {
+			t.Errorf("breaker of %s open = %v", node, open)
+		}
+	}
+}
+
+// keysByNode finds a request whose key lives on each master.
+func keysByNode(t *testing.T, s *RedisStore, p Policy) map[string]Request {
+	t.Helper()
+	byNode := map[string]Request{}
+	for i := 0; i < 200 && len(byNode) < 3; i++ {
+		r := Request{Zone: "z", Key: fmt.Sprintf("node-key-%d", i), Policy: p, Cost: 1}
+		nodes := s.nodes(t.Context(), s.scriptRuns([]Request{r}))
+		if nodes[0] != "" {
+			byNode[nodes[0]] = r
+		}
+	}
+	return byNode
+}

@@ -1,0 +1,176 @@
+package limiter
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrBreakerOpen is the error of a call not sent because the circuit
+// breaker of its Redis node is open.
+var ErrBreakerOpen = errors.New("circuit breaker open after consecutive redis failures")
+
+// NodeError is a failed call to one Redis node: Node is the address of the
+// cluster master the call went to, "" outside a cluster (one breaker for
+// the whole Redis).
+type NodeError struct {
+	Node string
+	Err  error
+}
+
+func (e *NodeError) Error() string {
+	if e.Node == "" {
+		return e.Err.Error()
+	}
+	return "redis node " + e.Node + ": " + e.Err.Error()
+}
+
+func (e *NodeError) Unwrap() error { return e.Err }
+
+// Unavailable reports whether err says that Redis could not decide: no
+// connection, a timeout, an open breaker, or a reply saying the server
+// cannot serve now (loading, cluster down, a read-only replica, out of
+// memory, busy with a long script). Only these count toward a breaker. Any
+// other error, such as a script error caused by the data of one request,
+// is that request's problem: Redis is up.
+func Unavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrBreakerOpen) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	var reply redis.Error
+	if errors.As(err, &reply) && !errors.Is(err, redis.ErrClosed) {
+		msg := reply.Error()
+		for _, prefix := range []string{"LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "OOM", "NOREPLICAS"} {
+			if strings.HasPrefix(msg, prefix) {
+				return true
+			}
+		}
+		return false
+	}
+	// No reply: a connection, pool or timeout error. A malformed reply is
+	// not one: Redis answered.
+	return !errors.Is(err, errReply)
+}
+
+// onceCmd is a command that go-redis must not send again after a network
+// error: a script that may have run is never run twice. go-redis's cluster
+// client retries network errors on its own (up to MaxRedirects, whatever
+// MaxRetries says) unless the command says NoRetry. MOVED and ASK replies,
+// which mean the script did not run, are still followed.
+type onceCmd struct{ *redis.Cmd }
+
+// NoRetry tells go-redis not to retry the command.
+func (onceCmd) NoRetry() bool { return true }
+
+// luaScript is a Lua script and its SHA-1, the name EVALSHA runs it by.
+type luaScript struct {
+	src, sha string
+}
+
+func newLuaScript(src string) *luaScript {
+	sum := sha1.Sum([]byte(src))
+	return &luaScript{src: src, sha: hex.EncodeToString(sum[:])}
+}
+
+// evalCmd is an EVALSHA of script with keys and args, or an EVAL (the
+// script's source) when sha is false.
+func evalCmd(ctx context.Context, script *luaScript, sha bool, keys []string, args []any) onceCmd {
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	if sha {
+		cmdArgs = append(cmdArgs, "evalsha", script.sha)
+	} else {
+		cmdArgs = append(cmdArgs, "eval", script.src)
+	}
+	cmdArgs = append(cmdArgs, len(keys))
+	for _, k := range keys {
+		cmdArgs = append(cmdArgs, k)
+	}
+	cmdArgs = append(cmdArgs, args...)
+	return onceCmd{redis.NewCmd(ctx, cmdArgs...)}
+}
+
+// nodeBreakers are the circuit breakers of a RedisStore, one per node, so
+// that one dead shard sends only its own keys to the failure mode.
+type nodeBreakers struct {
+	threshold int
+	cooldown  time.Duration
+	mu        sync.Mutex
+	byNode    map[string]*Breaker
+	// changed, when set, is called when a node's breaker opens or closes.
+	changed func(node string, open bool)
+}
+
+// get returns the breaker of node, made on first use.
+func (nb *nodeBreakers) get(node string) *Breaker {
+	nb.mu.Lock()
+	defer nb.mu.Unlock()
+	b, ok := nb.byNode[node]
+	if !ok {
+		b = NewBreaker(nb.threshold, nb.cooldown)
+		nb.byNode[node] = b
+	}
+	return b
+}
+
+// admit asks the breakers of nodes whether calls may go to them at now.
+// When one refuses, the probes that others granted are given back and
+// admit returns a *NodeError wrapping ErrBreakerOpen.
+func (nb *nodeBreakers) admit(nodes []string, now time.Time) error {
+	for i, node := range nodes {
+		if slices.Contains(nodes[:i], node) {
+			continue
+		}
+		if !nb.get(node).Allow(now) {
+			for _, granted := range nodes[:i] {
+				nb.get(granted).CancelProbe()
+			}
+			return &NodeError{Node: node, Err: ErrBreakerOpen}
+		}
+	}
+	return nil
+}
+
+// settle records the outcome of the calls to nodes: a node fails when any
+// of its calls found Redis unavailable, and succeeds otherwise (a script
+// error is an answer).
+func (nb *nodeBreakers) settle(nodes []string, errs []error, now time.Time) {
+	failed := map[string]bool{}
+	for i, node := range nodes {
+		failed[node] = failed[node] || Unavailable(errs[i])
+	}
+	for node, f := range failed {
+		b := nb.get(node)
+		switch {
+		case f && b.Failure(now):
+			nb.notify(node, true)
+		case !f && b.Success():
+			nb.notify(node, false)
+		}
+	}
+}
+
+func (nb *nodeBreakers) notify(node string, open bool) {
+	if nb.changed != nil {
+		nb.changed(node, open)
+	}
+}
+
+// anyOpen reports whether the breaker of one of nodes is open.
+func (nb *nodeBreakers) anyOpen(nodes []string) bool {
+	for _, node := range nodes {
+		if nb.get(node).Open() {
+			return true
+		}
+	}
+	return false
+}

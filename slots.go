@@ -1,0 +1,194 @@
+package ratelimit
+
+import (
+	"cmp"
+	"context"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+)
+
+// Concurrency slots (max_concurrent): a request that a concurrency zone
+// allowed holds a slot until its response ends. In Redis a slot is a
+// lease: renewed while the request runs, given back at its end, and given
+// back later when Redis did not answer, until the lease would have expired
+// by itself.
+
+// release gives back, when called, the concurrency slots a store took
+// for a request. Calling a nil release does nothing.
+type release func()
+
+func (r release) call() {
+	if r != nil {
+		r()
+	}
+}
+
+// holdSlots returns the release of the concurrency slots that store took
+// for reqs; nil when reqs hold none. In Redis, where a slot is a lease, the
+// leases are renewed every third of their lifetime until the release, so
+// that a request that outlives its lease (a websocket, a long download)
+// keeps counting, as it does in memory.
+func (h *Handler) holdSlots(store limiter.Store, reqs []limiter.Request) release {
+	held := concurrencyRequests(reqs)
+	if len(held) == 0 {
+		return nil
+	}
+	var stopRenewing func()
+	if rs, ok := store.(*limiter.RedisStore); ok {
+		stopRenewing = h.renewLeases(rs, held)
+	}
+	return func() {
+		if stopRenewing != nil {
+			stopRenewing()
+		}
+		h.releaseSlots(store, held)
+	}
+}
+
+// concurrencyRequests are the requests of reqs that hold a concurrency slot.
+func concurrencyRequests(reqs []limiter.Request) []limiter.Request {
+	var held []limiter.Request
+	for _, r := range reqs {
+		if r.Policy.Algorithm == limiter.Concurrency {
+			held = append(held, r)
+		}
+	}
+	return held
+}
+
+// releaseSlots gives back the concurrency slots of reqs, always: with a
+// short timeout, even while a breaker is open. A release that Redis did not
+// take is tried again in the background until its leases expire.
+func (h *Handler) releaseSlots(store limiter.Store, reqs []limiter.Request) {
+	held := concurrencyRequests(reqs)
+	if len(held) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(h.timeout, time.Second))
+	err := store.Release(ctx, held)
+	cancel()
+	if err == nil {
+		return
+	}
+	if b := h.backend; b.retries != nil && store != limiter.Store(b.memory) {
+		b.retries.add(held)
+		h.logger.Debug("concurrency slots not released yet; trying again", zap.Error(err))
+		return
+	}
+	h.logger.Debug("concurrency slots not released; their leases will expire", zap.Error(err))
+}
+
+// renewLeases renews the leases of held in Redis every third of the
+// shortest lease, until the returned stop is called. A renewal that fails
+// is tried again at the next tick; a lease that is gone (expired, reset)
+// is not made again.
+func (h *Handler) renewLeases(store *limiter.RedisStore, held []limiter.Request) (stop func()) {
+	every := held[0].Policy.Lease
+	for _, r := range held[1:] {
+		every = min(every, r.Policy.Lease)
+	}
+	every /= 3
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(h.timeout, time.Second))
+			if err := store.Renew(ctx, held); err != nil {
+				h.logger.Debug("concurrency leases not renewed; trying again", zap.Error(err))
+			}
+			cancel()
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done) }) }
+}
+
+// maxReleaseRetries bounds the releases waiting to be tried again.
+const maxReleaseRetries = 10000
+
+// releaseRetryEvery is how often a release that failed is tried again.
+const releaseRetryEvery = 250 * time.Millisecond
+
+// releaseRetries are the releases of concurrency slots that Redis did not
+// take, tried again by one goroutine per backend until Redis takes them or
+// their leases expire. Slots stay taken meanwhile, so the client is limited
+// a little longer, never less.
+type releaseRetries struct {
+	store   *limiter.RedisStore
+	timeout time.Duration
+	pending chan pendingRelease
+	done    chan struct{}
+	once    sync.Once
+}
+
+type pendingRelease struct {
+	reqs  []limiter.Request
+	until time.Time // when the shortest lease expires by itself
+}
+
+func newReleaseRetries(store *limiter.RedisStore, timeout time.Duration) *releaseRetries {
+	r := &releaseRetries{store: store, timeout: timeout,
+		pending: make(chan pendingRelease, maxReleaseRetries), done: make(chan struct{})}
+	go r.loop()
+	return r
+}
+
+// add queues the release of reqs, which just failed; when the queue is
+// full, the leases are left to expire.
+func (r *releaseRetries) add(reqs []limiter.Request) {
+	lease := reqs[0].Policy.Lease
+	for _, q := range reqs[1:] {
+		lease = min(lease, q.Policy.Lease)
+	}
+	r.push(pendingRelease{reqs: reqs, until: time.Now().Add(lease)})
+}
+
+func (r *releaseRetries) push(p pendingRelease) {
+	select {
+	case r.pending <- p:
+	default:
+	}
+}
+
+func (r *releaseRetries) loop() {
+	for {
+		select {
+		case <-r.done:
+			return
+		case p := <-r.pending:
+			if r.retry(p) {
+				continue
+			}
+			r.push(p) // again, later
+			select {
+			case <-r.done:
+				return
+			case <-time.After(releaseRetryEvery):
+			}
+		}
+	}
+}
+
+// retry releases p once more; true when done with it (released, or its
+// leases expired).
+func (r *releaseRetries) retry(p pendingRelease) bool {
+	if time.Now().After(p.until) {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
+	defer cancel()
+	return r.store.Release(ctx, p.reqs) == nil
+}
+
+// stop ends the goroutine; queued releases are left to their leases.
+func (r *releaseRetries) stop() { r.once.Do(func() { close(r.done) }) }

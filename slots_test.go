@@ -1,0 +1,120 @@
+package ratelimit
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+)
+
+// concurrencyHandler provisions a handler with one max_concurrent 1 zone
+// of the given lease on Redis, failing closed.
+func concurrencyHandler(t *testing.T, addrs []string, lease time.Duration) *Handler {
+	t.Helper()
+	h := &Handler{
+		Zones: map[string]*Zone{"slots": {Key: "{http.request.header.X-Key}", MaxConcurrent: 1, Lease: caddyDuration(lease)}},
+		Redis: &RedisConfig{Addresses: addrs, KeyPrefix: fmt.Sprintf("slots%x:", rand.Uint64())},
+		// deny: a request that Redis does not decide shows as 503
+		OnStoreError: &StoreErrorPolicy{Mode: "deny"},
+	}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// hold starts a request of key that stays in flight until the returned
+// function is called; that function waits for the request's end and
+// returns its status.
+func hold(t *testing.T, h *Handler, key string) (end func() int) {
+	t.Helper()
+	entered, leave := make(chan struct{}), make(chan struct{})
+	done := make(chan int, 1)
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		close(entered)
+		<-leave
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	go func() { done <- serveWith(h, keyRequest(key), next).Code }()
+	select {
+	case <-entered:
+	case code := <-done:
+		t.Fatalf("the held request was answered %d", code)
+	}
+	return func() int {
+		close(leave)
+		return <-done
+	}
+}
+
+// serveWith is serve with another next handler.
+func serveWith(h *Handler, r *http.Request, next caddyhttp.Handler) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	r = r.Clone(r.Context())
+	caddyhttp.NewTestReplacer(r)
+	if err := h.ServeHTTP(w, r, next); err != nil {
+		w.Code = http.StatusInternalServerError
+		if he, ok := err.(caddyhttp.HandlerError); ok {
+			w.Code = he.StatusCode
+		}
+	}
+	return w
+}
+
+// TestReleaseWhileBreakerOpen: a request that ends while the breaker is
+// open still gives its slot back, so that its client is not refused with
+// nothing in flight until the lease expires.
+func TestReleaseWhileBreakerOpen(t *testing.T) {
+	h := concurrencyHandler(t, []string{redistest.StandaloneAddr(t)}, 5*time.Minute)
+	end := hold(t, h, "k")
+	if w := serve(h, keyRequest("k")); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("a second request in flight: status %d; want 429", w.Code)
+	}
+	b := h.backend.redis.Breaker("")
+	for range limiter.BreakerFailures {
+		b.Failure(time.Now())
+	}
+	if !b.Open() {
+		t.Fatal("breaker not open")
+	}
+	if code := end(); code != http.StatusOK {
+		t.Fatalf("held request: status %d", code)
+	}
+	b.Success() // Redis answers again
+	if w := serve(h, keyRequest("k")); w.Code != http.StatusOK {
+		t.Fatalf("after the only request ended during the cooldown: status %d; want 200 (its slot given back)", w.Code)
+	}
+}
+
+// TestLeaseRenewed: a request that outlives its lease keeps its slot in
+// Redis, as in memory: the limit holds for long streams.
+func TestLeaseRenewed(t *testing.T) {
+	stores := map[string][]string{"standalone": {redistest.StandaloneAddr(t)}, "cluster": redistest.ClusterAddrs(t)}
+	for name, addrs := range stores {
+		t.Run(name, func(t *testing.T) {
+			h := concurrencyHandler(t, addrs, time.Second)
+			end := hold(t, h, "stream")
+			time.Sleep(2500 * time.Millisecond) // two and a half leases
+			if w := serve(h, keyRequest("stream")); w.Code != http.StatusTooManyRequests {
+				t.Fatalf("while a request older than its lease is in flight: status %d; want 429", w.Code)
+			}
+			if code := end(); code != http.StatusOK {
+				t.Fatalf("held request: status %d", code)
+			}
+			if w := serve(h, keyRequest("stream")); w.Code != http.StatusOK {
+				t.Fatalf("after the stream ended: status %d; want 200", w.Code)
+			}
+		})
+	}
+}
+
+func caddyDuration(d time.Duration) caddy.Duration { return caddy.Duration(d) }
