@@ -57,14 +57,24 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		headers x_ratelimit | ietf | both | none
 //		retry_after_jitter <duration>
 //		log_keys
+//		log_refusals [<interval>]
+//		jitter          <fraction>
+//		log_key
+//		disable_metrics
+//		sweep_interval  <duration>
 //		jwt {
 //			secret          <text>
 //			public_key_file <pem file>
 //			jwks_file       <json file>
+//			jwks_url        <https url>
 //			from            header <name> | cookie <name>
-//			issuer          <iss>
+//			issuer          <iss> [discover]
 //			audience        <aud>
 //			leeway          <duration>
+//			refresh_min     <duration>
+//			refresh_max     <duration>
+//			max_stale       <duration>
+//			fetch_timeout   <duration>
 //		}
 //		zone <name> {
 //			match {
@@ -72,10 +82,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			}
 //			key          <template>
 //			rate         <N>r/<s|m|h|d> | <template> <default rate>
+//			events       <N>
+//			window       <duration>
 //			burst        <N> | <template> [<default N>]
 //			cost         <N> | <template> [<default N>]
-//			ipv4_prefix  <bits>
-//			ipv6_prefix  <bits>
+//			ipv4_prefix  <bits> | 0
+//			ipv6_prefix  <bits> | 0
 //			on_empty_key shared | skip
 //			algorithm    token_bucket | fixed_window | sliding_window_log | sliding_window_counter | leaky_bucket
 //			nodelay
@@ -141,6 +153,71 @@ var handlerOptions = map[string]func(*caddyfile.Dispenser, *Handler) error{
 	"response":           func(d *caddyfile.Dispenser, h *Handler) error { return oneOf(d, &h.Response, responseChoices) },
 	"headers":            func(d *caddyfile.Dispenser, h *Handler) error { return oneOf(d, &h.Headers, headersChoices) },
 	"retry_after_jitter": parseJitter,
+	"log_refusals":       parseLogRefusals,
+	// caddy-ratelimit's options (compat.go, distributed.go)
+	"log_key":         func(d *caddyfile.Dispenser, h *Handler) error { return noArgs(d, &h.LogKeys) },
+	"disable_metrics": func(d *caddyfile.Dispenser, h *Handler) error { return noArgs(d, &h.DisableMetrics) },
+	"jitter":          parseFractionJitter,
+	"sweep_interval": func(d *caddyfile.Dispenser, h *Handler) error {
+		var err error
+		h.SweepInterval, err = durationArg(d, 1, "sweep_interval %q: want a positive duration such as 1m")
+		return err
+	},
+	"distributed": refuseDistributedCaddyfile,
+	"storage":     refuseDistributedCaddyfile,
+}
+
+// parseLogRefusals parses: log_refusals [<interval>].
+func parseLogRefusals(d *caddyfile.Dispenser, h *Handler) error {
+	h.LogRefusals = new(RefusalLog)
+	if d.CountRemainingArgs() == 0 {
+		return nil
+	}
+	var err error
+	h.LogRefusals.Interval, err = durationArg(d, 1, "log_refusals %q: want an interval such as 1m")
+	return err
+}
+
+// parseFractionJitter parses caddy-ratelimit's jitter <fraction>.
+func parseFractionJitter(d *caddyfile.Dispenser, h *Handler) error {
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	j, err := strconv.ParseFloat(s, 64)
+	if err != nil || !(j >= 0 && j <= maxJitter) {
+		return d.Errf("jitter %q: want a fraction of the wait from 0 to %d (0.2 adds up to 20%%)", s, maxJitter)
+	}
+	h.Jitter = j
+	return nil
+}
+
+// refuseDistributedCaddyfile refuses caddy-ratelimit's distributed and
+// storage subdirectives, showing the redis block to use instead (from
+// the storage's own settings, for a storage redis block).
+func refuseDistributedCaddyfile(d *caddyfile.Dispenser, _ *Handler) error {
+	d = d.NewFromNextSegment()
+	d.Next()
+	option, opts := d.Val(), map[string][]string{}
+	if args := d.RemainingArgs(); option == "storage" && len(args) > 0 {
+		opts["module"] = args[:1]
+		if len(args) > 1 {
+			opts["client_type"] = args[1:2] // storage redis cluster | failover
+		}
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		opts[name] = d.RemainingArgs()
+		for inner := d.Nesting(); d.NextBlock(inner); { // address { a b c }
+			opts[name] = append(opts[name], append([]string{d.Val()}, d.RemainingArgs()...)...)
+		}
+	}
+	if option == "distributed" {
+		opts = nil // its block holds intervals, no Redis settings
+	}
+	d.Reset()
+	d.Next() // the error names the option's line
+	return d.Errf("%s", distributedError(option, redisFromStorage(opts)))
 }
 
 // unmarshalZone parses a zone block into h.Zones.
@@ -196,6 +273,8 @@ var zoneOptions = map[string]func(*caddyfile.Dispenser, *Zone) error{
 	"cost":         func(d *caddyfile.Dispenser, z *Zone) error { return parseCount(d, z, &z.Cost, &z.DefaultCost) },
 	"ipv4_prefix":  func(d *caddyfile.Dispenser, z *Zone) error { return parsePrefix(d, z, &z.IPv4Prefix, 32) },
 	"ipv6_prefix":  func(d *caddyfile.Dispenser, z *Zone) error { return parsePrefix(d, z, &z.IPv6Prefix, 128) },
+	"events":       parseEvents,
+	"window":       parseWindow,
 	"on_empty_key": parseOnEmptyKey,
 	"algorithm":    parseAlgorithm,
 	"nodelay":      func(d *caddyfile.Dispenser, z *Zone) error { return noArgs(d, &z.NoDelay) },
@@ -302,18 +381,38 @@ func parseCount(d *caddyfile.Dispenser, z *Zone, v *caddyhttp.WeakString, dflt *
 	return nil
 }
 
-func parsePrefix(d *caddyfile.Dispenser, z *Zone, dst *int, maxBits int) error {
+// parsePrefix parses ipv4_prefix or ipv6_prefix: <bits>, 0 for no
+// grouping.
+func parsePrefix(d *caddyfile.Dispenser, z *Zone, dst *PrefixLength, maxBits int) error {
 	field := d.Val()
 	var s string
 	if err := oneArg(d, &s); err != nil {
 		return err
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 || n > maxBits {
-		return d.Errf("zone %q: %s %q: want 1 to %d", z.name, field, s, maxBits)
+	if err != nil || n < 0 || n > maxBits {
+		return d.Errf("zone %q: %s %q: want 0 (no grouping) to %d", z.name, field, s, maxBits)
 	}
-	*dst = n
+	*dst = PrefixLength(n)
+	if n == 0 {
+		*dst = noGrouping
+	}
 	return nil
+}
+
+// parseEvents parses caddy-ratelimit's events <N>: the limit of a window.
+func parseEvents(d *caddyfile.Dispenser, z *Zone) error {
+	n := 0
+	err := intArg(d, &n, 1)
+	z.MaxEvents = int64(n)
+	return err
+}
+
+// parseWindow parses caddy-ratelimit's window <duration>.
+func parseWindow(d *caddyfile.Dispenser, z *Zone) error {
+	var err error
+	z.Window, err = durationArg(d, time.Millisecond, fmt.Sprintf("zone %q: window %%q: want a duration of at least 1ms, such as 1m", z.name))
+	return err
 }
 
 func parseOnEmptyKey(d *caddyfile.Dispenser, z *Zone) error {
@@ -400,20 +499,53 @@ var redisTLSOptions = withStringOptions(map[string]func(*caddyfile.Dispenser, *R
 	"insecure_skip_verify": func(d *caddyfile.Dispenser, t *RedisTLS) error { return noArgs(d, &t.InsecureSkipVerify) },
 }, "ca", "cert", "key", "server_name")
 
-// UnmarshalCaddyfile parses a jwt block (see Handler.UnmarshalCaddyfile).
+// UnmarshalCaddyfile parses a jwt block (see Handler.UnmarshalCaddyfile),
+// and checks its keys' settings, so that errors point at its first line.
 func (c *JWTConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	err := parseBlock(d, "jwt: ", c, jwtOptions)
-	if err == nil && c.Secret == "" && c.PublicKeyFile == "" && c.JWKSFile == "" {
-		err = d.Err("jwt: needs secret, public_key_file or jwks_file")
+	if err := parseBlock(d, "jwt: ", c, jwtOptions); err != nil {
+		return err
 	}
-	return err
+	d.Reset()
+	d.Next()
+	if c.Secret == "" && c.PublicKeyFile == "" && c.JWKSFile == "" && c.JWKSURL == "" && !c.Discover {
+		return d.Err("jwt: needs secret, public_key_file, jwks_file, jwks_url or issuer <url> discover")
+	}
+	if _, err := c.remoteOptions(); err != nil {
+		return d.Errf("jwt: %v", err)
+	}
+	return nil
 }
 
 // jwtOptions parse the subdirectives of the jwt block, one each.
 var jwtOptions = withStringOptions(map[string]func(*caddyfile.Dispenser, *JWTConfig) error{
-	"from":   parseJWTFrom,
-	"leeway": parseJWTLeeway,
-}, "secret", "public_key_file", "jwks_file", "issuer", "audience")
+	"from":          parseJWTFrom,
+	"leeway":        parseJWTLeeway,
+	"issuer":        parseJWTIssuer,
+	"refresh_min":   parseJWTDuration,
+	"refresh_max":   parseJWTDuration,
+	"max_stale":     parseJWTDuration,
+	"fetch_timeout": parseJWTDuration,
+}, "secret", "public_key_file", "jwks_file", "jwks_url", "audience")
+
+// parseJWTIssuer parses: issuer <iss> [discover].
+func parseJWTIssuer(d *caddyfile.Dispenser, c *JWTConfig) error {
+	args := d.RemainingArgs()
+	if len(args) == 0 || len(args) > 2 || len(args) == 2 && args[1] != "discover" {
+		return d.Err("jwt: want issuer <iss> or issuer <url> discover")
+	}
+	c.Issuer, c.Discover = args[0], len(args) == 2
+	return nil
+}
+
+// parseJWTDuration parses refresh_min, refresh_max, max_stale or
+// fetch_timeout: a positive duration.
+func parseJWTDuration(d *caddyfile.Dispenser, c *JWTConfig) error {
+	dst := map[string]*caddy.Duration{"refresh_min": &c.RefreshMin, "refresh_max": &c.RefreshMax,
+		"max_stale": &c.MaxStale, "fetch_timeout": &c.FetchTimeout}[d.Val()]
+	var err error
+	*dst, err = durationArg(d, 1, "jwt: "+d.Val()+" %q: want a positive duration such as 5m")
+	return err
+}
 
 // parseJWTFrom parses: from header <name> | from cookie <name>.
 func parseJWTFrom(d *caddyfile.Dispenser, c *JWTConfig) error {

@@ -116,7 +116,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		name, src, want string
 	}{
 		{"duplicate zone", ":8080 {\n\trate_limit {\n\t\tzone a {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t\tzone a {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t}\n}", `duplicate zone "a", at Caddyfile:7`},
-		{"missing key", zone("\t\t\trate 1r/s"), `zone "api": key is required, at Caddyfile:3`},
+		{"skip without key", zone("\t\t\trate 1r/s\n\t\t\ton_empty_key skip"), `zone "api": on_empty_key skip needs a key: without one, the zone has a single bucket, at Caddyfile:3`},
 		{"missing rate", zone("\t\t\tkey {client_ip}"), `zone "api": rate (or max_concurrent) is required, at Caddyfile:3`},
 		{"zero rate", zone("\t\t\tkey k\n\t\t\trate 0r/s"), `out of range [1, 1099511627776], at Caddyfile:5`},
 		{"negative rate", zone("\t\t\tkey k\n\t\t\trate -1r/s"), `-1 is out of range [1, 1099511627776], at Caddyfile:5`},
@@ -153,13 +153,13 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"cost zero", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tcost 0"), `zone "api": cost "0": want a whole number of at least 1, at Caddyfile:6`},
 		{"cost default bad", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tcost {http.vars.cost} x"), `cost "x": want a whole number of at least 1`},
 		{"burst three args", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tburst {a} 1 2"), `wrong argument count`},
-		{"ipv4 prefix", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tipv4_prefix 33"), `zone "api": ipv4_prefix "33": want 1 to 32, at Caddyfile:6`},
-		{"ipv6 prefix", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tipv6_prefix x"), `ipv6_prefix "x": want 1 to 128`},
+		{"ipv4 prefix", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tipv4_prefix 33"), `zone "api": ipv4_prefix "33": want 0 (no grouping) to 32, at Caddyfile:6`},
+		{"ipv6 prefix", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tipv6_prefix x"), `ipv6_prefix "x": want 0 (no grouping) to 128`},
 		{"on_empty_key", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\ton_empty_key drop"), `zone "api": on_empty_key "drop": want shared or skip, at Caddyfile:6`},
 		{"unknown algorithm", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\talgorithm gcra"), `zone "api": unknown algorithm "gcra" (want token_bucket, fixed_window, sliding_window_log, sliding_window_counter or leaky_bucket), at Caddyfile:6`},
 		{"burst with a window", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\talgorithm fixed_window\n\t\t\tburst 5"), `zone "api": burst does not apply to fixed_window: its limit is N of the rate per window, at Caddyfile:3`},
 		{"nodelay without leaky", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tnodelay"), `nodelay applies to leaky_bucket only`},
-		{"concurrency with a rate", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tmax_concurrent 5"), `max_concurrent limits requests in flight: rate, algorithm, burst, cost, nodelay and ban do not apply`},
+		{"concurrency with a rate", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tmax_concurrent 5"), `max_concurrent limits requests in flight: rate, events, window, algorithm, burst, cost, nodelay and ban do not apply`},
 		{"concurrency zero", zone("\t\t\tkey k\n\t\t\tmax_concurrent 0"), `max_concurrent "0": want a whole number of at least 1, at Caddyfile:5`},
 		{"lease short", zone("\t\t\tkey k\n\t\t\tmax_concurrent 2\n\t\t\tlease 10ms"), `zone "api": lease "10ms": want a duration of at least 1s, at Caddyfile:6`},
 		{"lease with a rate", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tlease 10s"), `lease applies to max_concurrent only`},
@@ -170,7 +170,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"jitter", ":8080 {\n\trate_limit {\n\t\tretry_after_jitter soon\n\t}\n}", `retry_after_jitter "soon": want a duration such as 5s`},
 		{"dry_run arg", ":8080 {\n\trate_limit {\n\t\tdry_run yes\n\t}\n}", `wrong argument count`},
 		{"local_cache", withRedis("\t\t\taddresses a:1\n\t\t\tlocal_cache -5"), `redis: local_cache "-5": want a number of clients, or off`},
-		{"jwt without key", withJWT("\t\t\tissuer x"), `jwt: needs secret, public_key_file or jwks_file`},
+		{"jwt without key", withJWT("\t\t\tissuer x"), `jwt: needs secret, public_key_file, jwks_file, jwks_url or issuer <url> discover, at Caddyfile:3`},
 		{"jwt unknown option", withJWT("\t\t\tsecret s\n\t\t\talgorithms HS256"), `jwt: unrecognized subdirective "algorithms", at Caddyfile:5`},
 		{"jwt bad from", withJWT("\t\t\tsecret s\n\t\t\tfrom query token"), `jwt: want from header <name> or from cookie <name>, at Caddyfile:5`},
 		{"on_store_error block", ":8080 {\n\trate_limit {\n\t\ton_store_error allow {\n\t\t\tfoo\n\t\t}\n\t\tzone z {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t}\n}", `on_store_error takes no block, at Caddyfile:4`},
@@ -178,6 +178,17 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"empty on_empty_key", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\ton_empty_key \"\""), `on_empty_key "": want shared or skip, at Caddyfile:6`},
 		{"invalid duplicate zone", ":8080 {\n\trate_limit {\n\t\tzone a {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t\tzone a {\n\t\t\tkey k\n\t\t}\n\t}\n}", `duplicate zone "a", at Caddyfile:7`},
 		{"jwt bad leeway", withJWT("\t\t\tsecret s\n\t\t\tleeway -1s"), `jwt: leeway "-1s": want a duration such as 30s`},
+		{"jwks_url plain http", withJWT("\t\t\tjwks_url http://auth.example.com/jwks"), `jwt: "http://auth.example.com/jwks": want https:// (http:// only to a loopback host), at Caddyfile:3`},
+		{"jwks_url relative", withJWT("\t\t\tjwks_url /jwks.json"), `jwt: "/jwks.json": want an absolute https:// URL, at Caddyfile:3`},
+		{"jwks_url and discover", withJWT("\t\t\tjwks_url https://a.example/jwks\n\t\t\tissuer https://a.example discover"), `jwt: jwks_url or discover, not both, at Caddyfile:3`},
+		{"issuer bad word", withJWT("\t\t\tissuer https://a.example discovery"), `jwt: want issuer <iss> or issuer <url> discover, at Caddyfile:4`},
+		{"issuer no args", withJWT("\t\t\tsecret s\n\t\t\tissuer"), `jwt: want issuer <iss> or issuer <url> discover, at Caddyfile:5`},
+		{"discover plain http", withJWT("\t\t\tissuer http://auth.example.com discover"), `want https://`},
+		{"refresh_min bad", withJWT("\t\t\tjwks_url https://a.example/jwks\n\t\t\trefresh_min soon"), `jwt: refresh_min "soon": want a positive duration such as 5m, at Caddyfile:5`},
+		{"fetch_timeout zero", withJWT("\t\t\tjwks_url https://a.example/jwks\n\t\t\tfetch_timeout 0s"), `jwt: fetch_timeout "0s": want a positive duration`},
+		{"refresh bounds", withJWT("\t\t\tjwks_url https://a.example/jwks\n\t\t\trefresh_min 5m\n\t\t\trefresh_max 1m"), `jwt: refresh_max 1m0s is shorter than refresh_min 5m0s, at Caddyfile:3`},
+		{"max_stale short", withJWT("\t\t\tjwks_url https://a.example/jwks\n\t\t\tmax_stale 10m"), `jwt: max_stale 10m0s is shorter than refresh_max 1h0m0s`},
+		{"refresh without url", withJWT("\t\t\tsecret s\n\t\t\trefresh_max 2h"), `jwt: refresh_min, refresh_max, max_stale and fetch_timeout apply to jwks_url and discover only, at Caddyfile:3`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -228,6 +239,25 @@ func TestCaddyfileClients(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("adapted config lacks\n%s\nin\n%s", want, out)
 		}
+	}
+}
+
+func TestCaddyfileJWKS(t *testing.T) {
+	out, err := adapt(t, withJWT("\t\t\tjwks_url https://auth.example.com/.well-known/jwks.json\n\t\t\trefresh_min 30s\n"+
+		"\t\t\trefresh_max 2h\n\t\t\tmax_stale 12h\n\t\t\tfetch_timeout 5s\n\t\t\tsecret {env.JWT_SECRET}"))
+	want := `"jwt":{"fetch_timeout":5000000000,"jwks_url":"https://auth.example.com/.well-known/jwks.json","max_stale":43200000000000,"refresh_max":7200000000000,"refresh_min":30000000000,"secret":"{env.JWT_SECRET}"}`
+	if err != nil || !strings.Contains(out, want) {
+		t.Fatalf("jwks_url: %v; adapted config lacks\n%s\nin\n%s", err, want, out)
+	}
+	out, err = adapt(t, withJWT("\t\t\tissuer https://tenant.eu.auth0.com/ discover\n\t\t\taudience api"))
+	want = `"jwt":{"audience":"api","discover":true,"issuer":"https://tenant.eu.auth0.com/"}`
+	if err != nil || !strings.Contains(out, want) {
+		t.Fatalf("issuer discover: %v; adapted config lacks\n%s\nin\n%s", err, want, out)
+	}
+	out, err = adapt(t, withJWT("\t\t\tissuer https://auth.example\n\t\t\tjwks_url http://127.0.0.1:8081/jwks"))
+	want = `"jwt":{"issuer":"https://auth.example","jwks_url":"http://127.0.0.1:8081/jwks"}`
+	if err != nil || !strings.Contains(out, want) {
+		t.Fatalf("issuer alone, loopback jwks_url: %v; adapted config lacks\n%s\nin\n%s", err, want, out)
 	}
 }
 

@@ -22,7 +22,7 @@ func TestJWTConfigErrors(t *testing.T) {
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			if _, _, err := c.cfg.verifier(); err == nil || !strings.Contains(err.Error(), c.want) {
+			if _, _, err := c.cfg.verifier(nil); err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("verifier() = %v; want %q", err, c.want)
 			}
 		})

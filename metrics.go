@@ -21,6 +21,8 @@ var metrics = struct {
 	scriptErrors prometheus.Counter
 	cacheHits    *prometheus.CounterVec
 	bans         *prometheus.CounterVec
+	jwksFetches  *prometheus.CounterVec
+	jwksAge      prometheus.Collector
 }{}
 
 // Decision results, the values of the "result" label.
@@ -65,6 +67,10 @@ func initMetrics() {
 	metrics.cacheHits = counterVec("local_cache_hits_total",
 		"Requests refused from the local cache of refused clients: Redis calls saved.", "zone")
 	metrics.bans = counterVec("bans_total", "Bans started: clients refused often enough to be banned.", "zone")
+	metrics.jwksFetches = counterVec("jwks_fetches_total",
+		"Fetches of JWT keys from a JWKS URL, by configured URL (host and path) and result: ok, error (no answer, timeout, HTTP error status), rejected (not a usable key set, or too large).",
+		"jwks", "result")
+	metrics.jwksAge = newJWKSAgeCollector()
 }
 
 // registerMetrics registers the collectors in reg (once per registry).
@@ -73,7 +79,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.scriptErrors, metrics.cacheHits, metrics.bans} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.scriptErrors, metrics.cacheHits, metrics.bans, metrics.jwksFetches, metrics.jwksAge} {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
 			return err
@@ -88,6 +94,8 @@ func recordDecisions(zones []*Zone, v verdict, dryRun bool) {
 	for i, z := range zones {
 		var result string
 		switch {
+		case z.noMetrics: // disable_metrics
+			continue
 		case v.storeFailed:
 			result = resultStoreError
 		case v.decisions[i].Limit == 0: // not asked: another zone refused first

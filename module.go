@@ -27,11 +27,13 @@ package ratelimit
 
 import (
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -63,7 +65,10 @@ func init() {
 // The placeholders {http.rate_limit.zone}, {http.rate_limit.limit},
 // {http.rate_limit.remaining}, {http.rate_limit.reset},
 // {http.rate_limit.retry_after} and {http.rate_limit.exceeded} describe the
-// decision to later handlers and logs.
+// decision to later handlers and logs; on a refusal,
+// {http.rate_limit.exceeded.name} names the zone, and Caddy's events app
+// gets a rate_limit_exceeded event (as with caddy-ratelimit, whose
+// configuration this handler also accepts: see compat.go).
 type Handler struct {
 	// Zones are the limits, by name. Every zone whose matchers match the
 	// request is checked, all or nothing: a request refused by one zone
@@ -126,8 +131,48 @@ type Handler struct {
 	// keys), so they are left out by default.
 	LogKeys bool `json:"log_keys,omitempty"`
 
+	// LogRefusals logs refused requests at info level, for fail2ban,
+	// CrowdSec and the like: "rate limit exceeded" with the zone, the
+	// client's address, the host and the path (the key only with
+	// LogKeys), at most one line per client address and zone per
+	// interval. Default: refusals are logged at debug level only.
+	LogRefusals *RefusalLog `json:"log_refusals,omitempty"`
+
+	// RateLimits are zones under caddy-ratelimit's JSON name, with its
+	// fields (key, window, max_events, ipv4_prefix, ipv6_prefix, match);
+	// they join Zones, and a name in both is an error.
+	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
+
+	// LogKey is caddy-ratelimit's name of LogKeys.
+	LogKey bool `json:"log_key,omitempty"`
+
+	// Jitter adds up to this fraction of the wait to Retry-After, at
+	// random, as caddy-ratelimit's jitter: 0.2 adds 0 to 20%. From 0 to 1;
+	// RetryAfterJitter adds its seconds after it. Default: 0.
+	Jitter float64 `json:"jitter,omitempty"`
+
+	// DisableMetrics leaves this handler's zones out of the decision
+	// metrics, and does not register the collectors in Caddy's registry
+	// (another handler that does exports the store metrics all the same).
+	DisableMetrics bool `json:"disable_metrics,omitempty"`
+
+	// SweepInterval is accepted for caddy-ratelimit's configs and has no
+	// effect: here the memory store drops idle buckets every 30s on its
+	// own, and Redis expires them with their TTL.
+	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
+
+	// Distributed and Storage are caddy-ratelimit's approximate sync of
+	// instances through storage: refused, with an error that shows the
+	// redis block that shares one exact limit instead.
+	Distributed json.RawMessage `json:"distributed,omitempty"`
+	Storage     json.RawMessage `json:"storage,omitempty"`
+
+	events   *caddyevents.App    // Caddy's events app, for rate_limit_exceeded; nil in tests without one
+	eventCtx caddy.Context       // the context events are emitted in: this handler's
+	refusals *refusalThrottle    // LogRefusals' memory of clients logged; nil without LogRefusals
 	zones    []*Zone             // Zones, sorted by name
 	verifier *clientkey.Verifier // JWT's keys; nil without JWT
+	jwksKey  string              // JWT's key fetcher in jwksFetchers; "" without one, or once released
 	backend  *backend            // the stores, shared through backends
 	poolKey  string              // backend's key in backends; "" once released
 	timeout  time.Duration       // Redis's timeout; 0 without Redis
@@ -158,7 +203,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err = h.checkResponseOptions(); err != nil {
 		return err
 	}
-	if err = registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+	if err = h.provisionCompat(); err != nil {
+		return err
+	}
+	if err = h.provisionRefusals(ctx); err != nil {
+		return err
+	}
+	if err = registerMetrics(h.metricsRegistry(ctx)); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
 	if err = h.provisionJWT(); err != nil {
@@ -182,9 +233,11 @@ func (h *Handler) Validate() error {
 	return nil
 }
 
-// Cleanup releases the stores and removes the zones from the admin API.
+// Cleanup releases the stores and JWT's key fetcher, and removes the
+// zones from the admin API.
 func (h *Handler) Cleanup() error {
 	unregisterZones(h)
+	h.releaseJWKS()
 	return h.releaseBackend()
 }
 

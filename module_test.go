@@ -86,7 +86,7 @@ func TestProvisionErrors(t *testing.T) {
 		"no zones":       {nil, "no zones"},
 		"nil zone":       {map[string]*Zone{"a": nil}, `zone "a": empty zone`},
 		"empty name":     {map[string]*Zone{"": {Key: "k", Rate: "1r/s"}}, "zone has no name"},
-		"no key":         {map[string]*Zone{"a": {Rate: "1r/s"}}, `zone "a": key is required`},
+		"skip, no key":   {map[string]*Zone{"a": {Rate: "1r/s", OnEmptyKey: "skip"}}, `zone "a": on_empty_key skip needs a key`},
 		"no rate":        {map[string]*Zone{"a": {Key: "k"}}, `zone "a": rate (or max_concurrent) is required`},
 		"bad rate":       {map[string]*Zone{"a": {Key: "k", Rate: "1/s"}}, `zone "a": rate "1/s"`},
 		"negative burst": {map[string]*Zone{"a": {Key: "k", Rate: "1r/s", Burst: "-1"}}, `zone "a": burst "-1": want a whole number of at least 1`},

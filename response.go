@@ -57,6 +57,7 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp
 	}
 	if !o.d.Allowed {
 		h.logRefusal(o)
+		h.refused(r, repl, o) // refusallog.go: placeholder, event, info log
 		return h.refuse(w, o)
 	}
 	defer v.release.call()
@@ -77,7 +78,8 @@ type outcome struct {
 func (h *Handler) outcome(zone string, req limiter.Request, d limiter.Decision) outcome {
 	o := outcome{zone: zone, req: req, d: d}
 	if !d.Allowed {
-		o.retry = d.RetryAfterSeconds()
+		o.d.RetryAfter = h.withJitter(d.RetryAfter) // Jitter: a fraction of the wait
+		o.retry = o.d.RetryAfterSeconds()
 		if j := time.Duration(h.RetryAfterJitter); j >= time.Second {
 			o.retry += rand.Int64N(int64(j/time.Second) + 1) // math/rand/v2: safe for concurrent use
 		}

@@ -35,12 +35,24 @@ type Zone struct {
 	// Key is the template of the client key, with placeholders such as
 	// {client_ip} or {http.request.header.X-API-Key}; each distinct value
 	// has its own bucket. Unknown placeholders resolve to nothing; a static
-	// key makes one bucket shared by all. Required.
+	// key makes one bucket shared by all. Default: none, one bucket for
+	// the whole zone (as caddy-ratelimit's zones without a key).
 	Key string `json:"key,omitempty"`
 
 	// Rate is the sustained rate, "<N>r/<unit>" with unit s, m, h or d,
-	// optionally with a multiplier: "100r/m", "5r/s", "30r/10m". Required.
+	// optionally with a multiplier: "100r/m", "5r/s", "30r/10m". Required,
+	// unless MaxEvents and Window (or MaxConcurrent) set the limit.
 	Rate string `json:"rate,omitempty"`
+
+	// MaxEvents is caddy-ratelimit's spelling of a limit: with Window, at
+	// most MaxEvents requests in any Window, counted exactly by a sliding
+	// log (algorithm sliding_window_log, unless Algorithm names another;
+	// the log holds up to 10000 per key). Instead of Rate. Default: none.
+	MaxEvents int64 `json:"max_events,omitempty"`
+
+	// Window is MaxEvents' window: any duration from 1ms to 100 years,
+	// such as "60s", "1m30s" or "500ms". Required with MaxEvents.
+	Window caddy.Duration `json:"window,omitempty"`
 
 	// DefaultRate is the rate when Rate holds placeholders (e.g. a plan
 	// set by the map directive or read from a JWT claim) that resolve to
@@ -67,14 +79,16 @@ type Zone struct {
 	DefaultCost int64 `json:"default_cost,omitempty"`
 
 	// IPv4Prefix groups keys that are IPv4 addresses by network: with 24,
-	// every address of a /24 shares one bucket. Default: 32 (each address
-	// alone).
-	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+	// every address of a /24 shares one bucket; 0, as 32, means no
+	// grouping. Default: 32 (each address alone).
+	IPv4Prefix PrefixLength `json:"ipv4_prefix,omitempty"`
 
 	// IPv6Prefix groups keys that are IPv6 addresses by network, so that a
 	// client cannot escape its limit by rotating addresses inside its own
-	// subnet. Default: 64 (one bucket per /64, the usual end-site subnet).
-	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+	// subnet; 0 means no grouping (each address alone, as 128). Default:
+	// 64 (one bucket per /64, the usual end-site subnet), also when the
+	// field is absent; only an explicit 0 turns grouping off.
+	IPv6Prefix PrefixLength `json:"ipv6_prefix,omitempty"`
 
 	// Algorithm is how the zone counts: "token_bucket" (the default),
 	// "fixed_window", "sliding_window_log", "sliding_window_counter" or
@@ -120,6 +134,9 @@ type Zone struct {
 	policy   limiter.Policy // the static policy, or the defaults
 	cost     int64          // the static cost, or the default
 	warned   [numDynamicFields]atomic.Bool
+	// noMetrics leaves the zone's decisions out of the metrics
+	// (the handler's disable_metrics).
+	noMetrics bool
 }
 
 // Defaults of Zone's fields.
@@ -199,18 +216,19 @@ func (z *Zone) check() error {
 		return fmt.Errorf("zone has no name")
 	case strings.Trim(z.name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") != "":
 		return fmt.Errorf("zone name %q: use letters, digits, '_', '-' and '.'", z.name)
-	case z.Key == "":
-		return fmt.Errorf("key is required")
+	case z.Key == "" && z.OnEmptyKey == onEmptyKeySkip:
+		return fmt.Errorf("on_empty_key skip needs a key: without one, the zone has a single bucket")
 	}
 	err := cmp.Or(onEmptyKeyChoices.check("on_empty_key", z.OnEmptyKey),
-		checkRange("ipv4_prefix", cmp.Or(z.IPv4Prefix, defaultIPv4Prefix), 1, 32),
-		checkRange("ipv6_prefix", cmp.Or(z.IPv6Prefix, defaultIPv6Prefix), 1, 128))
+		checkRange("ipv4_prefix", z.IPv4Prefix.bits(defaultIPv4Prefix, 32), 1, 32),
+		checkRange("ipv6_prefix", z.IPv6Prefix.bits(defaultIPv6Prefix, 128), 1, 128),
+		z.checkEvents())
 	switch {
 	case err != nil:
 		return err
 	case z.MaxConcurrent != 0:
 		return z.checkConcurrency()
-	case z.Rate == "":
+	case z.Rate == "" && z.MaxEvents == 0:
 		return fmt.Errorf("rate (or max_concurrent) is required")
 	}
 	if err := z.compilePolicy(); err != nil {
@@ -225,7 +243,7 @@ func (z *Zone) check() error {
 // compilePolicy computes the zone's static (or default) policy and cost
 // from its rate, algorithm, burst and cost.
 func (z *Zone) compilePolicy() error {
-	algo, err := limiter.ParseAlgorithm(z.Algorithm)
+	algo, err := limiter.ParseAlgorithm(z.algorithm())
 	if err != nil {
 		return err
 	}
@@ -233,14 +251,7 @@ func (z *Zone) compilePolicy() error {
 		return err
 	}
 	z.static = !hasPlaceholder(z.Rate) && !hasPlaceholder(string(z.Burst)) && !hasPlaceholder(string(z.Cost))
-	rate := z.Rate
-	if hasPlaceholder(rate) {
-		if z.DefaultRate == "" {
-			return fmt.Errorf("rate %q has placeholders: default_rate is required", rate)
-		}
-		rate = z.DefaultRate
-	}
-	n, period, err := limiter.ParseRate(rate)
+	n, period, err := z.staticRate()
 	if err != nil {
 		return err
 	}
@@ -255,6 +266,22 @@ func (z *Zone) compilePolicy() error {
 		return fmt.Errorf("cost %d is more than the limit, %d: every request would be refused", z.cost, z.policy.Limit())
 	}
 	return checkAlgorithmLimits(z.policy)
+}
+
+// staticRate is the zone's limit, N requests per period: MaxEvents per
+// Window, or Rate (its default when Rate holds placeholders).
+func (z *Zone) staticRate() (int64, time.Duration, error) {
+	if z.MaxEvents != 0 {
+		return z.MaxEvents, time.Duration(z.Window), nil
+	}
+	rate := z.Rate
+	if hasPlaceholder(rate) {
+		if z.DefaultRate == "" {
+			return 0, 0, fmt.Errorf("rate %q has placeholders: default_rate is required", rate)
+		}
+		rate = z.DefaultRate
+	}
+	return limiter.ParseRate(rate)
 }
 
 // checkAlgorithmLimits refuses policies that would hold requests or
@@ -294,8 +321,8 @@ func (z *Zone) checkAlgorithmOptions(algo limiter.Algorithm) error {
 
 // checkConcurrency sets up a zone that limits requests in flight.
 func (z *Zone) checkConcurrency() error {
-	if z.Rate != "" || z.Algorithm != "" || z.Burst != "" || z.Cost != "" || z.NoDelay || z.Ban != nil {
-		return fmt.Errorf("max_concurrent limits requests in flight: rate, algorithm, burst, cost, nodelay and ban do not apply")
+	if z.Rate != "" || z.MaxEvents != 0 || z.Window != 0 || z.Algorithm != "" || z.Burst != "" || z.Cost != "" || z.NoDelay || z.Ban != nil {
+		return fmt.Errorf("max_concurrent limits requests in flight: rate, events, window, algorithm, burst, cost, nodelay and ban do not apply")
 	}
 	if z.MaxConcurrent < 0 {
 		return fmt.Errorf("max_concurrent %d: want at least 1", z.MaxConcurrent)
@@ -349,7 +376,7 @@ func (z *Zone) request(r *http.Request, repl *caddy.Replacer, logger *zap.Logger
 // grouped by the zone's prefixes. Requests and the admin API both name
 // buckets through it.
 func (z *Zone) bucket(key string) limiter.Request {
-	key = clientkey.Subnet(key, cmp.Or(z.IPv4Prefix, defaultIPv4Prefix), cmp.Or(z.IPv6Prefix, defaultIPv6Prefix))
+	key = clientkey.Subnet(key, z.IPv4Prefix.bits(defaultIPv4Prefix, 32), z.IPv6Prefix.bits(defaultIPv6Prefix, 128))
 	return limiter.Request{Zone: z.name, Key: key, Policy: z.policy, Cost: z.cost}.WithDigest()
 }
 

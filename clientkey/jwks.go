@@ -1,124 +1,131 @@
 package clientkey
 
 import (
-	"crypto/ecdsa"
-	"crypto/ed25519"
-	"crypto/elliptic"
-	"crypto/rsa"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"math/big"
 	"os"
+	"slices"
+
+	"github.com/go-jose/go-jose/v4"
 )
 
-// jwk is one key of a JSON Web Key Set (RFC 7517), public parts only.
-type jwk struct {
+// ErrKeySetRejected marks a key set that was read but cannot be used: not
+// JSON, not a JWKS, over the size limit, or without a single key this
+// package verifies with.
+var ErrKeySetRejected = errors.New("key set rejected")
+
+// signatureAlgs are the JWS algorithms a key's "alg" may name for this
+// package to use the key: the ones Verify accepts.
+var signatureAlgs = []string{"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+
+// jwkHead is what is read of a key before go-jose parses it: enough to
+// tell a key this package does not use from a malformed one.
+type jwkHead struct {
 	Kty string `json:"kty"`
 	Kid string `json:"kid"`
 	Use string `json:"use"`
+	Alg string `json:"alg"`
 	Crv string `json:"crv"`
-	N   string `json:"n"`
 	E   string `json:"e"`
-	X   string `json:"x"`
-	Y   string `json:"y"`
 }
 
 // LoadJWKSFile reads the public keys of a JWKS file: RSA, EC (P-256,
-// P-384, P-521) and OKP (Ed25519) keys. Keys for encryption ("use":"enc"),
-// symmetric keys and kinds it does not support are skipped, and said so in
-// skipped; a malformed key of a supported kind is an error.
+// P-384, P-521) and OKP (Ed25519) keys. Keys for encryption, symmetric keys
+// and kinds it does not support are skipped, and said so in skipped; a
+// malformed key of a supported kind is an error: the file is the
+// operator's, and a typo in it should not go unnoticed.
 func LoadJWKSFile(path string) (keys []PublicKey, skipped []string, err error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, err
 	}
-	var set struct {
-		Keys []jwk `json:"keys"`
-	}
-	if err := json.Unmarshal(data, &set); err != nil {
+	keys, skipped, err = parseJWKS(data, true)
+	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", path, err)
-	}
-	for i, k := range set.Keys {
-		if why := k.unsupported(); why != "" {
-			skipped = append(skipped, fmt.Sprintf("key %d (kid %q): %s", i, k.Kid, why))
-			continue
-		}
-		key, err := k.publicKey()
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s: key %d (kid %q): %w", path, i, k.Kid, err)
-		}
-		keys = append(keys, PublicKey{ID: k.Kid, Key: key})
-	}
-	if len(keys) == 0 {
-		return nil, skipped, fmt.Errorf("%s: no signature verification key", path)
 	}
 	return keys, skipped, nil
 }
 
-// unsupported says why k is not a key this package verifies with, or "".
-func (k jwk) unsupported() string {
+// ParseJWKS reads the public keys of a JWKS (RFC 7517), key by key: a key
+// of a kind this package does not use, or a malformed one, is skipped and
+// said so in skipped, and the others are kept. A set that is not a JWKS, or
+// holds no usable key, is an error that wraps ErrKeySetRejected.
+func ParseJWKS(data []byte) (keys []PublicKey, skipped []string, err error) {
+	return parseJWKS(data, false)
+}
+
+// parseJWKS parses data; strict makes a malformed key of a supported kind
+// an error rather than a skipped key.
+func parseJWKS(data []byte, strict bool) (keys []PublicKey, skipped []string, err error) {
+	var set struct {
+		Keys []json.RawMessage `json:"keys"`
+	}
+	if err := json.Unmarshal(data, &set); err != nil {
+		return nil, nil, fmt.Errorf("%w: not a JWKS: %v", ErrKeySetRejected, err)
+	}
+	for i, raw := range set.Keys {
+		key, unused, err := parseJWK(raw)
+		switch {
+		case err != nil && strict:
+			return nil, nil, fmt.Errorf("%w: key %d (kid %q): %v", ErrKeySetRejected, i, key.ID, err)
+		case err != nil:
+			skipped = append(skipped, fmt.Sprintf("key %d (kid %q): malformed: %v", i, key.ID, err))
+		case unused != "":
+			skipped = append(skipped, fmt.Sprintf("key %d (kid %q): %s", i, key.ID, unused))
+		default:
+			keys = append(keys, key)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, skipped, fmt.Errorf("%w: no signature verification key", ErrKeySetRejected)
+	}
+	return keys, skipped, nil
+}
+
+// parseJWK parses one key with go-jose. unused says why a well-formed key
+// is not one this package verifies with; err says what is wrong with a
+// malformed one. key.ID is set in every case where it could be read.
+func parseJWK(raw json.RawMessage) (key PublicKey, unused string, err error) {
+	var head jwkHead
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return key, "", err
+	}
+	key.ID = head.Kid
+	if unused = head.unused(); unused != "" {
+		return key, unused, nil
+	}
+	if e, err := base64.RawURLEncoding.DecodeString(head.E); head.Kty == "RSA" && (err != nil || len(e) > 4) {
+		return key, "", errors.New("RSA exponent: want a base64url number of at most 4 bytes")
+	}
+	var jwk jose.JSONWebKey
+	if err := jwk.UnmarshalJSON(raw); err != nil {
+		return key, "", err
+	}
+	public := jwk.Public() // a set that (wrongly) holds private parts: their public half
+	if !public.Valid() || !public.IsPublic() {
+		return key, "", errors.New("not a valid public key")
+	}
+	key.Key, err = supported(public.Key, nil)
+	return key, "", err
+}
+
+// unused says why a key is not one this package verifies with, or "".
+func (h jwkHead) unused() string {
 	switch {
-	case k.Use == "enc":
+	case h.Use == "enc":
 		return "for encryption"
-	case k.Kty == "oct":
+	case h.Kty == "oct":
 		return "symmetric (use secret instead)"
-	case k.Kty == "EC" && k.Crv != "P-256" && k.Crv != "P-384" && k.Crv != "P-521":
-		return "unsupported curve " + k.Crv
-	case k.Kty == "OKP" && k.Crv != "Ed25519":
-		return "unsupported curve " + k.Crv
-	case k.Kty != "RSA" && k.Kty != "EC" && k.Kty != "OKP":
-		return "unsupported kty " + k.Kty
+	case h.Kty == "EC" && h.Crv != "P-256" && h.Crv != "P-384" && h.Crv != "P-521":
+		return "unsupported curve " + h.Crv
+	case h.Kty == "OKP" && h.Crv != "Ed25519":
+		return "unsupported curve " + h.Crv
+	case h.Kty != "RSA" && h.Kty != "EC" && h.Kty != "OKP":
+		return fmt.Sprintf("unsupported kty %q", h.Kty)
+	case h.Alg != "" && !slices.Contains(signatureAlgs, h.Alg):
+		return fmt.Sprintf("alg %q is not a signature algorithm verified here", h.Alg)
 	}
 	return ""
-}
-
-func (k jwk) publicKey() (any, error) {
-	switch k.Kty {
-	case "RSA":
-		n, e := b64int(k.N), b64int(k.E)
-		if n == nil || e == nil || !e.IsInt64() {
-			return nil, fmt.Errorf("bad RSA n or e")
-		}
-		key := &rsa.PublicKey{N: n, E: int(e.Int64())}
-		return key, checkRSA(key)
-	case "EC":
-		return k.ecKey()
-	case "OKP":
-		x, err := base64.RawURLEncoding.DecodeString(k.X)
-		if k.Crv != "Ed25519" || err != nil || len(x) != ed25519.PublicKeySize {
-			return nil, fmt.Errorf("bad OKP key (crv %q)", k.Crv)
-		}
-		return ed25519.PublicKey(x), nil
-	}
-	return nil, fmt.Errorf("unsupported kty %q", k.Kty)
-}
-
-func (k jwk) ecKey() (any, error) {
-	curves := map[string]elliptic.Curve{"P-256": elliptic.P256(), "P-384": elliptic.P384(), "P-521": elliptic.P521()}
-	curve, ok := curves[k.Crv]
-	if !ok {
-		return nil, fmt.Errorf("unsupported curve %q", k.Crv)
-	}
-	size := (curve.Params().BitSize + 7) / 8
-	x, errX := base64.RawURLEncoding.DecodeString(k.X)
-	y, errY := base64.RawURLEncoding.DecodeString(k.Y)
-	if errX != nil || errY != nil || len(x) != size || len(y) != size {
-		return nil, fmt.Errorf("bad EC coordinates")
-	}
-	// The uncompressed point form lets crypto/ecdh check the point is on the curve.
-	point := append([]byte{4}, append(x, y...)...)
-	key, err := ecdsa.ParseUncompressedPublicKey(curve, point)
-	if err != nil {
-		return nil, fmt.Errorf("EC point: %w", err)
-	}
-	return key, nil
-}
-
-func b64int(s string) *big.Int {
-	b, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil || len(b) == 0 {
-		return nil
-	}
-	return new(big.Int).SetBytes(b)
 }

@@ -1,5 +1,6 @@
 // Package clientkey names clients: it verifies JWTs and reads their claims,
-// and groups IP addresses into subnets. It knows nothing of Caddy.
+// with keys from files or fetched from a JWKS URL (remote.go), and groups
+// IP addresses into subnets. It knows nothing of Caddy.
 package clientkey
 
 import (
@@ -37,6 +38,9 @@ type Keys struct {
 	// Public keys verify RS*, PS*, ES* and EdDSA tokens: *rsa.PublicKey,
 	// *ecdsa.PublicKey or ed25519.PublicKey, by key ID ("" when none).
 	Public []PublicKey
+	// Remote holds more public keys, fetched from a JWKS URL; they change
+	// as it refreshes them.
+	Remote *RemoteKeySet
 }
 
 // PublicKey is a public key and its key ID (from a JWKS), if any.
@@ -71,8 +75,13 @@ func NewVerifier(keys Keys, o VerifierOptions) (*Verifier, error) {
 		return nil, fmt.Errorf("secret of %d bytes: want at least %d (RFC 7518, section 3.2)", n, MinSecretSize)
 	}
 	v := &Verifier{keys: keys, methods: methodsFor(keys)}
+	if keys.Remote != nil {
+		// Fetched keys come and go, of any kind: key matches a token's
+		// algorithm with the keys of its kind when it is verified.
+		v.methods = append(v.methods, signatureAlgs...)
+	}
 	if len(v.methods) == 0 {
-		return nil, errors.New("no key: set a secret, a public key file or a JWKS file")
+		return nil, errors.New("no key: set a secret, a public key file, a JWKS file or a JWKS URL")
 	}
 	v.opts = []jwt.ParserOption{jwt.WithValidMethods(v.methods), jwt.WithJSONNumber(), jwt.WithLeeway(o.Leeway),
 		jwt.WithExpirationRequired()}
@@ -114,14 +123,22 @@ func methodsFor(keys Keys) []string {
 }
 
 // Verify checks token at now and returns its claims. A token that fails
-// any check yields no claims and an error saying why.
+// any check yields no claims and an error saying why. It never waits on a
+// fetch of remote keys: a token whose key ID they lack asks for one
+// (Refetch), and is refused.
 func (v *Verifier) Verify(token string, now time.Time) (map[string]any, error) {
 	if len(token) > MaxTokenSize {
 		return nil, fmt.Errorf("token of %d bytes is over %d", len(token), MaxTokenSize)
 	}
+	var remote *keySnapshot
+	if v.keys.Remote != nil {
+		remote = v.keys.Remote.current()
+	}
 	opts := append(v.opts[:len(v.opts):len(v.opts)], jwt.WithTimeFunc(func() time.Time { return now }))
 	claims := jwt.MapClaims{}
-	t, err := jwt.NewParser(opts...).ParseWithClaims(token, claims, v.key)
+	t, err := jwt.NewParser(opts...).ParseWithClaims(token, claims, func(t *jwt.Token) (any, error) {
+		return v.key(t, remote)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -132,8 +149,9 @@ func (v *Verifier) Verify(token string, now time.Time) (map[string]any, error) {
 }
 
 // key gives the parser the keys that may have signed t: the secret for
-// HMAC, public keys of the token's kind (and key ID) otherwise.
-func (v *Verifier) key(t *jwt.Token) (any, error) {
+// HMAC, public keys of the token's kind (and key ID) otherwise, from the
+// keys given and those fetched (remote, which may be nil).
+func (v *Verifier) key(t *jwt.Token, remote *keySnapshot) (any, error) {
 	if _, ok := t.Method.(*jwt.SigningMethodHMAC); ok {
 		if len(v.keys.Secret) == 0 {
 			return nil, errors.New("no secret for HMAC")
@@ -142,15 +160,25 @@ func (v *Verifier) key(t *jwt.Token) (any, error) {
 	}
 	kid, _ := t.Header["kid"].(string)
 	var set jwt.VerificationKeySet
-	for _, k := range v.keys.Public {
+	public := v.keys.Public
+	if remote != nil {
+		public = append(public[:len(public):len(public)], remote.keys...)
+	}
+	for _, k := range public {
 		if matches(t.Method, k.Key) && (kid == "" || k.ID == "" || k.ID == kid) {
 			set.Keys = append(set.Keys, k.Key)
 		}
 	}
-	if len(set.Keys) == 0 {
-		return nil, fmt.Errorf("no key for alg %s, kid %q", t.Method.Alg(), kid)
+	if len(set.Keys) > 0 {
+		return set, nil
 	}
-	return set, nil
+	if v.keys.Remote != nil && kid != "" {
+		v.keys.Remote.Refetch() // a rotated key, perhaps
+	}
+	if v.keys.Remote != nil && remote == nil {
+		return nil, errNoKeys
+	}
+	return nil, fmt.Errorf("no key for alg %s, kid %q", t.Method.Alg(), kid)
 }
 
 func matches(m jwt.SigningMethod, key any) bool {
