@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"encoding/base64"
 	"net/http"
 	"testing"
 
@@ -20,8 +19,7 @@ func TestScriptErrorsStayWithTheirClient(t *testing.T) {
 	h := redisHandler(t, &RedisConfig{Addresses: []string{addr}}) // deny on store errors
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	defer c.Close()
-	digest := limiter.KeyHash("evil")
-	key := h.Redis.KeyPrefix + "{" + base64.RawURLEncoding.EncodeToString(digest[:]) + "}:api"
+	key := limiter.RedisKey(h.Redis.KeyPrefix, "api", limiter.KeyHash("evil"))
 	if err := c.HSet(t.Context(), key, "not", "a bucket").Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
-# HTTP load on the whole server: the same route served by plain Caddy, with
-# rate_limit on the memory store, and with rate_limit on a standalone Redis,
-# all in one run so that the ratios hold on a noisy machine.
+# HTTP load on the whole server: the same `respond` route served by plain
+# Caddy and behind rate_limit on every store, in one run, so that the ratios
+# hold on a noisy machine.
 #
-#   bench/load.sh [seconds per run, default 10] [connections, default 32]
+#   bench/load.sh [seconds per run, default 5] [reps, default 3] [connections, default 64]
 #
-# Installs wrk and redis-server (Debian packages) when missing, builds
-# ./caddy with xcaddy, sends traffic to 127.0.0.1 only, and stops what it
-# started, by PID.
+# Besides req/s and p99, each run reports the CPU time Caddy and the Redis
+# servers it uses (masters and replicas) spent per request, from /proc and
+# INFO cpu: the figures of the README's capacity plan.
+#
+# Routes: plain; memory (allowed, refused); standalone Redis (64 keys);
+# Redis Cluster of 3 masters (one key, 10,000 keys, refused). Each rep runs
+# every route once (interleaved: plain, then each route), with
+# `wrk -t2 -c<connections>`; the ratio to plain is computed per rep (against
+# that rep's plain run) and the median is reported. Then a constant-rate
+# run (vegeta) at half of plain's peak gives the p99 of plain and of the
+# cluster route.
+#
+# Installs wrk and redis-server (Debian packages) and vegeta (go install)
+# when missing, builds ./caddy with xcaddy, sends traffic to 127.0.0.1
+# only, and stops what it started, by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DURATION=${1:-10}
-CONNS=${2:-32}
+DURATION=${1:-5}
+REPS=${2:-3}
+CONNS=${3:-64}
+VEGETA_VERSION=v12.12.0
 
 need() {
 	type -P "$1" >/dev/null && return
@@ -21,6 +35,8 @@ need() {
 }
 need wrk wrk
 need redis-server redis-server
+VEGETA=$(type -P vegeta || echo "$(go env GOPATH)/bin/vegeta")
+[ -x "$VEGETA" ] || go install "github.com/tsenart/vegeta/v12@$VEGETA_VERSION"
 
 free_port() { # a port nobody listens on (checked with bash's /dev/tcp)
 	local p
@@ -41,73 +57,132 @@ trap cleanup EXIT
 
 ./xcaddy.sh build >/dev/null 2>&1 || ./xcaddy.sh build
 
-REDIS_PORT=$(free_port)
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$TMP" >"$TMP/redis.log" 2>&1 &
+# A standalone Redis and a cluster of 3 masters with a replica each.
+go build -o "$TMP/redisfleet" ./internal/redistest/redisfleet
+mkdir -p "$TMP/redis"
+"$TMP/redisfleet" -env "$TMP/redis.env" -dir "$TMP/redis" >"$TMP/redisfleet.log" 2>&1 &
 PIDS+=($!)
+for _ in $(seq 300); do [ -f "$TMP/redis.env" ] && break; sleep 0.1; done
+# shellcheck disable=SC1091
+source "$TMP/redis.env"
+CLUSTER=${RL_REDIS_CLUSTER//,/ }
 
-ADMIN=$(free_port) PLAIN=$(free_port) MEMORY=$(free_port) REDIS=$(free_port)
-zone='zone api {
+ADMIN=$(free_port)
+declare -A PORT
+ROUTES=(plain memory memory_refused standalone cluster_1key cluster_10k cluster_refused)
+for r in "${ROUTES[@]}"; do PORT[$r]=$(free_port); done
+open='zone api {
 			key   {http.request.header.X-API-Key}
 			rate  100000000r/s
 		}'
-cat >"$TMP/Caddyfile" <<CADDY
+closed='zone api {
+			key   {http.request.header.X-API-Key}
+			rate  1r/h
+			burst 1
+		}'
+site() { # name, rate_limit body
+	printf 'http://127.0.0.1:%s {\n\trate_limit {\n\t\t%s\n\t}\n\trespond "ok"\n}\n' "${PORT[$1]}" "$2"
+}
+redis() { printf 'redis {\n\t\t\taddresses %s\n\t\t\ttimeout 1s\n\t\t}\n\t\ton_store_error deny\n\t\t%s' "$1" "$2"; }
 {
-	admin 127.0.0.1:$ADMIN
-	persist_config off
-	auto_https off
-	log {
-		level ERROR
-	}
-}
-http://127.0.0.1:$PLAIN {
-	respond "ok"
-}
-http://127.0.0.1:$MEMORY {
-	rate_limit {
-		$zone
-	}
-	respond "ok"
-}
-http://127.0.0.1:$REDIS {
-	rate_limit {
-		redis {
-			addresses 127.0.0.1:$REDIS_PORT
-			timeout 1s
-		}
-		on_store_error deny
-		$zone
-	}
-	respond "ok"
-}
-CADDY
+	printf '{\n\tadmin 127.0.0.1:%s\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n' "$ADMIN"
+	printf 'http://127.0.0.1:%s {\n\trespond "ok"\n}\n' "${PORT[plain]}"
+	site memory "$open"
+	site memory_refused "$closed"
+	site standalone "$(redis "$RL_REDIS_STANDALONE" "$open")"
+	site cluster_1key "$(redis "$CLUSTER" "$open")"
+	site cluster_10k "$(redis "$CLUSTER" "$open")"
+	site cluster_refused "$(redis "$CLUSTER" "$closed")"
+} >"$TMP/Caddyfile"
 HOME=$TMP XDG_DATA_HOME=$TMP XDG_CONFIG_HOME=$TMP ./caddy run --config "$TMP/Caddyfile" --adapter caddyfile >"$TMP/caddy.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/$REDIS") 2>/dev/null && break; sleep 0.1; done
+CADDY_PID=$!
+PIDS+=($CADDY_PID)
+for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/${PORT[cluster_refused]}") 2>/dev/null && break; sleep 0.1; done
 
-# 64 API keys, one per wrk connection in turn.
+# keys.lua cycles through N API keys (N from the environment).
 cat >"$TMP/keys.lua" <<'LUA'
-local n = 0
+local n, keys = 0, tonumber(os.getenv("KEYS") or "64")
 request = function()
   n = n + 1
-  return wrk.format("GET", "/", { ["X-API-Key"] = "key-" .. (n % 64) })
+  return wrk.format("GET", "/", { ["X-API-Key"] = "key-" .. (n % keys) })
 end
 LUA
-
-run() { # name port -> "rps p50 p99"
-	wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -s "$TMP/keys.lua" "http://127.0.0.1:$2/" >"$TMP/$1.txt"
-	local rps p50 p99 non2xx
-	rps=$(awk '/Requests\/sec/ {print $2}' "$TMP/$1.txt")
-	p50=$(awk '$1 == "50%" {print $2}' "$TMP/$1.txt")
-	p99=$(awk '$1 == "99%" {print $2}' "$TMP/$1.txt")
-	non2xx=$(awk '/Non-2xx/ {print $NF}' "$TMP/$1.txt")
-	printf '%-8s %12s %10s %10s %8s\n' "$1" "$rps" "$p50" "$p99" "${non2xx:-0}"
-	echo "$rps" >"$TMP/$1.rps"
+keys_of() { # route -> number of API keys it is sent
+	case $1 in
+	memory_refused | cluster_refused | cluster_1key) echo 1 ;;
+	cluster_10k) echo 10000 ;;
+	*) echo 64 ;;
+	esac
 }
 
-echo "wrk -t1 -c$CONNS -d${DURATION}s, 64 API keys; caddy $(./caddy version | cut -d' ' -f1)"
-printf '%-8s %12s %10s %10s %8s\n' route req/s p50 p99 non-2xx
-for r in plain:$PLAIN memory:$MEMORY redis:$REDIS plain:$PLAIN; do
-	run "${r%%:*}" "${r##*:}"
+# caddy_cpu is Caddy's CPU time so far, in seconds (from /proc).
+caddy_cpu() { awk -v t="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / t }' "/proc/$CADDY_PID/stat"; }
+# redis_cpu <addresses> is the CPU time so far of the Redis servers at
+# addresses (space-separated host:port), in seconds.
+redis_cpu() {
+	local a sum=0
+	for a in $1; do
+		sum=$(redis-cli -h "${a%:*}" -p "${a##*:}" INFO cpu | tr -d '\r' |
+			awk -F: -v s="$sum" '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.3f", s }')
+	done
+	echo "$sum"
+}
+redis_of() { # route -> the Redis servers it uses (masters and replicas alike)
+	case $1 in
+	standalone) echo "$RL_REDIS_STANDALONE" ;;
+	cluster*) echo "$CLUSTER" ;;
+	esac
+}
+
+run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
+	local out="$TMP/$2.$1.txt" c0 r0
+	c0=$(caddy_cpu) r0=$(redis_cpu "$(redis_of "$2")")
+	KEYS=$(keys_of "$2") wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$TMP/keys.lua" "http://127.0.0.1:${PORT[$2]}/" >"$out"
+	local rps p99 non2xx reqs ccpu rcpu
+	ccpu=$(awk -v a="$c0" -v b="$(caddy_cpu)" 'BEGIN { printf "%.3f", b - a }')
+	rcpu=$(awk -v a="$r0" -v b="$(redis_cpu "$(redis_of "$2")")" 'BEGIN { printf "%.3f", b - a }')
+	rps=$(awk '/Requests\/sec/ {print $2}' "$out")
+	reqs=$(awk '/requests in/ {print $1}' "$out")
+	p99=$(awk '$1 == "99%" {print $2}' "$out")
+	non2xx=$(awk '/Non-2xx/ {print $NF}' "$out")
+	printf '%-4s %-16s %12s %10s %10s %14s %14s\n' "$1" "$2" "$rps" "$p99" "${non2xx:-0}" \
+		"$(awk -v c="$ccpu" -v n="$reqs" 'BEGIN { printf "%.1f", c * 1e6 / n }')" \
+		"$(awk -v c="$rcpu" -v n="$reqs" 'BEGIN { printf "%.1f", c * 1e6 / n }')"
+	echo "$rps" >"$TMP/$2.$1"
+}
+
+echo "wrk -t2 -c$CONNS -d${DURATION}s, $REPS interleaved reps; caddy $(./caddy version | cut -d' ' -f1); $(nproc) cores"
+printf '%-4s %-16s %12s %10s %10s %14s %14s\n' rep route req/s p99 non-2xx caddy-µs/req redis-µs/req
+for rep in $(seq "$REPS"); do
+	for r in "${ROUTES[@]}"; do run "$rep" "$r"; done
 done
-awk -v p="$(cat "$TMP/plain.rps")" -v m="$(cat "$TMP/memory.rps")" -v r="$(cat "$TMP/redis.rps")" \
-	'BEGIN { printf "throughput vs plain Caddy (second plain run): memory %.2f, redis %.2f\n", m / p, r / p }'
+
+echo
+echo "ratio to plain Caddy: per rep (against that rep's plain run), then the median"
+for r in "${ROUTES[@]:1}"; do
+	ratios=()
+	for rep in $(seq "$REPS"); do
+		ratios+=("$(awk -v a="$(cat "$TMP/$r.$rep")" -v p="$(cat "$TMP/plain.$rep")" 'BEGIN { printf "%.2f", a / p }')")
+	done
+	median=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+	printf '%-16s %s  median %s\n' "$r" "${ratios[*]}" "$median"
+done
+
+# Constant rate: half of plain's peak as vegeta itself measures it (vegeta
+# costs more CPU per request than wrk, and shares the 2 cores), for plain
+# and the cluster route, twice each, interleaved.
+targets() { # route -> a targets file of 64 keys
+	for i in $(seq 0 63); do printf 'GET http://127.0.0.1:%s/\nX-API-Key: key-%s\n\n' "${PORT[$1]}" "$i"; done >"$TMP/targets.$1"
+	echo "$TMP/targets.$1"
+}
+peak=$("$VEGETA" attack -rate=0 -max-workers="$CONNS" -duration="${DURATION}s" -targets="$(targets plain)" |
+	"$VEGETA" report -type=json | sed -E 's/.*"throughput":([0-9.]+).*/\1/')
+rate=$(awk -v p="$peak" 'BEGIN { printf "%d", p / 2 }')
+echo
+echo "vegeta: plain's peak ${peak%.*} req/s; constant ${rate} req/s for ${DURATION}s, 64 keys"
+for r in plain cluster_10k plain cluster_10k; do
+	"$VEGETA" attack -rate="$rate" -duration="${DURATION}s" -targets="$(targets "$r")" -max-workers=256 |
+		"$VEGETA" report -type=text >"$TMP/vegeta.$r.txt"
+	printf '%-16s %s\n' "$r" "$(grep -E '^Latencies' "$TMP/vegeta.$r.txt" | sed 's/  */ /g')"
+	printf '%-16s %s\n' "" "$(grep -E '^Success|^Status' "$TMP/vegeta.$r.txt" | tr '\n' ' ' | sed 's/  */ /g')"
+done

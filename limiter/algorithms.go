@@ -59,11 +59,14 @@ func (a Algorithm) Windowed() bool {
 
 // take decides one request of cost at now on bucket b (known is false for
 // a fresh bucket) and returns the state to keep if the request is taken.
+// A bucket idle at now is a fresh one, as a Redis key that expired (a
+// token bucket full under the policy that wrote it is full under any).
 // It never changes b's log or slots in place, so b stays valid for a
 // rollback. cost is at most MaxCost + 1 (see boundedCost): the algorithms
 // compare it with what is left (cost <= limit - count), which cannot
 // overflow whatever the count.
 func (p Policy) take(b bucket, known bool, now, cost int64) (bucket, Decision) {
+	known = known && b.idleAt > now
 	if !known {
 		b = bucket{}
 	}
@@ -75,7 +78,7 @@ func (p Policy) take(b bucket, known bool, now, cost int64) (bucket, Decision) {
 	case SlidingWindowCounter:
 		return p.takeCounter(b, now, cost)
 	case LeakyBucket:
-		return p.takeLeaky(b, now, cost)
+		return p.takeLeaky(b, known, now, cost)
 	case Concurrency:
 		return p.takeSlot(b, now, cost)
 	}
@@ -85,14 +88,17 @@ func (p Policy) take(b bucket, known bool, now, cost int64) (bucket, Decision) {
 func at(ns int64) time.Time { return time.Unix(0, ns) }
 
 // takeFixed: a counter per window; windows start at multiples of Period.
+// The count is that of the window whose index b holds (as in Redis, where
+// a window is known by its index: a zone whose window changes length
+// starts afresh).
 func (p Policy) takeFixed(b bucket, now, cost int64) (bucket, Decision) {
 	period := int64(p.Period)
-	start := now - now%period
+	window := now / period
 	count := int64(0)
-	if b.last == start {
+	if b.last == window {
 		count = int64(b.tokens)
 	}
-	end := start + period
+	end := (window + 1) * period
 	d := Decision{Allowed: cost <= p.Rate-count, Limit: p.Rate, Reset: at(end)}
 	if d.Allowed {
 		count += cost
@@ -100,7 +106,7 @@ func (p Policy) takeFixed(b bucket, now, cost int64) (bucket, Decision) {
 		d.RetryAfter = time.Duration(end - now)
 	}
 	d.Remaining = max(p.Rate-count, 0)
-	return bucket{tokens: float64(count), last: start, idleAt: end}, d
+	return bucket{tokens: float64(count), last: window, idleAt: end}, d
 }
 
 // takeLog: the times of the requests counted in the last Period.
@@ -131,12 +137,13 @@ func (p Policy) takeLog(b bucket, now, cost int64) (bucket, Decision) {
 // the part of it still inside the sliding window.
 func (p Policy) takeCounter(b bucket, now, cost int64) (bucket, Decision) {
 	period := int64(p.Period)
-	start := now - now%period
+	window := now / period
+	start := window * period
 	curr, prev := 0.0, 0.0
 	switch b.last {
-	case start:
+	case window:
 		curr, prev = b.tokens, b.prev
-	case start - period:
+	case window - 1:
 		prev = b.tokens
 	}
 	weight := 1 - float64(now-start)/float64(period)
@@ -153,7 +160,7 @@ func (p Policy) takeCounter(b bucket, now, cost int64) (bucket, Decision) {
 		reset += period // and then this one
 	}
 	d.Reset = at(reset)
-	return bucket{tokens: curr, prev: prev, last: start, idleAt: reset}, d
+	return bucket{tokens: curr, prev: prev, last: window, idleAt: reset}, d
 }
 
 // counterRetry is how long until prev*weight + curr + c fits in limit:
@@ -173,40 +180,28 @@ func counterRetry(start, period, now int64, prev, curr, c, limit float64) int64 
 	return max(next-now, 1)
 }
 
-// takeLeaky: GCRA, as nginx's limit_req. prev holds the theoretical
-// arrival time in microseconds, unrounded (as the Lua script keeps it):
-// when the queue ahead of a new request has drained.
-func (p Policy) takeLeaky(b bucket, now, cost int64) (bucket, Decision) {
-	interval := float64(p.Period.Microseconds()) / float64(p.Rate) // µs, as in Lua
-	nowUs := float64(now / 1e3)
-	tat := max(b.prev, nowUs)
-	wait := tat - nowUs // for the requests queued ahead
-	maxWait := float64(p.Burst) * interval
-	d := Decision{Allowed: wait <= maxWait+leakySlack && cost <= p.Burst+1, Limit: p.Burst + 1}
+// takeLeaky: GCRA, as nginx's limit_req (see gcraState): the bucket keeps
+// the TAT, and the wait is how long the requests queued ahead of a new one
+// take to leave. A request passes if it is at most room (Burst intervals,
+// plus slack), and waits that long (none with NoDelay); the queue grows by
+// its cost.
+func (p Policy) takeLeaky(b bucket, known bool, now, cost int64) (bucket, Decision) {
+	g := p.gcra(b, known, now)
+	wait := g.wait
+	d := Decision{Allowed: wait <= g.room && cost <= p.Burst+1, Limit: p.Burst + 1}
 	if d.Allowed {
-		tat += float64(cost) * interval
 		if !p.NoDelay {
-			d.Delay = micros(wait)
+			d.Delay = time.Duration(nanosUp(wait))
 		}
+		wait += float64(cost) * g.interval
 	} else {
-		d.RetryAfter = max(micros(wait-maxWait), time.Microsecond)
+		d.RetryAfter = time.Duration(max(nanosUp(wait-g.full), int64(time.Microsecond)))
 	}
-	ahead := (tat - nowUs) / interval // requests queued, this one included
-	d.Remaining = max(int64(math.Floor(float64(p.Burst)+1-ahead+epsilon)), 0)
-	d.Reset = at(now/1e3*1e3 + int64(micros(tat-nowUs)))
-	return bucket{prev: tat, idleAt: now + int64(micros(tat-nowUs))}, d
-}
-
-// leakySlack absorbs the rounding of float microseconds (a quarter of a
-// microsecond at today's times) when a wait is compared with the longest.
-const leakySlack = 0.5
-
-// micros rounds x microseconds up to a whole microsecond.
-func micros(x float64) time.Duration {
-	if x <= 0 {
-		return 0
-	}
-	return time.Duration(math.Ceil(x-1e-6)) * time.Microsecond
+	keep, wait := g.settle(now, wait)
+	// the free places: one at the rate, the rest in the queue
+	d.Remaining = max(int64(math.Floor((g.room-wait)/g.interval))+1, 0)
+	d.Reset = at(now + nanosUp(wait))
+	return bucket{last: keep, idleAt: now + nanosUp(wait)}, d
 }
 
 // takeSlot: requests in flight, released by Release. The slot is named

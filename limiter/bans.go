@@ -88,11 +88,11 @@ func (s *MemoryStore) sweepBans(now int64) {
 
 var banScript = redis.NewScript(luascripts.Ban)
 
-// banKeys are the Redis keys of r's ban and refusal count: in the bucket's
-// hash slot.
+// banKeys are the Redis keys of r's ban and refusal count: the bucket's
+// key with ":b" and ":r", in its hash slot.
 func (s *RedisStore) banKeys(r Request) []string {
 	k := s.key(r)
-	return []string{k + ":ban", k + ":refusals"}
+	return []string{k + ":b", k + ":r"}
 }
 
 func banArgs(mode string, b Ban) []any {

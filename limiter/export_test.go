@@ -2,5 +2,5 @@ package limiter
 
 // Key is the Redis key of the token bucket of key in zone, for the tests.
 func (s *RedisStore) Key(zone, key string) string {
-	return s.keyOf(zone, KeyHash(key))
+	return RedisKey(s.prefix, zone, KeyHash(key))
 }

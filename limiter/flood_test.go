@@ -125,7 +125,7 @@ func FuzzRedisKey(f *testing.F) {
 			t.Fatalf("key of %q has length %d; want %d", key, len(rk), want)
 		}
 		open, close := strings.IndexByte(rk, '{'), strings.IndexByte(rk, '}')
-		if open != len("rl:") || close != open+23 || strings.Count(rk, "{") != 1 {
+		if open != len("rl:") || close != open+17 || strings.Count(rk, "{") != 1 {
 			t.Fatalf("key %q: the hash tag is not the digest alone", rk)
 		}
 		if key != "x" && rk == s.Key("zone", "x") {

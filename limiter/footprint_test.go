@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"strconv"
 	"strings"
@@ -14,26 +15,27 @@ import (
 )
 
 // TestRedisFootprint measures, per algorithm, the Redis memory of one key
-// (MEMORY USAGE, after 1 and after 100 requests of a 100r/m limit) and the
-// Redis commands one decision runs inside its script (INFO commandstats).
+// named as in production (MEMORY USAGE, after 1 and after 100 requests of
+// a 100r/m limit) and the Redis commands one decision runs inside its
+// script (INFO commandstats).
 // The README's table comes from its output:
 //
 //	go test -run TestRedisFootprint -v ./limiter
 func TestRedisFootprint(t *testing.T) {
 	srv := redistest.NewServer(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	s := newRedisStore(t, c)
+	s := memoryStore(t, c)
 	ctx := context.Background()
 	for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, LeakyBucket, Concurrency} {
 		p := Policy{Algorithm: a, Rate: 100, Period: time.Minute, Burst: 100, Lease: time.Minute}
 		key := "footprint-" + a.String()
-		take := func(i int) {
-			if _, err := s.Take(ctx, []Request{{Zone: "z", Key: key, Policy: p, Cost: 1, ID: fmt.Sprint("lease-", i)}}); err != nil {
+		take := func() { // with a request id as the handler makes them
+			if _, err := s.Take(ctx, []Request{{Zone: "per_ip", Key: key, Policy: p, Cost: 1, ID: rand.Text()}}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		take(0)
-		rk := s.key(Request{Zone: "z", Key: key, Policy: p})
+		take()
+		rk := s.key(Request{Zone: "per_ip", Key: key, Policy: p})
 		one, err := c.MemoryUsage(ctx, rk, 0).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -41,8 +43,8 @@ func TestRedisFootprint(t *testing.T) {
 		if err := c.ConfigResetStat(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		for i := 1; i < 100; i++ {
-			take(i)
+		for range 99 {
+			take()
 		}
 		calls := scriptCalls(t, c)
 		full, _ := c.MemoryUsage(ctx, rk, 0).Result()
@@ -70,4 +72,111 @@ func scriptCalls(t *testing.T, c *redis.Client) int {
 		n += calls
 	}
 	return n
+}
+
+// memoryKeys is how many active keys TestRedisMemoryPerKey makes per
+// algorithm.
+const memoryKeys = 100_000
+
+// TestRedisMemoryPerKey measures, per algorithm, the Redis memory of an
+// active key as production names it (prefix "rl:", a 6-letter zone), after
+// one request of a 100r/h limit: MEMORY USAGE of one key, and the growth of
+// used_memory (INFO memory) over 100,000 such keys, hash tables and
+// expiries included, in a standalone Redis and a cluster of 3 masters of
+// its own (a cluster keeps more per key: the slot of each). It holds the
+// token bucket to its targets in standalone Redis: 72 and 150 bytes. The
+// README's table of Redis memory per active key comes from its output:
+//
+//	go test -run TestRedisMemoryPerKey -v ./limiter
+func TestRedisMemoryPerKey(t *testing.T) {
+	srv := redistest.NewServer(t)
+	standalone := []*redis.Client{redis.NewClient(&redis.Options{Addr: srv.Addr})}
+	cl := redistest.NewClusterOf(t, 3, 0)
+	var cluster []*redis.Client
+	for _, addr := range cl.Addrs() {
+		cluster = append(cluster, redis.NewClient(&redis.Options{Addr: addr}))
+	}
+	stores := []*RedisStore{memoryStore(t, standalone[0]), memoryStore(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()}))}
+	for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, LeakyBucket, Concurrency} {
+		p := Policy{Algorithm: a, Rate: 100, Period: time.Hour, Burst: 100, Lease: time.Hour}
+		usage, growth, key := memoryPerKey(t, stores[0], standalone, p)
+		cUsage, cGrowth, _ := memoryPerKey(t, stores[1], cluster, p)
+		t.Logf("%-22s %-30q MEMORY USAGE %3d B (cluster %3d B); used_memory +%.0f B per key (cluster +%.0f B): %.0f MB per million keys (cluster %.0f MB)",
+			a, key, usage, cUsage, growth, cGrowth, growth, cGrowth)
+		if a == TokenBucket && (usage > 72 || growth > 150) {
+			t.Errorf("token bucket: MEMORY USAGE %d B, used_memory +%.1f B per key; want at most 72 and 150", usage, growth)
+		}
+	}
+}
+
+// memoryStore is a store on c, a Redis of the test's own, whose keys are
+// named as in production (DefaultKeyPrefix).
+func memoryStore(t *testing.T, c redis.UniversalClient) *RedisStore {
+	s := newRedisStore(t, c)
+	s.prefix = DefaultKeyPrefix
+	return s
+}
+
+// memoryPerKey empties the Redis nodes, makes memoryKeys active keys of p
+// in them through s, 1,000 requests to a Take, and returns the MEMORY
+// USAGE of one of the keys, the growth of used_memory (all nodes) per key,
+// and that key.
+func memoryPerKey(t *testing.T, s *RedisStore, nodes []*redis.Client, p Policy) (int64, float64, string) {
+	ctx := t.Context()
+	req := func(i int) Request {
+		return Request{Zone: "per_ip", Key: fmt.Sprint("10.0.", i/256, ".", i%256), Policy: p, Cost: 1, ID: rand.Text()}
+	}
+	reqs := make([]Request, 1000)
+	for j := range reqs { // loads the script on every node
+		reqs[j] = req(-1 - j)
+	}
+	if _, err := s.TakeAt(ctx, t0, reqs); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := usedMemory(t, nodes, true)
+	for i := 0; i < memoryKeys; i += len(reqs) {
+		for j := range reqs {
+			reqs[j] = req(i + j)
+		}
+		if _, err := s.TakeAt(ctx, t0, reqs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after, keys := usedMemory(t, nodes, false)
+	if keys != memoryKeys {
+		t.Fatalf("%d keys; want %d", keys, memoryKeys)
+	}
+	key := s.key(req(0))
+	usage, err := s.client.MemoryUsage(ctx, key, 0).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return usage, float64(after-before) / memoryKeys, key
+}
+
+// usedMemory is the sum of INFO memory's used_memory over nodes, after a
+// FLUSHALL when flush is set, and the number of keys they hold.
+func usedMemory(t *testing.T, nodes []*redis.Client, flush bool) (used, keys int64) {
+	for _, c := range nodes {
+		if flush {
+			if err := c.FlushAll(t.Context()).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		info, err := c.Info(t.Context(), "memory").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, ok := strings.CutPrefix(info[strings.Index(info, "used_memory:"):], "used_memory:")
+		n, err := strconv.ParseInt(v[:strings.IndexByte(v, '\r')], 10, 64)
+		if !ok || err != nil {
+			t.Fatalf("used_memory in INFO memory: %v", err)
+		}
+		size, err := c.DBSize(t.Context()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		used, keys = used+n, keys+size
+	}
+	return used, keys
 }

@@ -56,38 +56,51 @@ func (s *MemoryStore) Take(_ context.Context, reqs []Request) ([]Decision, error
 // TakeAt charges the buckets of reqs at time now, all or nothing (see
 // Store.Take).
 func (s *MemoryStore) TakeAt(now time.Time, reqs []Request) []Decision {
-	keys := make([]bucketID, len(reqs))
-	for i, r := range reqs {
-		keys[i] = bucketIDOf(r)
+	// A few requests' keys, shards and saved buckets fit on the stack;
+	// what is made is made before the locks are taken.
+	var keyRoom [4]bucketID
+	var shardRoom [4]int
+	var savedRoom [4]savedBucket
+	keys, before := keyRoom[:0], []savedBucket(nil)
+	if len(reqs) <= len(savedRoom) {
+		before = savedRoom[:len(reqs)]
+	} else {
+		before = make([]savedBucket, len(reqs))
 	}
-	shards := s.lock(keys)
-	defer s.unlock(shards)
-	return s.takeLocked(now.UnixNano(), reqs, keys)
-}
-
-// takeLocked applies each request in turn and rolls all of them back, in
-// reverse order, if one is refused; if none is, it names the concurrency
-// slots taken after their requests. Costs are bounded (see boundedCost).
-// All of it happens under the shards' locks: no other take comes between
-// a charge and its rollback, which restores exactly the state before.
-func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []bucketID) []Decision {
-	type saved struct {
-		b     bucket
-		known bool
+	for _, r := range reqs {
+		keys = append(keys, bucketIDOf(r))
 	}
 	decisions := make([]Decision, len(reqs))
-	before := make([]saved, len(reqs))
+	shards := s.lock(keys, shardRoom[:0])
+	defer s.unlock(shards)
+	s.takeLocked(now.UnixNano(), reqs, keys, decisions, before)
+	return decisions
+}
+
+// savedBucket is a bucket as it was before a take, for its rollback.
+type savedBucket struct {
+	b     bucket
+	known bool
+}
+
+// takeLocked applies each request in turn, into decisions, and rolls all
+// of them back, in reverse order, from before, if one is refused; if none
+// is, it names the concurrency slots taken after their requests. Costs are
+// bounded (see boundedCost). All of it happens under the shards' locks: no
+// other take comes between a charge and its rollback, which restores
+// exactly the state before.
+func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []bucketID, decisions []Decision, before []savedBucket) {
 	allowed := true
 	for i, r := range reqs {
 		m := s.shard(keys[i]).buckets
 		b, known := m[keys[i]]
-		before[i] = saved{b, known}
+		before[i] = savedBucket{b, known}
 		m[keys[i]], decisions[i] = r.Policy.take(b, known, now, boundedCost(r.Cost))
 		allowed = allowed && decisions[i].Allowed
 	}
 	if allowed {
 		s.holdSlots(reqs, keys)
-		return decisions
+		return
 	}
 	for i := len(reqs) - 1; i >= 0; i-- {
 		m := s.shard(keys[i]).buckets
@@ -97,7 +110,6 @@ func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []bucketID) []D
 			delete(m, keys[i])
 		}
 	}
-	return decisions
 }
 
 // holdSlots names the concurrency slots that reqs took after their
@@ -164,14 +176,16 @@ func (s *MemoryStore) shard(k bucketID) *memShard {
 }
 
 // lock locks the shards of keys in ascending order (so that concurrent
-// multi-key calls cannot deadlock) and returns them for unlock.
-func (s *MemoryStore) lock(keys []bucketID) []int {
-	idx := make([]int, 0, len(keys))
+// multi-key calls cannot deadlock) and returns them for unlock, listed
+// in idx's room.
+func (s *MemoryStore) lock(keys []bucketID, idx []int) []int {
 	for _, k := range keys {
 		idx = append(idx, s.shardIndex(k))
 	}
-	slices.Sort(idx)
-	idx = slices.Compact(idx)
+	if len(idx) > 1 {
+		slices.Sort(idx)
+		idx = slices.Compact(idx)
+	}
 	for _, i := range idx {
 		s.shards[i].mu.Lock()
 	}

@@ -2,11 +2,12 @@ package limiter
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -37,7 +38,8 @@ const (
 // that every Caddy instance using the same Redis enforces one limit. Each
 // decision is one Lua script run, atomic in Redis, on the server's clock.
 //
-// A bucket's key is prefix + "{" + digest of the client key + "}:" + zone:
+// A bucket's key is prefix + "{" + digest of the client key + "}:" + zone,
+// and a letter for other algorithms than the token bucket (see RedisKey):
 // the raw client key is not stored, keys have a bounded length, and the hash
 // tag is the digest, so a client cannot pick the hash slot, while zones keyed
 // by the same client share one slot and one script run.
@@ -46,6 +48,7 @@ type RedisStore struct {
 	prefix   string
 	cluster  bool
 	breakers *nodeBreakers
+	batch    *batcher         // the queues of automatic pipelining, one per node
 	now      func() time.Time // the breakers' clock
 }
 
@@ -67,7 +70,7 @@ func NewRedisStore(client redis.UniversalClient, prefix string) (*RedisStore, er
 		return nil, fmt.Errorf("key prefix %q: must not contain { or }", prefix)
 	}
 	_, cluster := client.(*redis.ClusterClient)
-	return &RedisStore{client: client, prefix: prefix, cluster: cluster, now: time.Now,
+	return &RedisStore{client: client, prefix: prefix, cluster: cluster, now: time.Now, batch: newBatcher(),
 		breakers: &nodeBreakers{threshold: BreakerFailures, cooldown: BreakerCooldown, byNode: map[string]*Breaker{}},
 	}, nil
 }
@@ -89,24 +92,6 @@ func (s *RedisStore) Available(ctx context.Context, reqs []Request) bool {
 	return !s.breakers.anyOpen(s.nodes(ctx, s.scriptRuns(reqs)))
 }
 
-// keyOf is the Redis key, in zone, of the token bucket of the client whose
-// key has digest as its KeyHash.
-func (s *RedisStore) keyOf(zone string, digest [16]byte) string {
-	return s.prefix + "{" + base64.RawURLEncoding.EncodeToString(digest[:]) + "}:" + zone
-}
-
-// key is the Redis key of r's state. Other algorithms than the token
-// bucket add their name: each stores its state in its own shape (a string
-// of its own, a sorted set), so a zone whose algorithm changes starts
-// afresh instead of reading another's state.
-func (s *RedisStore) key(r Request) string {
-	k := s.keyOf(r.Zone, r.Digest())
-	if a := r.Policy.Algorithm; a != TokenBucket {
-		k += ":" + a.String()
-	}
-	return k
-}
-
 // Take charges the buckets of reqs on the Redis server's clock, all or
 // nothing (see Store.Take).
 func (s *RedisStore) Take(ctx context.Context, reqs []Request) ([]Decision, error) {
@@ -118,8 +103,9 @@ func (s *RedisStore) TakeAt(ctx context.Context, now time.Time, reqs []Request) 
 	return s.take(ctx, strconv.FormatInt(now.UnixMicro(), 10), reqs)
 }
 
-// Close closes the Redis client.
+// Close stops the pipelining queues and closes the Redis client.
 func (s *RedisStore) Close() error {
+	s.batch.close()
 	return s.client.Close()
 }
 
@@ -191,10 +177,17 @@ func (s *RedisStore) reloadTopology(err error) {
 	}
 }
 
+// firstIndex is the idx of a run of a single request; never modified.
+var firstIndex = []int{0}
+
 // scriptRuns groups reqs into script runs, one per algorithm: in
 // standalone Redis, all keys of an algorithm in one run; in a cluster, one
 // run per algorithm and hash slot (that is, per client key).
 func (s *RedisStore) scriptRuns(reqs []Request) []scriptRun {
+	if len(reqs) == 1 { // the common case, without the grouping
+		r := reqs[0]
+		return []scriptRun{{script: scripts[min(int(r.Policy.Algorithm), len(scripts)-1)], idx: firstIndex, keys: []string{s.key(r)}}}
+	}
 	type group struct {
 		a   Algorithm
 		key string
@@ -218,9 +211,20 @@ func (s *RedisStore) scriptRuns(reqs []Request) []scriptRun {
 	return runs
 }
 
-// args are the script's arguments for the requests of sr.
-func args(sr scriptRun, now, mode string, reqs []Request) []any {
-	a := make([]any, 0, 2+argsPerKey*len(sr.idx))
+// evalCmd is the command of sr: an EVALSHA, or an EVAL (with the script's
+// source) when sha is false, of its keys, then the time, the mode, and the
+// arguments of each key.
+func evalCmd(ctx context.Context, sr scriptRun, sha bool, now, mode string, reqs []Request) onceCmd {
+	a := make([]any, 0, 5+len(sr.keys)+argsPerKey*len(sr.idx))
+	if sha {
+		a = append(a, "evalsha", sr.script.sha)
+	} else {
+		a = append(a, "eval", sr.script.src)
+	}
+	a = append(a, len(sr.keys))
+	for _, k := range sr.keys {
+		a = append(a, k)
+	}
 	a = append(a, now, mode)
 	for _, i := range sr.idx {
 		p := reqs[i].Policy
@@ -232,43 +236,70 @@ func args(sr scriptRun, now, mode string, reqs []Request) []any {
 		if p.NoDelay {
 			nodelay = 1
 		}
-		a = append(a, p.Rate, period, p.Burst, reqs[i].Cost, nodelay, reqs[i].ID)
+		pa := policyArgs(p.Rate, period, p.Burst)
+		a = append(a, pa[0], pa[1], pa[2], reqs[i].Cost, nodelay, reqs[i].ID)
 	}
-	return a
+	return onceCmd{redis.NewCmd(ctx, a...)}
 }
 
-// run runs the script runs in one round trip (a pipeline per node when
-// there are several) with EVALSHA, and EVAL for those that found no script
-// cached, and returns their replies in order. Each script is sent at most
-// once (see onceCmd). Calls to a node whose breaker is open are not sent,
-// but releases always are; the outcome of every call is recorded by its
-// node's breaker. An error is a *NodeError.
+// boxedPolicies holds the rate, period and burst of policies as command
+// arguments, so that a zone's numbers are not converted on every call. It
+// keeps at most maxBoxedPolicies (policies can come from placeholders).
+var boxedPolicies sync.Map // [3]int64 → *[3]any
+
+var boxedCount atomic.Int32
+
+const maxBoxedPolicies = 4096
+
+// policyArgs are rate, period and burst as command arguments.
+func policyArgs(rate, period, burst int64) *[3]any {
+	k := [3]int64{rate, period, burst}
+	if v, ok := boxedPolicies.Load(k); ok {
+		return v.(*[3]any)
+	}
+	v := &[3]any{rate, period, burst}
+	if boxedCount.Load() < maxBoxedPolicies {
+		if _, loaded := boxedPolicies.LoadOrStore(k, v); !loaded {
+			boxedCount.Add(1)
+		}
+	}
+	return v
+}
+
+// run runs the script runs with EVALSHA, each in its node's next pipeline
+// (see batcher: automatic pipelining), and returns their replies in order.
+// Commands that did not run are sent again alone: after NOSCRIPT as EVAL,
+// after MOVED or ASK through the cluster client, which follows redirects.
+// No script is sent twice (see onceCmd). Calls to a node whose breaker is
+// open are not sent, but releases always are; the outcome of every call
+// is recorded by its node's breaker. An error is a *NodeError.
 func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string, reqs []Request) ([]any, error) {
-	nodes := s.nodes(ctx, runs)
+	// One run (the common case) needs no slices on the heap.
+	var nodesOne [1]string
+	var clientsOne [1]redis.Cmdable
+	var cmdsOne [1]onceCmd
+	var errsOne [1]error
+	nodes, clients, cmds, errs := nodesOne[:], clientsOne[:], cmdsOne[:], errsOne[:]
+	if len(runs) > 1 {
+		nodes, clients = make([]string, len(runs)), make([]redis.Cmdable, len(runs))
+		cmds, errs = make([]onceCmd, len(runs)), make([]error, len(runs))
+	}
+	s.route(ctx, runs, nodes, clients)
 	if mode != "release" {
 		if err := s.breakers.admit(nodes, s.now()); err != nil {
 			return nil, err
 		}
 	}
-	cmds := make([]onceCmd, len(runs))
 	for i, sr := range runs {
-		cmds[i] = evalCmd(ctx, sr.script, true, sr.keys, args(sr, now, mode, reqs))
+		cmds[i] = evalCmd(ctx, sr, true, now, mode, reqs)
 	}
-	if len(cmds) == 1 {
-		_ = s.client.Process(ctx, cmds[0])
-	} else {
-		_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, cmd := range cmds {
-				_ = p.Process(ctx, cmd)
-			}
-			return nil
-		})
+	if answered, err := s.batch.do(ctx, nodes, clients, cmds); err != nil {
+		return nil, s.timedOut(nodes, answered, err)
 	}
-	replies, errs := make([]any, len(runs)), make([]error, len(runs))
+	replies := make([]any, len(runs))
 	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			cmd = evalCmd(ctx, runs[i].script, false, runs[i].keys, args(runs[i], now, mode, reqs))
-			_ = s.client.Process(ctx, cmd)
+		if err := cmd.Err(); err != nil && (isRedirect(err) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+			cmd = s.resend(ctx, runs[i], cmd, now, mode, reqs)
 		}
 		replies[i], errs[i] = cmd.Result()
 	}
@@ -281,19 +312,65 @@ func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string
 	return replies, nil
 }
 
-// nodes are the addresses of the cluster masters that runs go to, by the
-// slot map go-redis holds; outside a cluster, "" for each.
-func (s *RedisStore) nodes(ctx context.Context, runs []scriptRun) []string {
-	nodes := make([]string, len(runs))
-	c, ok := s.client.(*redis.ClusterClient)
-	if !ok {
-		return nodes
-	}
-	for i, sr := range runs {
-		if n, err := c.MasterForKey(ctx, sr.keys[0]); err == nil {
-			nodes[i] = n.Options().Addr
+// timedOut records, when a call's time is up before every reply came, a
+// failure of each node that did not answer, and returns the error.
+func (s *RedisStore) timedOut(nodes []string, answered []bool, err error) error {
+	var silent []string
+	for i, node := range nodes {
+		if !answered[i] {
+			silent = append(silent, node)
 		}
 	}
+	errs := make([]error, len(silent))
+	for i := range errs {
+		errs[i] = err
+	}
+	s.breakers.settle(silent, errs, s.now())
+	return &NodeError{Node: silent[0], Err: err}
+}
+
+// resend sends again, alone and through the client (which follows
+// redirects), a command that did not run: one a node redirected (MOVED,
+// ASK: its slot moved), or one that found no script cached (NOSCRIPT:
+// then as EVAL, with the script's source).
+func (s *RedisStore) resend(ctx context.Context, sr scriptRun, cmd onceCmd, now, mode string, reqs []Request) onceCmd {
+	sha := !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT")
+	cmd = evalCmd(ctx, sr, sha, now, mode, reqs)
+	_ = s.client.Process(ctx, cmd)
+	if sha && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") { // moved to a node without the script
+		cmd = evalCmd(ctx, sr, false, now, mode, reqs)
+		_ = s.client.Process(ctx, cmd)
+	}
+	return cmd
+}
+
+// isRedirect reports whether err is a MOVED or ASK reply.
+func isRedirect(err error) bool {
+	return redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")
+}
+
+// route sets, for each run, the node it goes to and the client of that
+// node: in a cluster, the master of the run's slot by go-redis's slot map
+// (or the cluster client, which routes, when the map has no answer);
+// outside, "" and the store's client.
+func (s *RedisStore) route(ctx context.Context, runs []scriptRun, nodes []string, clients []redis.Cmdable) {
+	c, ok := s.client.(*redis.ClusterClient)
+	for i, sr := range runs {
+		clients[i] = s.client
+		if !ok {
+			continue
+		}
+		if n, err := c.MasterForKey(ctx, sr.keys[0]); err == nil {
+			nodes[i], clients[i] = n.Options().Addr, n
+		}
+	}
+}
+
+// nodes are the addresses of the cluster masters that runs go to (see
+// route); outside a cluster, "" for each.
+func (s *RedisStore) nodes(ctx context.Context, runs []scriptRun) []string {
+	nodes := make([]string, len(runs))
+	s.route(ctx, runs, nodes, make([]redis.Cmdable, len(runs)))
 	return nodes
 }
 
@@ -349,23 +426,42 @@ func replyInts(v any, n int) ([]int64, error) {
 // decode fills the decisions of the requests idx from a script reply and
 // reports whether the run allowed them all.
 func decode(v any, idx []int, reqs []Request, decisions []Decision) (bool, error) {
-	ints, err := replyInts(v, 2+replyPerKey*len(idx))
-	if err != nil {
+	list, ok := v.([]any)
+	if !ok || len(list) != 2+replyPerKey*len(idx) {
+		_, err := replyInts(v, 2+replyPerKey*len(idx))
 		return false, err
 	}
-	now := ints[0]
+	var head [2]int64
+	if err := readInts(list[:2], head[:]); err != nil {
+		return false, err
+	}
+	var r [replyPerKey]int64
 	for j, i := range idx {
-		r := ints[2+replyPerKey*j:]
+		if err := readInts(list[2+replyPerKey*j:2+replyPerKey*(j+1)], r[:]); err != nil {
+			return false, err
+		}
 		decisions[i] = Decision{
 			Allowed:    r[0] == 1,
 			Limit:      reqs[i].Policy.Limit(),
 			Remaining:  r[1],
-			Reset:      time.UnixMicro(now + r[2]),
+			Reset:      time.UnixMicro(head[0] + r[2]),
 			RetryAfter: time.Duration(r[3]) * time.Microsecond,
 			Delay:      time.Duration(r[4]) * time.Microsecond,
 		}
 	}
-	return ints[1] == 1, nil
+	return head[1] == 1, nil
+}
+
+// readInts reads the integers of list into dst, which has its length.
+func readInts(list []any, dst []int64) error {
+	for k, x := range list {
+		n, ok := x.(int64)
+		if !ok {
+			return fmt.Errorf("%w: element %d is %T", errReply, k, x)
+		}
+		dst[k] = n
+	}
+	return nil
 }
 
 // Interface guard.

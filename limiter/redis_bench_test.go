@@ -39,6 +39,7 @@ func benchTake(b *testing.B, s Store, zones int) {
 	}
 	b.ReportAllocs()
 	b.SetParallelism(8) // 16 goroutines on 2 CPUs: Redis latency overlaps
+	names := []string{"z0", "z1", "z2"}
 	b.RunParallel(func(pb *testing.PB) {
 		i := 0
 		reqs := make([]Request, zones)
@@ -49,7 +50,7 @@ func benchTake(b *testing.B, s Store, zones int) {
 				if z == 2 {
 					key = keys[(i+7)%len(keys)] + "x"
 				}
-				reqs[z] = Request{Zone: fmt.Sprint("z", z), Key: key, Policy: p, Cost: 1}
+				reqs[z] = Request{Zone: names[z], Key: key, Policy: p, Cost: 1}
 			}
 			if _, err := s.Take(b.Context(), reqs); err != nil {
 				b.Fatal(err)

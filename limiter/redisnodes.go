@@ -72,31 +72,15 @@ type onceCmd struct{ *redis.Cmd }
 // NoRetry tells go-redis not to retry the command.
 func (onceCmd) NoRetry() bool { return true }
 
-// luaScript is a Lua script and its SHA-1, the name EVALSHA runs it by.
+// luaScript is a Lua script and its SHA-1, the name EVALSHA runs it by,
+// both held as command arguments already (no conversion per call).
 type luaScript struct {
-	src, sha string
+	src, sha any
 }
 
 func newLuaScript(src string) *luaScript {
 	sum := sha1.Sum([]byte(src))
 	return &luaScript{src: src, sha: hex.EncodeToString(sum[:])}
-}
-
-// evalCmd is an EVALSHA of script with keys and args, or an EVAL (the
-// script's source) when sha is false.
-func evalCmd(ctx context.Context, script *luaScript, sha bool, keys []string, args []any) onceCmd {
-	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
-	if sha {
-		cmdArgs = append(cmdArgs, "evalsha", script.sha)
-	} else {
-		cmdArgs = append(cmdArgs, "eval", script.src)
-	}
-	cmdArgs = append(cmdArgs, len(keys))
-	for _, k := range keys {
-		cmdArgs = append(cmdArgs, k)
-	}
-	cmdArgs = append(cmdArgs, args...)
-	return onceCmd{redis.NewCmd(ctx, cmdArgs...)}
 }
 
 // nodeBreakers are the circuit breakers of a RedisStore, one per node, so

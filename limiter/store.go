@@ -15,7 +15,8 @@ type Request struct {
 	// API key...). Stores keep only a digest of it.
 	Key string
 	// Policy is the bucket's shape. A bucket whose policy changed keeps its
-	// tokens, capped at the new burst.
+	// state: a token bucket, the time until it is full again, capped at the
+	// new burst's (see takeToken).
 	Policy Policy
 	// Cost is the number of tokens the request uses; at least 1.
 	Cost int64

@@ -5,23 +5,22 @@ import (
 	"time"
 )
 
-// epsilon absorbs float rounding when tokens are compared or floored, so
-// that 2.9999999999 tokens count as 3.
+// epsilon absorbs float rounding when counts are compared or floored, so
+// that 2.9999999999 counts as 3.
 const epsilon = 1e-9
 
 // bucket is the state of one bucket, whatever its algorithm, and when it
-// may be dropped (a dropped bucket is a fresh one). Times are Unix ns but
-// for the leaky bucket's TAT.
+// may be dropped (a dropped bucket is a fresh one). Times are Unix ns.
 type bucket struct {
-	// tokens: the tokens held (token bucket); the count of the current
-	// window (fixed window, sliding counter); the requests in flight
-	// (concurrency).
+	// tokens: the count of the current window (fixed window, sliding
+	// counter); the requests in flight (concurrency).
 	tokens float64
-	// prev: the count of the previous window (sliding counter); the
-	// theoretical arrival time, in µs, unrounded (leaky bucket).
+	// prev: the count of the previous window (sliding counter).
 	prev float64
-	// last: the last update (token bucket); the start of the current
-	// window (fixed window, sliding counter).
+	// last: the time a GCRA keeps (token bucket: when it was empty;
+	// leaky bucket: its TAT; see gcraState); the index of the current
+	// window, since the Unix epoch, in windows of the policy's period
+	// (fixed window, sliding counter).
 	last int64
 	// log: the times of the counted requests, oldest first (sliding log).
 	log []int64
@@ -34,51 +33,97 @@ type bucket struct {
 	idleAt int64
 }
 
-// takeToken refills b up to now and charges cost tokens if it holds them.
-// known is false for a bucket never seen (or dropped), which starts full.
-// The returned bucket is the state to keep if the charge is committed.
-func (p Policy) takeToken(b bucket, known bool, now, cost int64) (bucket, Decision) {
-	tokens := float64(p.Burst)
+// The token and leaky buckets are GCRA, as the Redis scripts
+// (luascripts/gcra.lua): a bucket is one time, in b.last (Unix ns). GCRA's
+// theoretical arrival time (TAT) is when the requests charged so far are
+// paid for at the rate: the token bucket is full again, the leaky bucket's
+// queue has drained. Each unit of cost moves it on by one interval (the
+// policy's Interval), from now when it is past. The leaky bucket keeps the
+// TAT; the token bucket keeps the TAT less its burst's refill time: when
+// it was empty, refilling since (see takeToken). The time is kept rounded
+// up to the nanosecond, which delays it by less than 1 ns per charge; a
+// request may come up to slack early, which absorbs that.
+
+// gcraState is what a GCRA decision works with.
+type gcraState struct {
+	interval float64 // ns
+	full     float64 // Burst intervals: the wait of an empty bucket, a full queue
+	room     float64 // the most a charge may leave the TAT ahead of now: full, plus slack
+	offset   float64 // how far before the TAT the kept time is: full for the token bucket, else 0
+	wait     float64 // how far the TAT is ahead of now: 0 when past, or for a fresh bucket
+}
+
+// gcra is the state of b at now for p's GCRA (see gcraState).
+func (p Policy) gcra(b bucket, known bool, now int64) gcraState {
+	g := gcraState{interval: p.Interval()}
+	g.full = float64(p.Burst) * g.interval
+	g.room = g.full + slack(g.interval)
+	if p.Algorithm == TokenBucket {
+		g.offset = g.full
+	}
 	if known {
-		tokens = p.refill(b, now)
+		g.wait = max(float64(b.last-now)+g.offset, 0)
 	}
-	allowed := cost <= p.Burst && tokens+epsilon >= float64(cost)
+	return g
+}
+
+// settle is the time to keep for a TAT wait ns ahead of now, rounded up
+// to the nanosecond (but for a hundredth of one: the error of the Lua
+// script's doubles, which count µs, over a day), and the wait it stands
+// for (0 when wait is: nothing is charged any more).
+func (g gcraState) settle(now int64, wait float64) (keep int64, settled float64) {
+	keep = now + int64(math.Ceil(wait-g.offset-1e-2))
+	if wait <= 0 {
+		return keep, 0
+	}
+	return keep, max(float64(keep-now)+g.offset, 0)
+}
+
+// slack is how early a request may come and still pass: a microsecond,
+// the resolution of the Redis clock, which absorbs the rounding of the
+// TAT; at most half an interval, so that no extra request passes.
+func slack(interval float64) float64 {
+	return min(float64(time.Microsecond), interval/2)
+}
+
+// nanosUp rounds x ns up to a whole nanosecond (but for a millionth of
+// one, float rounding).
+func nanosUp(x float64) int64 {
+	if x <= 0 {
+		return 0
+	}
+	return int64(math.Ceil(x - 1e-6))
+}
+
+// takeToken charges cost tokens if the bucket holds them: if they leave
+// its TAT at most room ahead of now. The bucket keeps the time it was
+// empty (its TAT less full); it holds min(Burst, (now - that) / interval)
+// tokens. That time does not depend on the policy: when a zone's policy
+// changes, its tokens carry over, capped at the new burst, and if the
+// rate changes too, so does the time they took to refill. known is false
+// for a bucket never seen (or dropped), which is full. The returned bucket
+// is the state to keep if the charge is committed.
+func (p Policy) takeToken(b bucket, known bool, now, cost int64) (bucket, Decision) {
+	g := p.gcra(b, known, now)
+	wait := min(g.wait, g.full) // at most empty
+	allowed := cost <= p.Burst && wait+float64(cost)*g.interval <= g.room
 	if allowed {
-		tokens = max(tokens-float64(cost), 0)
+		wait += float64(cost) * g.interval
 	}
-	toFull := p.nanos(float64(p.Burst) - tokens)
+	keep, wait := g.settle(now, wait)
+	toFull := nanosUp(wait)
 	d := Decision{
 		Allowed:   allowed,
 		Limit:     p.Burst,
-		Remaining: int64(math.Floor(tokens + epsilon)),
+		Remaining: max(int64(math.Floor((g.room-wait)/g.interval)), 0),
 		Reset:     time.Unix(0, now+toFull),
 	}
-	if !allowed {
-		d.RetryAfter = p.retryAfter(tokens, cost, toFull)
+	switch {
+	case allowed:
+	case cost > p.Burst: // never passes; its client is told to wait for a full bucket
+		d.RetryAfter = time.Duration(max(toFull, nanosUp(g.interval)))
+	default: // until cost tokens are in the bucket
+		d.RetryAfter = time.Duration(nanosUp(wait + float64(cost)*g.interval - g.full))
 	}
-	return bucket{tokens: tokens, last: now, idleAt: now + toFull}, d
-}
-
-// refill is the number of tokens b holds at now. A bucket from an older
-// policy keeps its tokens, capped at the current burst.
-func (p Policy) refill(b bucket, now int64) float64 {
-	elapsed := max(now-b.last, 0)
-	return min(float64(p.Burst), b.tokens+float64(elapsed)/p.Interval())
-}
-
-// retryAfter is how long until cost tokens are in the bucket. A cost above
-// the burst never passes; its client is told to wait for a full bucket.
-func (p Policy) retryAfter(tokens float64, cost, toFull int64) time.Duration {
-	if cost > p.Burst {
-		return time.Duration(max(toFull, p.nanos(1)))
-	}
-	return time.Duration(p.nanos(float64(cost) - tokens))
-}
-
-// nanos is the time n tokens take to refill, rounded up to a nanosecond.
-func (p Policy) nanos(n float64) int64 {
-	if n <= epsilon {
-		return 0
-	}
-	return int64(math.Ceil(n * p.Interval()))
+	return bucket{last: keep, idleAt: now + toFull}, d
 }

@@ -100,6 +100,9 @@ func TestTokenBucketCost(t *testing.T) {
 	})
 }
 
+// TestPolicyChangeCarriesTokensOver: a zone whose limit changes (a config
+// reload) keeps its buckets: tokens carry over, capped at the new burst;
+// when the rate changes, the time they took to refill carries over.
 func TestPolicyChangeCarriesTokensOver(t *testing.T) {
 	for name, newStore := range testStores {
 		t.Run(name, func(t *testing.T) { testPolicyChange(t, newStore(t)) })
@@ -114,16 +117,20 @@ func testPolicyChange(t *testing.T, takeAt takeAtFunc) {
 		}
 		return d[0]
 	}
-	old := Policy{Rate: 100, Period: time.Minute, Burst: 100}
+	old := Policy{Rate: 100, Period: time.Minute, Burst: 100} // a token every 600ms
 	for range 10 {
 		take(old, 0)
 	}
 	// Lower burst: the 90 tokens left are capped at 5.
-	if d := take(Policy{Rate: 5, Period: time.Minute, Burst: 5}, 0); d.Remaining != 4 {
+	if d := take(Policy{Rate: 100, Period: time.Minute, Burst: 5}, 0); d.Remaining != 4 {
 		t.Fatalf("after lowering the burst: remaining %d; want 4", d.Remaining)
 	}
 	// Raised again: tokens carry over (4), not reset to a full 100.
 	if d := take(old, 0); d.Remaining != 3 {
 		t.Fatalf("after raising the burst: remaining %d; want 3", d.Remaining)
+	}
+	// A faster rate: 3 tokens of 600ms are 6 of 300ms.
+	if d := take(Policy{Rate: 200, Period: time.Minute, Burst: 100}, 0); d.Remaining != 5 || !d.Reset.Equal(t0.Add(28500*time.Millisecond)) {
+		t.Fatalf("after raising the rate: remaining %d, full in %s; want 5, in 28.5s", d.Remaining, d.Reset.Sub(t0))
 	}
 }

@@ -27,7 +27,7 @@ end
 local mode = ARGV[2]
 local refund = mode == 'refund'
 local peek = mode == 'peek'
-local eps = 1e-9 -- absorbs float rounding: 2.9999999999 tokens count as 3
+local eps = 1e-9 -- absorbs float rounding: a count of 2.9999999999 is 3
 
 -- MaxCost in Go: the largest limit (2^40 + 1). A cost may be anything up
 -- to 2^63 - 1 (a placeholder's), which a double does not even hold
@@ -58,6 +58,16 @@ end
 -- at least 1
 local function ttl_ms(us)
   return math.max(math.ceil(us / 1000), 1)
+end
+
+-- The windows (fixed, sliding counter) start at multiples of their length
+-- and are known in Redis by a tag: the window's index since the Unix
+-- epoch, modulo a million, which tells a key's window from the ones
+-- around it (a key lives at most two windows past its last write) in six
+-- digits instead of a 16-digit start. window_tag is the tag of the window
+-- that starts at start.
+local function window_tag(start, window)
+  return (start / window) % 1000000
 end
 
 -- run decides every key with decide(key, args), which returns the key's

@@ -8,21 +8,20 @@
 -- reply gave), and does nothing once another window has begun: that
 -- window's count is other requests'.
 --
--- Windows start at multiples of their length. A counter is stored as
--- "<window start, µs>:<count>" and expires with its window.
+-- Windows start at multiples of their length. A counter is stored as one
+-- integer, the count followed by the window's tag (see window_tag) in six
+-- digits: "<count><tag>", which Redis keeps as a 64-bit integer up to
+-- counts of 9 * 10^12. It expires with its window; a count of 0 is no key.
 --
 -- Reply per key: allowed, remaining, µs until the window ends, µs until
 -- the same request could pass, 0.
 
--- the count of the window that started at start, and whether the key
--- holds that window
-local function counted(key, start)
-  local v = redis.call('GET', key)
-  if v then
-    local s, c = string.match(v, '^(%d+):(%d+)$')
-    if tonumber(s) == start then
-      return tonumber(c), true
-    end
+-- the count of the window tagged tag, and whether the key holds that
+-- window
+local function counted(key, tag)
+  local c, t = string.match(redis.call('GET', key) or '', '^(%d+)(%d%d%d%d%d%d)$')
+  if c and tonumber(t) == tag then
+    return tonumber(c), true
   end
   return 0, false
 end
@@ -30,7 +29,8 @@ end
 local function decide(key, k)
   local limit, window, cost = k.rate, k.period, k.cost
   local start = now - now % window
-  local count, charged = counted(key, start)
+  local tag = window_tag(start, window)
+  local count, charged = counted(key, tag)
   local ok, skip = true, false
   if refund then
     skip = not charged
@@ -43,14 +43,17 @@ local function decide(key, k)
   end
   local to_end = start + window - now
   return { ok = ok, remaining = math.max(limit - count, 0), reset = to_end, retry = ok and 0 or to_end,
-    start = start, count = count, skip = skip }
+    tag = tag, count = count, skip = skip }
 end
 
 local function write(key, s)
   if s.skip then
     return
+  elseif s.count == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, string.format('%.0f%06d', s.count, s.tag), 'PX', ttl_ms(s.reset))
   end
-  redis.call('SET', key, string.format('%.0f:%.0f', s.start, s.count), 'PX', ttl_ms(s.reset))
 end
 
 return run(decide, write)

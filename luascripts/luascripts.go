@@ -2,7 +2,9 @@
 // embedded in the binary: one per algorithm, each with common.lua in front
 // of it. common.lua reads the arguments and builds the reply, the same for
 // every algorithm (it documents both); an algorithm's script only decides
-// one key and writes its state. ban.lua, the bans' script, stands alone.
+// one key and writes its state. gcra.lua, between them for the token and
+// leaky buckets, keeps their state: one integer, GCRA's theoretical
+// arrival time. ban.lua, the bans' script, stands alone.
 package luascripts
 
 import _ "embed"
@@ -10,6 +12,8 @@ import _ "embed"
 var (
 	//go:embed common.lua
 	common string
+	//go:embed gcra.lua
+	gcra string
 	//go:embed token_bucket.lua
 	tokenBucket string
 	//go:embed fixed_window.lua
@@ -26,11 +30,11 @@ var (
 
 // The scripts, by algorithm, and the bans' script.
 var (
-	TokenBucket          = common + tokenBucket
+	TokenBucket          = common + gcra + tokenBucket
 	FixedWindow          = common + fixedWindow
 	SlidingWindowLog     = common + slidingWindowLog
 	SlidingWindowCounter = common + slidingWindowCounter
-	LeakyBucket          = common + leakyBucket
+	LeakyBucket          = common + gcra + leakyBucket
 	Concurrency          = common + concurrency
 
 	//go:embed ban.lua

@@ -11,8 +11,8 @@
 --
 -- Two counters: this window's and the previous one's, which counts for
 -- the part of it still inside the sliding window. Stored as
--- "<window start, µs>:<count>:<previous count>", expiring when both have
--- faded out.
+-- "<count>:<previous count>:<window tag>" (see window_tag), expiring when
+-- both have faded out.
 --
 -- Reply per key: allowed, remaining, µs until both counters have faded
 -- out, µs until the same request could pass, 0.
@@ -33,23 +33,20 @@ local function retry_after(start, window, prev, curr, cost, limit)
   return math.max(nxt - now, 1)
 end
 
--- the stored window start and its two counts, or nil
+-- the stored window's tag and its two counts, or nil
 local function stored(key)
-  local v = redis.call('GET', key)
-  if v then
-    local s, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
-    if s then
-      return tonumber(s), tonumber(c), tonumber(p)
-    end
+  local c, p, t = string.match(redis.call('GET', key) or '', '^(%d+):(%d+):(%d+)$')
+  if c then
+    return tonumber(t), tonumber(c), tonumber(p)
   end
 end
 
 -- the counts of the window that started at start and of the one before
 local function counts(key, start, window)
-  local s, c, p = stored(key)
-  if s == start then
+  local t, c, p = stored(key)
+  if t == window_tag(start, window) then
     return c, p
-  elseif s == start - window then
+  elseif t == window_tag(start - window, window) then
     return 0, c
   end
   return 0, 0
@@ -64,21 +61,21 @@ local function state(limit, window, start, curr, prev)
     reset = reset + window
   end
   return { ok = true, remaining = math.max(math.floor(limit - prev * weight - curr + eps), 0),
-    reset = reset - now, start = start, curr = curr, prev = prev }
+    reset = reset - now, tag = window_tag(start, window), curr = curr, prev = prev }
 end
 
 -- refund: the cost off the count of the window charged, which started at
 -- start: the stored window's, or its previous one's
 local function give_back(key, k, start)
-  local s, c, p = stored(key)
-  if s == start then
+  local t, c, p = stored(key)
+  if t == window_tag(start, k.period) then
     c = math.max(c - k.cost, 0)
-  elseif s == start + k.period then
-    p = math.max(p - k.cost, 0)
+  elseif t == window_tag(start + k.period, k.period) then
+    start, p = start + k.period, math.max(p - k.cost, 0)
   else
     return { ok = true, remaining = 0, reset = 0, skip = true }
   end
-  return state(k.rate, k.period, s, c, p)
+  return state(k.rate, k.period, start, c, p)
 end
 
 local function decide(key, k)
@@ -104,7 +101,7 @@ local function write(key, s)
   if s.skip then
     return
   end
-  redis.call('SET', key, string.format('%.0f:%.0f:%.0f', s.start, s.curr, s.prev), 'PX', ttl_ms(s.reset))
+  redis.call('SET', key, string.format('%.0f:%.0f:%d', s.curr, s.prev, s.tag), 'PX', ttl_ms(s.reset))
 end
 
 return run(decide, write)

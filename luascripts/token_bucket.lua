@@ -1,78 +1,47 @@
--- Token bucket.
+-- Token bucket, as GCRA.
 --
--- KEYS, ARGV and the reply as in common.lua, which is prepended to this
--- script. For KEYS[i]: rate, period (µs), burst, cost; flag and id are
--- unused. "take" charges the cost if the bucket holds it; "refund" gives
--- it back (capped at the burst), at the time the take's reply gave.
+-- KEYS, ARGV and the reply as in common.lua, the state as in gcra.lua,
+-- both prepended to this script. For KEYS[i]: rate, period (µs), burst,
+-- cost; flag and id are unused. "take" charges the cost if the bucket
+-- holds it; "refund" gives it back, at the time the take's reply gave.
+--
+-- A charge passes if it leaves the TAT at most burst intervals (the room,
+-- with the tolerance) ahead of now. The bucket stores when it was empty
+-- (the TAT less burst intervals), and holds min(burst, (now - that) /
+-- interval) tokens. That time does not depend on the policy: when a zone's
+-- policy changes (a config reload), its tokens carry over, capped at the
+-- new burst, and if the rate changes too, so does the time they took to
+-- refill.
 --
 -- A refund that comes after a later request leaves that request's charge
--- alone: the tokens are kept as of the later update (never moved back to
--- the refund's time, which would refill them twice), plus the cost. It
--- may give back up to what the bucket refilled between the charge and the
--- later request, when that refill met the burst's cap (the refund cannot
--- tell): at most the refill of the refund's round trip, and never more
--- than the burst.
---
--- A bucket is stored as "<tokens>:<time of update, µs>" and expires when it
--- is full again, since a missing bucket is a full one.
+-- alone: it takes its own cost's intervals off the TAT, never back before
+-- its own time. It may give back up to what the bucket refilled between
+-- the charge and the later request, when that refill met the burst's cap
+-- (the refund cannot tell): at most the refill of the refund's round
+-- trip, and never more than the burst.
 --
 -- Reply per key: allowed, whole tokens remaining, µs until full, µs until
 -- the same request could pass, 0.
 
--- tokens held by a bucket at now, refilled since its last update, and
--- the later of now and that update
-local function held(key, burst, interval)
-  local v = redis.call('GET', key)
-  if not v then
-    return burst, now
-  end
-  local tokens, last = string.match(v, '^([^:]+):(%d+)$')
-  tokens, last = tonumber(tokens), tonumber(last)
-  if not tokens or not last then
-    return burst, now
-  end
-  return math.min(burst, tokens + math.max(now - last, 0) / interval), math.max(now, last)
-end
-
--- the time n tokens take to refill, µs rounded up
-local function ceil_time(n, interval)
-  if n <= eps then
-    return 0
-  end
-  return math.ceil(n * interval)
-end
-
 local function decide(key, k)
-  local interval = k.period / k.rate
-  local tokens, at = held(key, k.burst, interval)
-  local ok = true
-  if refund then
-    tokens = math.min(k.burst, tokens + k.cost)
-  else
-    ok = k.cost <= k.burst and tokens + eps >= k.cost
+  local g = gcra(key, k, true)
+  local cost, wait, ok = k.cost, g.wait, true
+  if not refund then
+    wait = math.min(wait, g.full) -- at most empty
+    ok = cost <= k.burst and wait + cost * g.interval <= g.room
     if ok then
-      tokens = math.max(tokens - k.cost, 0)
+      wait = wait + cost * g.interval
     end
   end
-  local to_full = ceil_time(k.burst - tokens, interval)
-  local retry = 0
-  if not ok then
-    if k.cost > k.burst then
-      retry = math.max(to_full, math.ceil(interval))
-    else
-      retry = ceil_time(k.cost - tokens, interval)
-    end
+  local s = settle(g, wait)
+  s.ok, s.reset, s.retry = ok, micros(s.wait), 0
+  s.remaining = math.max(math.floor((g.room - s.wait) / g.interval), 0)
+  if not ok and cost > k.burst then -- never passes: wait for a full bucket
+    s.retry = math.max(s.reset, math.ceil(g.interval))
+  elseif not ok then -- until cost tokens are in the bucket
+    s.retry = micros(s.wait + cost * g.interval - g.full)
   end
-  return { ok = ok, remaining = math.floor(tokens + eps), reset = to_full, retry = retry, tokens = tokens,
-    at = refund and at or now }
+  return s
 end
 
-local function write(key, s)
-  if s.reset > 0 then
-    redis.call('SET', key, string.format('%.17g:%.0f', s.tokens, s.at), 'PX', ttl_ms(s.at - now + s.reset))
-  else
-    redis.call('DEL', key)
-  end
-end
-
-return run(decide, write)
+return run(decide, write_time)

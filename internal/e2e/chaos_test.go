@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"net/http"
 	"slices"
@@ -134,8 +133,7 @@ func tally(results []result) map[int]int {
 
 // redisKey is the Redis key of an API key's bucket in zone.
 func redisKey(prefix, apiKey, zone string) string {
-	d := limiter.KeyHash(apiKey)
-	return prefix + "{" + base64.RawURLEncoding.EncodeToString(d[:]) + "}:" + zone
+	return limiter.RedisKey(prefix, zone, limiter.KeyHash(apiKey))
 }
 
 // keysByMaster sorts n API keys by the master that holds their bucket.

@@ -1,0 +1,237 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Automatic pipelining. Every decision is one or a few script commands;
+// decisions of concurrent requests bound for the same Redis node leave
+// together, as one pipeline on one of that node's connections:
+//
+//   - each node has a queue and one flusher goroutine;
+//   - while the node has no batch in flight, a command is written at once
+//     (the flusher wakes up and sends a pipeline of one);
+//   - while a batch is in flight, commands queue, and the next batch takes
+//     them all (at most maxBatch) when it returns.
+//
+// There is no timer: batching comes only from commands that arrive while
+// the previous batch is in flight, so a lone request waits for nothing but
+// a goroutine hand-off. This is Envoy's ratelimit "implicit pipelining"
+// with no flush window, and rueidis's auto pipelining with go-redis's
+// half-duplex pipelines: one write, then one read of all the replies.
+//
+// A command's caller waits for its batch, or until its context ends; a
+// command whose context ended before its batch left is not sent at all.
+// Each command of a batch gets its own reply or error: a failed batch
+// fails each of its decisions on its own, and commands are never sent
+// twice (they are onceCmds).
+
+// maxBatch bounds a pipeline: Redis answers a pipeline in one go, so a
+// huge one would hold the node (and every reply in it) for long.
+const maxBatch = 256
+
+// maxQueued bounds the commands waiting for one node: past it (a node far
+// slower than the traffic), calls fail at once rather than pile up.
+const maxQueued = 65536
+
+var errQueueFull = errors.New("redis node queue full: the node does not keep up")
+
+// batcher holds the queues of a store's nodes, made on first use.
+type batcher struct {
+	mu     sync.Mutex
+	queues map[string]*nodeQueue // by node address; "" outside a cluster
+	closed bool
+}
+
+// call is one decision's commands, which may go to several nodes; done
+// receives when the last of them has its reply. Calls are reused (calls):
+// one whose caller gave up is not, since its reply may still come.
+type call struct {
+	pending  atomic.Int32
+	done     chan struct{} // buffered: the last reply never waits
+	answered []atomic.Bool // answered[i]: cmds[i] has its reply (or error)
+	inline   [4]atomic.Bool
+}
+
+var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+// newCall returns a call of n commands, none answered.
+func newCall(n int) *call {
+	c := calls.Get().(*call)
+	if n <= len(c.inline) {
+		c.answered = c.inline[:n]
+	} else {
+		c.answered = make([]atomic.Bool, n)
+	}
+	for i := range c.answered {
+		c.answered[i].Store(false)
+	}
+	c.pending.Store(int32(n))
+	return c
+}
+
+// queued is a command in a node's queue.
+type queued struct {
+	ctx  context.Context
+	cmd  onceCmd
+	call *call
+	i    int // the command's index in its call
+}
+
+// nodeQueue is the queue of one node and the pipeline that sends it.
+type nodeQueue struct {
+	client redis.Cmdable   // the node's client
+	pipe   redis.Pipeliner // a pipeline on client, used by the flusher alone
+	mu     sync.Mutex
+	wake   *sync.Cond
+	items  []queued
+	closed bool
+}
+
+func newBatcher() *batcher { return &batcher{queues: map[string]*nodeQueue{}} }
+
+// queue returns the queue of node, whose connections client holds. A node
+// whose client go-redis replaced (a node that left the cluster and came
+// back) gets a new queue; the old one drains and stops.
+func (b *batcher) queue(node string, client redis.Cmdable) (*nodeQueue, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, redis.ErrClosed
+	}
+	q, ok := b.queues[node]
+	if ok && q.client == client {
+		return q, nil
+	}
+	if ok {
+		q.close()
+	}
+	q = &nodeQueue{client: client, pipe: client.Pipeline()}
+	q.wake = sync.NewCond(&q.mu)
+	b.queues[node] = q
+	go q.flush()
+	return q, nil
+}
+
+// do sends cmds, cmds[i] to the node nodes[i] through clients[i], and waits
+// for their replies, or until ctx ends. Then it returns ctx's error and
+// which commands were answered; the others must not be read (they may
+// still be answered), nor be sent again.
+func (b *batcher) do(ctx context.Context, nodes []string, clients []redis.Cmdable, cmds []onceCmd) (answered []bool, err error) {
+	c := newCall(len(cmds))
+	for i, cmd := range cmds {
+		q, err := b.queue(nodes[i], clients[i])
+		if err == nil {
+			err = q.push(queued{ctx: ctx, cmd: cmd, call: c, i: i})
+		}
+		if err != nil {
+			cmd.SetErr(err)
+			c.finish(i)
+		}
+	}
+	select {
+	case <-c.done:
+		calls.Put(c)
+		return nil, nil
+	case <-ctx.Done():
+		if c.pending.Load() == 0 { // answered meanwhile
+			<-c.done
+			calls.Put(c)
+			return nil, nil
+		}
+		answered = make([]bool, len(cmds))
+		for i := range answered {
+			answered[i] = c.answered[i].Load()
+		}
+		return answered, ctx.Err() // c is not reused: its replies may still come
+	}
+}
+
+// finish records that the call's i-th command has its reply.
+func (c *call) finish(i int) {
+	c.answered[i].Store(true)
+	if c.pending.Add(-1) == 0 {
+		c.done <- struct{}{}
+	}
+}
+
+// push queues an item and wakes the flusher.
+func (q *nodeQueue) push(item queued) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch {
+	case q.closed:
+		return redis.ErrClosed
+	case len(q.items) >= maxQueued:
+		return errQueueFull
+	}
+	q.items = append(q.items, item)
+	q.wake.Signal()
+	return nil
+}
+
+// flush sends the queue's batches, one at a time, until the queue closes.
+func (q *nodeQueue) flush() {
+	batch := make([]queued, 0, maxBatch)
+	for {
+		q.mu.Lock()
+		for len(q.items) == 0 && !q.closed {
+			q.wake.Wait()
+		}
+		if len(q.items) == 0 { // closed and drained
+			q.mu.Unlock()
+			return
+		}
+		n := min(len(q.items), maxBatch)
+		batch = append(batch[:0], q.items[:n]...)
+		rest := copy(q.items, q.items[n:])
+		clear(q.items[rest:])
+		q.items = q.items[:rest]
+		q.mu.Unlock()
+		q.send(batch)
+		clear(batch) // let go of the commands
+	}
+}
+
+// send runs one batch as a pipeline, leaving out the commands whose caller
+// gave up, and completes every call.
+func (q *nodeQueue) send(batch []queued) {
+	var ctx context.Context
+	for _, it := range batch {
+		if err := it.ctx.Err(); err != nil {
+			it.cmd.SetErr(err)
+			continue
+		}
+		ctx = it.ctx // the newest: its deadline is the latest
+		_ = q.pipe.Process(ctx, it.cmd)
+	}
+	if ctx != nil {
+		_, _ = q.pipe.Exec(ctx) // each command holds its own reply or error
+	}
+	for _, it := range batch {
+		it.call.finish(it.i)
+	}
+}
+
+// close stops the flushers once their queues are drained.
+func (b *batcher) close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	for _, q := range b.queues {
+		q.close()
+	}
+}
+
+// close stops the queue's flusher once the queue is drained.
+func (q *nodeQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.wake.Broadcast()
+	q.mu.Unlock()
+}

@@ -1,0 +1,168 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+)
+
+// pipelineCounter is a go-redis hook that counts the pipelines a client
+// sends and the largest one.
+type pipelineCounter struct {
+	pipelines, single, largest atomic.Int64
+}
+
+func (h *pipelineCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *pipelineCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.single.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.pipelines.Add(1)
+		for n := int64(len(cmds)); ; {
+			old := h.largest.Load()
+			if n <= old || h.largest.CompareAndSwap(old, n) {
+				break
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// takeConcurrently runs n Takes at once, one key each, and returns their
+// errors.
+func takeConcurrently(s *RedisStore, n int, req func(i int) Request) []error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, errs[i] = s.Take(ctx, []Request{req(i)})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return errs
+}
+
+// TestAutoPipelining: concurrent decisions leave in shared pipelines of at
+// most maxBatch commands, every one decided; a lone decision leaves at once,
+// in a pipeline of its own.
+func TestAutoPipelining(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t), PoolSize: 4})
+	hook := &pipelineCounter{}
+	c.AddHook(hook)
+	s := newRedisStore(t, c)
+	p := Policy{Rate: 1, Period: time.Hour, Burst: 3}
+	for _, key := range []string{"warm", "lone"} { // the first connects and loads the script
+		hook.pipelines.Store(0)
+		hook.largest.Store(0)
+		if _, err := s.Take(t.Context(), []Request{{Zone: "z", Key: key, Policy: p, Cost: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if hook.pipelines.Load() != 1 || hook.largest.Load() != 1 {
+		t.Fatalf("a lone decision: %d pipelines, largest %d; want one of 1", hook.pipelines.Load(), hook.largest.Load())
+	}
+	const n = 1000
+	errs := takeConcurrently(s, n, func(i int) Request {
+		return Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: p, Cost: 1}
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("decision %d: %v", i, err)
+		}
+	}
+	pipes, largest := hook.pipelines.Load()-1, hook.largest.Load()
+	t.Logf("%d concurrent decisions in %d pipelines, the largest of %d", n, pipes, largest)
+	if pipes >= n/2 {
+		t.Errorf("%d concurrent decisions left in %d pipelines; want them batched", n, pipes)
+	}
+	if largest > maxBatch {
+		t.Errorf("a pipeline of %d commands; want at most %d", largest, maxBatch)
+	}
+	// Each key was charged exactly once.
+	for _, i := range []int{0, n / 2, n - 1} {
+		d, err := s.Peek(t.Context(), Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: p})
+		if err != nil || d.Remaining != 2 {
+			t.Fatalf("key k%d: remaining %d (%v); want 2", i, d.Remaining, err)
+		}
+	}
+}
+
+// TestBatchFailsEachOnItsOwn: one decision whose script fails shares
+// pipelines with others, which are decided all the same.
+func TestBatchFailsEachOnItsOwn(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t), PoolSize: 2})
+	s := newRedisStore(t, c)
+	p := Policy{Rate: 1, Period: time.Hour, Burst: 3}
+	bad := Request{Zone: "z", Key: "bad", Policy: p, Cost: 1}
+	if err := c.HSet(t.Context(), s.key(bad), "not", "a bucket").Err(); err != nil {
+		t.Fatal(err)
+	}
+	errs := takeConcurrently(s, 200, func(i int) Request {
+		if i%50 == 0 {
+			return bad
+		}
+		return Request{Zone: "z", Key: fmt.Sprint("ok", i), Policy: p, Cost: 1}
+	})
+	for i, err := range errs {
+		switch {
+		case i%50 == 0 && (err == nil || Unavailable(err)):
+			t.Errorf("the bad key's decision %d: %v; want its script error", i, err)
+		case i%50 != 0 && err != nil:
+			t.Errorf("decision %d, batched with a failing one: %v", i, err)
+		}
+	}
+}
+
+// TestBatcherCallerTimesOut: a caller waits for its batch no longer than
+// its context, even behind a batch stuck on a hung node.
+func TestBatcherCallerTimesOut(t *testing.T) {
+	srv := redistest.NewServer(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		}})
+	s := newRedisStore(t, c)
+	p := Policy{Rate: 1, Period: time.Hour, Burst: 3}
+	if _, err := s.Take(t.Context(), []Request{{Zone: "z", Key: "warm", Policy: p, Cost: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause()
+	defer srv.Resume()
+	errs := make(chan time.Duration, 4)
+	for i := range 4 {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			_, err := s.Take(ctx, []Request{{Zone: "z", Key: fmt.Sprint("t", i), Policy: p, Cost: 1}})
+			if err == nil {
+				t.Error("a decision on a hung Redis succeeded")
+			}
+			errs <- time.Since(start)
+		}()
+	}
+	for range 4 {
+		if took := <-errs; took > time.Second {
+			t.Errorf("a caller waited %s; want about its 150ms", took)
+		}
+	}
+}
