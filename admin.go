@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -177,9 +179,13 @@ func serveKey(w http.ResponseWriter, r *http.Request, ref zoneRef, key string) e
 	if b.redis != nil {
 		store = b.redis
 	}
+	// The store's timeout, whatever the admin client does: a caller that
+	// hangs up must not count against a Redis node's breaker.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cmp.Or(ref.h.timeout, time.Second))
+	defer cancel()
 	switch r.Method {
 	case http.MethodGet:
-		d, err := store.Peek(r.Context(), req)
+		d, err := store.Peek(ctx, req)
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("reading the bucket: %w", err)}
 		}
@@ -189,7 +195,7 @@ func serveKey(w http.ResponseWriter, r *http.Request, ref zoneRef, key string) e
 		if b.refused != nil {
 			b.refused.Delete(req)
 		}
-		if err := store.Reset(r.Context(), req); err != nil {
+		if err := store.Reset(ctx, req); err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("resetting the bucket: %w", err)}
 		}
 		return writeJSON(w, map[string]any{"zone": z.name, "key": req.Key, "reset": true})

@@ -167,7 +167,9 @@ func (h *Handler) takeRedis(ctx context.Context, reqs []limiter.Request) ([]limi
 	}
 	if err != nil {
 		metrics.storeErrors.WithLabelValues("redis").Inc()
-		go h.releaseSlots(b.redis, reqs) // a script may have run before the error
+		if limiter.MayHaveRun(err) { // a script may have taken slots before the error
+			go h.releaseSlots(b.redis, reqs)
+		}
 		return nil, err
 	}
 	for i, d := range decisions {

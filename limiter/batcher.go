@@ -3,8 +3,10 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -139,14 +141,16 @@ func (b *batcher) do(ctx context.Context, nodes []string, clients []redis.Cmdabl
 		calls.Put(c)
 		return nil, nil
 	case <-ctx.Done():
-		if c.pending.Load() == 0 { // answered meanwhile
+		answered = make([]bool, len(cmds))
+		all := true
+		for i := range answered {
+			answered[i] = c.answered[i].Load()
+			all = all && answered[i]
+		}
+		if all { // answered meanwhile
 			<-c.done
 			calls.Put(c)
 			return nil, nil
-		}
-		answered = make([]bool, len(cmds))
-		for i := range answered {
-			answered[i] = c.answered[i].Load()
 		}
 		return answered, ctx.Err() // c is not reused: its replies may still come
 	}
@@ -199,19 +203,33 @@ func (q *nodeQueue) flush() {
 }
 
 // send runs one batch as a pipeline, leaving out the commands whose caller
-// gave up, and completes every call.
+// gave up, and completes every call. The pipeline runs under the latest
+// deadline of the batch, and no caller's cancellation: one leaving caller
+// does not fail the others.
 func (q *nodeQueue) send(batch []queued) {
-	var ctx context.Context
+	var newest context.Context
+	var latest time.Time
+	unbounded := false
 	for _, it := range batch {
 		if err := it.ctx.Err(); err != nil {
-			it.cmd.SetErr(err)
+			it.cmd.SetErr(fmt.Errorf("%w: %w", errNotSent, err))
 			continue
 		}
-		ctx = it.ctx // the newest: its deadline is the latest
-		_ = q.pipe.Process(ctx, it.cmd)
+		d, ok := it.ctx.Deadline()
+		unbounded = unbounded || !ok
+		if ok && d.After(latest) {
+			latest = d
+		}
+		newest = it.ctx
+		_ = q.pipe.Process(it.ctx, it.cmd)
 	}
-	if ctx != nil {
+	if newest != nil {
+		ctx, cancel := context.WithoutCancel(newest), context.CancelFunc(func() {})
+		if !unbounded {
+			ctx, cancel = context.WithDeadline(ctx, latest)
+		}
 		_, _ = q.pipe.Exec(ctx) // each command holds its own reply or error
+		cancel()
 	}
 	for _, it := range batch {
 		it.call.finish(it.i)

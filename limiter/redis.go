@@ -294,16 +294,22 @@ func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string
 		cmds[i] = evalCmd(ctx, sr, true, now, mode, reqs)
 	}
 	if answered, err := s.batch.do(ctx, nodes, clients, cmds); err != nil {
-		return nil, s.timedOut(nodes, answered, err)
+		return nil, s.timedOut(nodes, cmds, answered, err, mode)
 	}
 	replies := make([]any, len(runs))
 	for i, cmd := range cmds {
 		if err := cmd.Err(); err != nil && (isRedirect(err) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
 			cmd = s.resend(ctx, runs[i], cmd, now, mode, reqs)
+			replies[i], errs[i] = cmd.Result()
+			s.breakers.settle(nodes[i:i+1], []error{nil}, s.now(), true) // the node answered
+			if err := errs[i]; err != nil {
+				return nil, &NodeError{Err: err} // from another node: counted by none
+			}
+			continue
 		}
 		replies[i], errs[i] = cmd.Result()
 	}
-	s.breakers.settle(nodes, errs, s.now())
+	s.breakers.settle(nodes, errs, s.now(), mode != "release")
 	for i, err := range errs {
 		if err != nil {
 			return nil, &NodeError{Node: nodes[i], Err: err}
@@ -312,21 +318,23 @@ func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string
 	return replies, nil
 }
 
-// timedOut records, when a call's time is up before every reply came, a
-// failure of each node that did not answer, and returns the error.
-func (s *RedisStore) timedOut(nodes []string, answered []bool, err error) error {
-	var silent []string
+// timedOut records, when a call's time is up before every reply came, the
+// outcome of each node: its reply's for the nodes that answered, a failure
+// for the others (for a release, only the successes count). It returns the
+// error of the first node that did not answer.
+func (s *RedisStore) timedOut(nodes []string, cmds []onceCmd, answered []bool, err error, mode string) error {
+	errs := make([]error, len(nodes))
+	silent := ""
 	for i, node := range nodes {
-		if !answered[i] {
-			silent = append(silent, node)
+		errs[i] = err
+		if answered[i] {
+			errs[i] = cmds[i].Err() // answered: safe to read
+		} else if silent == "" {
+			silent = node
 		}
 	}
-	errs := make([]error, len(silent))
-	for i := range errs {
-		errs[i] = err
-	}
-	s.breakers.settle(silent, errs, s.now())
-	return &NodeError{Node: silent[0], Err: err}
+	s.breakers.settle(nodes, errs, s.now(), mode != "release")
+	return &NodeError{Node: silent, Err: err}
 }
 
 // resend sends again, alone and through the client (which follows

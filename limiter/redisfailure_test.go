@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -198,4 +199,71 @@ func keysByNode(t *testing.T, s *RedisStore, p Policy) map[string]Request {
 		}
 	}
 	return byNode
+}
+
+// TestTimeoutRaceNeverPanics: callers whose time runs out just as their
+// replies land (timeouts of 0 to 20ms, 64 at once) get an answer or an
+// error, never a panic.
+func TestTimeoutRaceNeverPanics(t *testing.T) {
+	srv := redistest.NewServer(t)
+	s := newRedisStore(t, redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1}))
+	s.breakers.threshold = 1 << 30 // keep calling Redis
+	tb := Policy{Rate: 1000, Period: time.Second, Burst: 1000}
+	fw := Policy{Algorithm: FixedWindow, Rate: 1000, Period: time.Second, Burst: 1000}
+	var wg sync.WaitGroup
+	stop := time.Now().Add(2 * time.Second)
+	for g := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Now().Before(stop); i++ {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration((g*7+i*13)%20000)*time.Microsecond)
+				k := fmt.Sprint("k", (g+i)%50)
+				_, _ = s.Take(ctx, []Request{{Zone: "a", Key: k, Policy: tb, Cost: 1}, {Zone: "b", Key: k, Policy: fw, Cost: 1}})
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// TestProbeOfAnAnsweringNodeSettles: a take spanning a half-open node A
+// (given the probe) and a slow node B times out; A answered, so its probe
+// is settled and A's breaker closes, instead of staying open for good.
+func TestProbeOfAnAnsweringNodeSettles(t *testing.T) {
+	s, _ := NewRedisStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "")
+	t0 := time.Unix(1000, 0)
+	a, b := "a:1", "b:1"
+	for range BreakerFailures {
+		s.breakers.settle([]string{a}, []error{context.DeadlineExceeded}, t0, true)
+	}
+	t1 := t0.Add(BreakerCooldown + time.Second)
+	s.now = func() time.Time { return t1 }
+	if err := s.breakers.admit([]string{a, b}, t1); err != nil {
+		t.Fatal(err)
+	}
+	cmds := []onceCmd{{redis.NewCmd(t.Context())}, {redis.NewCmd(t.Context())}}
+	_ = s.timedOut([]string{a, b}, cmds, []bool{true, false}, context.DeadlineExceeded, "take")
+	if s.Breaker(a).Open() {
+		t.Fatal("the node that answered its probe is still open")
+	}
+	if err := s.breakers.admit([]string{a}, t1.Add(time.Second)); err != nil {
+		t.Fatalf("node a refused after answering: %v", err)
+	}
+}
+
+// TestFailedReleasesDoNotDelayProbes: releases are sent whatever a breaker
+// says; their failures do not push the cool-down back.
+func TestFailedReleasesDoNotDelayProbes(t *testing.T) {
+	s, _ := NewRedisStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "")
+	t0 := time.Unix(1000, 0)
+	for range BreakerFailures {
+		s.breakers.settle([]string{"a:1"}, []error{context.DeadlineExceeded}, t0, true)
+	}
+	for k := 1; k <= 10; k++ { // a failed release every second
+		s.breakers.settle([]string{"a:1"}, []error{context.DeadlineExceeded}, t0.Add(time.Duration(k)*time.Second), false)
+	}
+	if !s.Breaker("a:1").Allow(t0.Add(BreakerCooldown + time.Millisecond)) {
+		t.Fatal("no probe after the cool-down: failed releases delayed it")
+	}
 }

@@ -37,20 +37,26 @@ func (e *NodeError) Unwrap() error { return e.Err }
 // Unavailable reports whether err says that Redis could not decide: no
 // connection, a timeout, an open breaker, or a reply saying the server
 // cannot serve now (loading, cluster down, a read-only replica, out of
-// memory, busy with a long script). Only these count toward a breaker. Any
+// memory, busy with a long script, failing to persist, refusing our
+// credentials, full of clients). Only these count toward a breaker. A
+// canceled context is not one: the caller left. Any
 // other error, such as a script error caused by the data of one request,
 // is that request's problem: Redis is up.
 func Unavailable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, ErrBreakerOpen) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+	if errors.Is(err, ErrBreakerOpen) || errors.Is(err, context.DeadlineExceeded) {
 		return true
+	}
+	if errors.Is(err, context.Canceled) { // the caller left: says nothing of Redis
+		return false
 	}
 	var reply redis.Error
 	if errors.As(err, &reply) && !errors.Is(err, redis.ErrClosed) {
 		msg := reply.Error()
-		for _, prefix := range []string{"LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "OOM", "NOREPLICAS"} {
+		for _, prefix := range []string{"LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "OOM",
+			"NOREPLICAS", "MISCONF", "NOAUTH", "WRONGPASS", "NOPERM", "ERR max number of clients"} {
 			if strings.HasPrefix(msg, prefix) {
 				return true
 			}
@@ -126,8 +132,10 @@ func (nb *nodeBreakers) admit(nodes []string, now time.Time) error {
 
 // settle records the outcome of the calls to nodes: a node fails when any
 // of its calls found Redis unavailable, and succeeds otherwise (a script
-// error is an answer).
-func (nb *nodeBreakers) settle(nodes []string, errs []error, now time.Time) {
+// error is an answer). Without failures (releases, which are sent whatever
+// the breaker says), only successes are recorded, so that a failed release
+// neither delays a breaker's probe nor reopens it.
+func (nb *nodeBreakers) settle(nodes []string, errs []error, now time.Time, failures bool) {
 	failed := map[string]bool{}
 	for i, node := range nodes {
 		failed[node] = failed[node] || Unavailable(errs[i])
@@ -135,7 +143,7 @@ func (nb *nodeBreakers) settle(nodes []string, errs []error, now time.Time) {
 	for node, f := range failed {
 		b := nb.get(node)
 		switch {
-		case f && b.Failure(now):
+		case f && failures && b.Failure(now):
 			nb.notify(node, true)
 		case !f && b.Success():
 			nb.notify(node, false)
@@ -157,4 +165,16 @@ func (nb *nodeBreakers) anyOpen(nodes []string) bool {
 		}
 	}
 	return false
+}
+
+// errNotSent marks a command that never left for Redis: its caller's time
+// was up while it waited in its node's queue.
+var errNotSent = errors.New("not sent: the decision's time was up in the queue")
+
+// MayHaveRun reports whether a decision that failed with err may have run
+// its script in Redis (and so taken a concurrency slot to give back): false
+// when it was never sent (an open breaker, a full queue, its time up in the
+// queue).
+func MayHaveRun(err error) bool {
+	return !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, errQueueFull) && !errors.Is(err, errNotSent)
 }
