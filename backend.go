@@ -131,14 +131,18 @@ func (h *Handler) take(ctx context.Context, reqs []limiter.Request) verdict {
 	b := h.backend
 	if b.redis == nil {
 		start := time.Now()
-		d := b.memory.TakeAt(h.now(), reqs)
-		metrics.storeLatency.WithLabelValues("memory").Observe(time.Since(start).Seconds())
-		return verdict{decisions: d, release: h.holdSlots(b.memory, reqs)}
+		now := start // one clock reading, unless a test set the clock
+		if !h.wallNow {
+			now = h.now()
+		}
+		d := b.memory.TakeAt(now, reqs)
+		memoryLatency().Observe(time.Since(start).Seconds())
+		return verdict{decisions: d, release: h.holdSlots(b.memory, reqs, d)}
 	}
 	d, err := h.takeRedis(ctx, reqs)
 	switch {
 	case err == nil:
-		return verdict{decisions: d, release: h.holdSlots(b.redis, reqs)}
+		return verdict{decisions: d, release: h.holdSlots(b.redis, reqs, d)}
 	case limiter.Unavailable(err):
 		return h.storeFailed(reqs, err)
 	}

@@ -51,10 +51,13 @@ func (h *Handler) banStore(ctx context.Context, reqs []limiter.Request) limiter.
 func (h *Handler) banned(ctx context.Context, reqs []limiter.Request) (verdict, bool) {
 	var look []limiter.Request
 	var at []int
-	now := h.now()
+	var now time.Time // read for the first zone that bans
 	for i, r := range reqs {
 		if r.Policy.Ban.After == 0 {
 			continue
+		}
+		if now.IsZero() {
+			now = h.now()
 		}
 		if c := h.backend.refused; c != nil {
 			if _, hit := c.Get(r, now); hit {

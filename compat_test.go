@@ -793,9 +793,11 @@ func metricCount(t *testing.T, zone string) float64 {
 	return sum
 }
 
-// BenchmarkServeHTTPRefused: the refusal path, as it is by default (an
-// events app with no subscriber, at info level: no event built), with an
-// event subscriber, and with log_refusals (throttled: no line written).
+// BenchmarkServeHTTPRefused: the refusal path, the handler alone (see
+// benchServer), its logger at info level (Caddy's default): as it is by
+// default (no events app), with an event subscriber (whose events app
+// logs each event with the debug logger Caddy gives tests), and with
+// log_refusals (throttled: no line written).
 func BenchmarkServeHTTPRefused(b *testing.B) {
 	for _, c := range []string{"default", "event_subscriber", "log_refusals"} {
 		b.Run(c, func(b *testing.B) {
@@ -806,17 +808,15 @@ func BenchmarkServeHTTPRefused(b *testing.B) {
 			if err := provision(b, h); err != nil {
 				b.Fatal(err)
 			}
+			h.logger = infoLogger()
 			if c == "event_subscriber" {
 				withEvents(b, h, new(eventRecorder))
 			}
-			r := httptest.NewRequest(http.MethodGet, "/", nil)
-			r.Header.Set("X-Key", "client-1")
-			serve(h, r)
+			serve(h, benchRequest()) // the one request allowed
+			s := newBenchServer(b, h, http.StatusTooManyRequests)
 			b.ReportAllocs()
 			for b.Loop() {
-				if w := serve(h, r); w.Code != http.StatusTooManyRequests {
-					b.Fatalf("status %d", w.Code)
-				}
+				s.serve(b)
 			}
 		})
 	}

@@ -57,6 +57,6 @@ func (h *Handler) dryRunOutcome(reqs []limiter.Request, zones []*Zone, decisions
 	i := mostRestrictive(decisions)
 	d := decisions[i]
 	d.Allowed, d.RetryAfter = true, 0
-	o := h.outcome(zones[i].name, reqs[i], d)
+	o := h.outcome(zones[i], reqs[i], d)
 	return &o
 }

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -92,23 +93,53 @@ func registerMetrics(reg *prometheus.Registry) error {
 // result per zone asked; dryRun means that refusals were not enforced.
 func recordDecisions(zones []*Zone, v verdict, dryRun bool) {
 	for i, z := range zones {
-		var result string
+		var result int
 		switch {
 		case z.noMetrics: // disable_metrics
 			continue
 		case v.storeFailed:
-			result = resultStoreError
+			result = storeErrorIndex
 		case v.decisions[i].Limit == 0: // not asked: another zone refused first
 			continue
 		case v.decisions[i].Banned:
-			result = resultBanned
+			result = bannedIndex
 		case !v.decisions[i].Allowed && dryRun:
-			result = resultDryRun
+			result = dryRunIndex
 		case v.decisions[i].Allowed:
-			result = resultAllowed
+			result = allowedIndex
 		default:
-			result = resultDenied
+			result = deniedIndex
 		}
-		metrics.decisions.WithLabelValues(z.name, result).Inc()
+		z.counters.get(z.name, result).Inc()
 	}
 }
+
+// The results of decisions, as indexes of resultNames.
+const (
+	allowedIndex = iota
+	deniedIndex
+	dryRunIndex
+	storeErrorIndex
+	bannedIndex
+)
+
+var resultNames = [...]string{resultAllowed, resultDenied, resultDryRun, resultStoreError, resultBanned}
+
+// decisionCounters are a zone's series of decisions_total, by result, each
+// looked up in the vector when first counted (as WithLabelValues would
+// per request: the labels hashed, the vector's lock taken), then kept.
+type decisionCounters [len(resultNames)]atomic.Pointer[prometheus.Counter]
+
+func (c *decisionCounters) get(zone string, result int) prometheus.Counter {
+	if p := c[result].Load(); p != nil {
+		return *p
+	}
+	counter := metrics.decisions.WithLabelValues(zone, resultNames[result])
+	c[result].Store(&counter)
+	return counter
+}
+
+// memoryLatency is store_duration_seconds{store="memory"}, looked up once.
+var memoryLatency = sync.OnceValue(func() prometheus.Observer {
+	return metrics.storeLatency.WithLabelValues("memory")
+})

@@ -30,6 +30,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -178,6 +179,7 @@ type Handler struct {
 	timeout  time.Duration       // Redis's timeout; 0 without Redis
 	onError  StoreErrorPolicy    // OnStoreError with its defaults
 	now      func() time.Time    // the clock; time.Now unless a test sets it
+	wallNow  bool                // now is time.Now: the memory store's time is its latency's start
 	logger   *zap.Logger
 }
 
@@ -194,7 +196,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	if h.now == nil {
-		h.now = time.Now
+		h.now, h.wallNow = time.Now, true
 	}
 	var err error
 	if h.onError, err = h.OnStoreError.resolve(h.Redis != nil); err != nil {
@@ -246,14 +248,17 @@ func (h *Handler) Cleanup() error {
 // next with the limit headers set.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	reqs, zones, err := h.identify(r, repl)
+	s := scratches.Get().(*scratch)
+	defer h.recycle(s)
+	reqs, zones, err := h.identify(r, repl, s)
 	if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
 	reqs, zones, dry := h.dryRun(r.Context(), reqs, zones)
 	defer dry.release.call()
 	if dry.shown != nil {
-		h.setLimitHeaders(w.Header(), *dry.shown)
+		f := h.fields(w.Header(), false)
+		h.setLimitHeaders(&f, *dry.shown)
 	}
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
@@ -261,18 +266,40 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return h.respond(w, r, next, repl, h.decide(r.Context(), reqs, zones), dry.shown)
 }
 
-// identify builds one store request per zone that applies to r: the
-// client's bucket in the zone, and the policy and cost for r.
-func (h *Handler) identify(r *http.Request, repl *caddy.Replacer) ([]limiter.Request, []*Zone, error) {
+// scratch is where a request's zones and store requests are listed,
+// reused from one request to the next (scratches).
+type scratch struct {
+	reqs  []limiter.Request
+	zones []*Zone
+}
+
+var scratches = sync.Pool{New: func() any { return new(scratch) }}
+
+// recycle gives s back for another request, emptied, once the memory store
+// decided: nothing keeps the lists then (slots and caches copy what they
+// keep), whereas with Redis, a release retried in the background may.
+func (h *Handler) recycle(s *scratch) {
+	if h.backend.redis != nil {
+		return
+	}
+	clear(s.reqs)
+	clear(s.zones)
+	s.reqs, s.zones = s.reqs[:0], s.zones[:0]
+	scratches.Put(s)
+}
+
+// identify builds, in s, one store request per zone that applies to r:
+// the client's bucket in the zone, and the policy and cost for r.
+func (h *Handler) identify(r *http.Request, repl *caddy.Replacer, s *scratch) ([]limiter.Request, []*Zone, error) {
 	if h.verifier != nil {
 		h.useClaims(r, repl)
 	}
-	var reqs []limiter.Request
-	var zones []*Zone
+	reqs, zones := s.reqs[:0], s.zones[:0]
 	var id string
 	for _, z := range h.zones {
 		req, ok, err := z.request(r, repl, h.logger)
 		if err != nil {
+			s.reqs, s.zones = reqs, zones // for recycle
 			return nil, nil, err
 		}
 		if !ok {
@@ -286,6 +313,7 @@ func (h *Handler) identify(r *http.Request, repl *caddy.Replacer) ([]limiter.Req
 		}
 		reqs, zones = append(reqs, req), append(zones, z)
 	}
+	s.reqs, s.zones = reqs, zones
 	return reqs, zones, nil
 }
 

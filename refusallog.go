@@ -57,7 +57,7 @@ func (h *Handler) provisionRefusals(ctx caddy.Context) error {
 // rate_limit_exceeded when something can observe it, and writes the info
 // line of LogRefusals. Without either, it costs one placeholder.
 func (h *Handler) refused(r *http.Request, repl *caddy.Replacer, o outcome) {
-	repl.Set("http.rate_limit.exceeded.name", o.zone)
+	repl.Set("http.rate_limit.exceeded.name", o.z.shown.name) // o.zone, boxed once
 	emit := h.events != nil && h.events.ShouldEmit(exceededEvent)
 	if !emit && h.refusals == nil {
 		return

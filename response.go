@@ -5,11 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"math/bits"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -50,15 +53,16 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp
 		return next.ServeHTTP(w, r)
 	}
 	i := mostRestrictive(v.decisions)
-	o := h.outcome(v.zones[i].name, v.reqs[i], v.decisions[i])
+	o := h.outcome(v.zones[i], v.reqs[i], v.decisions[i])
 	o.setPlaceholders(repl)
+	f := h.fields(w.Header(), !o.d.Allowed)
 	if shown == nil || !o.d.Allowed || o.d.Remaining <= shown.d.Remaining {
-		h.setLimitHeaders(w.Header(), o)
+		h.setLimitHeaders(&f, o)
 	}
 	if !o.d.Allowed {
 		h.logRefusal(o)
 		h.refused(r, repl, o) // refusallog.go: placeholder, event, info log
-		return h.refuse(w, o)
+		return h.refuse(w, &f, o)
 	}
 	defer v.release.call()
 	if err := wait(r.Context(), maxDelay(v.decisions)); err != nil {
@@ -73,10 +77,13 @@ type outcome struct {
 	req   limiter.Request
 	d     limiter.Decision
 	retry int64 // Retry-After, seconds, jitter included; 0 when allowed
+	// z is the zone, and text what its responses show for req's policy.
+	z    *Zone
+	text *policyText
 }
 
-func (h *Handler) outcome(zone string, req limiter.Request, d limiter.Decision) outcome {
-	o := outcome{zone: zone, req: req, d: d}
+func (h *Handler) outcome(z *Zone, req limiter.Request, d limiter.Decision) outcome {
+	o := outcome{zone: z.name, req: req, d: d, z: z, text: z.shown.text(req.Policy)}
 	if !d.Allowed {
 		o.d.RetryAfter = h.withJitter(d.RetryAfter) // Jitter: a fraction of the wait
 		o.retry = o.d.RetryAfterSeconds()
@@ -87,33 +94,81 @@ func (h *Handler) outcome(zone string, req limiter.Request, d limiter.Decision) 
 	return o
 }
 
+// setPlaceholders sets the {http.rate_limit.*} placeholders; the zone's
+// name and its policy's limit are given as values made once (int64 and
+// string, as ever), so as not to allocate them per request.
 func (o outcome) setPlaceholders(repl *caddy.Replacer) {
-	repl.Set("http.rate_limit.zone", o.zone)
-	repl.Set("http.rate_limit.limit", o.d.Limit)
+	repl.Set("http.rate_limit.zone", o.z.shown.name)
+	if o.d.Limit == o.text.limit {
+		repl.Set("http.rate_limit.limit", o.text.limitValue)
+	} else {
+		repl.Set("http.rate_limit.limit", o.d.Limit)
+	}
 	repl.Set("http.rate_limit.remaining", o.d.Remaining)
 	repl.Set("http.rate_limit.reset", o.d.ResetUnix())
 	repl.Set("http.rate_limit.exceeded", !o.d.Allowed)
 	repl.Set("http.rate_limit.retry_after", o.retry)
 }
 
-// setLimitHeaders sets the headers that the Headers option chooses.
-func (h *Handler) setLimitHeaders(hdr http.Header, o outcome) {
-	if h.Headers == "" || h.Headers == "x_ratelimit" || h.Headers == "both" {
-		hdr.Set("X-RateLimit-Limit", strconv.FormatInt(o.d.Limit, 10))
-		hdr.Set("X-RateLimit-Remaining", strconv.FormatInt(o.d.Remaining, 10))
-		hdr.Set("X-RateLimit-Reset", strconv.FormatInt(o.d.ResetUnix(), 10))
+// setLimitHeaders sets the headers that the Headers option chooses: what
+// the policy fixes as written once (policyText), the numbers of the
+// decision written together into one string.
+func (h *Handler) setLimitHeaders(f *fields, o outcome) {
+	x := h.Headers == "" || h.Headers == "x_ratelimit" || h.Headers == "both"
+	ietf := h.Headers == "ietf" || h.Headers == "both"
+	if !x && !ietf {
+		return
 	}
-	if h.Headers == "ietf" || h.Headers == "both" {
+	var room [96]byte
+	b, cut := room[:0], [3]int{}
+	if x {
+		b = strconv.AppendInt(b, o.d.Remaining, 10)
+		cut[0] = len(b)
+		b = strconv.AppendInt(b, o.d.ResetUnix(), 10)
+		cut[1] = len(b)
+	}
+	p, policy := o.req.Policy, ""
+	if ietf && p.Algorithm != limiter.Concurrency {
 		// draft-ietf-httpapi-ratelimit-headers: the policy (quota per
 		// window) and the state (remaining, seconds until reset). A
 		// concurrency limit has no window: only its state is sent.
-		if p := o.req.Policy; p.Algorithm != limiter.Concurrency {
-			q := cmp.Or(o.d.Limit, p.Limit()) // a zone not asked has no decision
-			hdr.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", o.zone, q, quotaWindow(p, q)))
+		if q := cmp.Or(o.d.Limit, p.Limit()); q == o.text.limit { // a zone not asked has no decision
+			policy = o.text.quota
+		} else {
+			b = appendQuota(b, o.z.shown.quoted, q, quotaWindow(p, q))
 		}
-		reset := max(int64(math.Ceil(time.Until(o.d.Reset).Seconds())), 0)
-		hdr.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", o.zone, o.d.Remaining, reset))
 	}
+	cut[2] = len(b)
+	if ietf {
+		reset := max(int64(math.Ceil(time.Until(o.d.Reset).Seconds())), 0)
+		b = appendState(b, o.z.shown.quoted, o.d.Remaining, reset)
+	}
+	nums := string(b)
+	if x {
+		f.set(hdrLimit, o.text.limitField(o.d.Limit))
+		f.set(hdrRemaining, nums[:cut[0]])
+		f.set(hdrReset, nums[cut[0]:cut[1]])
+	}
+	if ietf {
+		if p.Algorithm != limiter.Concurrency {
+			f.set(hdrPolicy, cmp.Or(policy, nums[cut[1]:cut[2]]))
+		}
+		f.set(hdrState, nums[cut[2]:])
+	}
+}
+
+// appendQuota appends RateLimit-Policy's value: "zone";q=<q>;w=<w>.
+func appendQuota(b []byte, quoted string, q, w int64) []byte {
+	b = append(append(b, quoted...), ";q="...)
+	b = strconv.AppendInt(b, q, 10)
+	return strconv.AppendInt(append(b, ";w="...), w, 10)
+}
+
+// appendState appends RateLimit's value: "zone";r=<r>;t=<t>.
+func appendState(b []byte, quoted string, r, t int64) []byte {
+	b = append(append(b, quoted...), ";r="...)
+	b = strconv.AppendInt(b, r, 10)
+	return strconv.AppendInt(append(b, ";t="...), t, 10)
 }
 
 // quotaWindow is RateLimit-Policy's w for the quota q of p, the limit
@@ -151,55 +206,176 @@ func (h *Handler) logRefusal(o outcome) {
 	}
 }
 
-// refusal is the JSON body of a 429.
-type refusal struct {
-	Error      string `json:"error"`
-	Message    string `json:"message"`
-	Zone       string `json:"zone"`
-	RetryAfter int64  `json:"retry_after"`
-}
-
-// problem is the RFC 9457 body of a 429, with the zone and the wait as
-// extension members.
-type problem struct {
-	Type       string `json:"type"`
-	Title      string `json:"title"`
-	Status     int    `json:"status"`
-	Detail     string `json:"detail"`
-	Zone       string `json:"zone"`
-	RetryAfter int64  `json:"retry_after"`
-}
-
-// refuse answers 429 as the Response option says.
-func (h *Handler) refuse(w http.ResponseWriter, o outcome) error {
-	w.Header().Set("Retry-After", strconv.FormatInt(o.retry, 10))
-	message := fmt.Sprintf("You have exceeded the rate limit of %s. Try again in %s.", o.req.Policy, seconds(o.retry))
-	var body any = refusal{Error: "rate limit exceeded", Message: message, Zone: o.zone, RetryAfter: o.retry}
-	contentType := "application/json"
-	switch h.Response {
-	case "handle_errors":
-		return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded in zone %q", o.zone))
-	case "problem":
-		contentType = "application/problem+json"
-		body = problem{Type: "about:blank", Title: "Too Many Requests", Status: http.StatusTooManyRequests,
-			Detail: message, Zone: o.zone, RetryAfter: o.retry}
+// refuse answers 429 as the Response option says: the body is the
+// policy's start (policyText), the wait, the zone's end, written into a
+// pooled buffer.
+func (h *Handler) refuse(w http.ResponseWriter, f *fields, o outcome) error {
+	if h.Response == "handle_errors" {
+		f.set(hdrRetryAfter, strconv.FormatInt(o.retry, 10))
+		return caddyhttp.Error(http.StatusTooManyRequests, o.z.shown.exceeded)
 	}
-	data, err := json.Marshal(body)
-	if err != nil {
-		return caddyhttp.Error(http.StatusInternalServerError, err)
+	head, contentType := o.text.json, "application/json"
+	if h.Response == "problem" {
+		head, contentType = o.text.problem, "application/problem+json"
 	}
-	w.Header().Set("Content-Type", contentType)
-	w.Header().Set("Content-Length", strconv.Itoa(len(data)+1))
+	buf := bodies.Get().(*[]byte)
+	body := appendSeconds(append((*buf)[:0], head...), o.retry)
+	body = append(strconv.AppendInt(append(body, o.z.shown.bodyEnd...), o.retry, 10), "}\n"...)
+	var room [40]byte
+	nums := strconv.AppendInt(room[:0], o.retry, 10)
+	cut := len(nums)
+	s := string(strconv.AppendInt(nums, int64(len(body)), 10))
+	f.set(hdrRetryAfter, s[:cut])
+	f.set(hdrContentType, contentType)
+	f.set(hdrContentLength, s[cut:])
 	w.WriteHeader(http.StatusTooManyRequests)
-	_, _ = w.Write(append(data, '\n')) // a client that left needs no answer
+	_, _ = w.Write(body) // a client that left needs no answer
+	*buf = body
+	bodies.Put(buf)
 	return nil
 }
 
-func seconds(n int64) string {
+// bodies are the buffers 429 bodies are written into (Write does not keep
+// what it is given).
+var bodies = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
+
+// appendSeconds appends n seconds in words: "1 second", "<n> seconds".
+func appendSeconds(b []byte, n int64) []byte {
 	if n == 1 {
-		return "1 second"
+		return append(b, "1 second"...)
 	}
-	return strconv.FormatInt(n, 10) + " seconds"
+	return append(strconv.AppendInt(b, n, 10), " seconds"...)
+}
+
+// Header field names as http.CanonicalHeaderKey writes them, so that they
+// are set as they are (Header.Set would write them so, per request).
+const (
+	hdrLimit         = "X-Ratelimit-Limit"
+	hdrRemaining     = "X-Ratelimit-Remaining"
+	hdrReset         = "X-Ratelimit-Reset"
+	hdrPolicy        = "Ratelimit-Policy"
+	hdrState         = "Ratelimit"
+	hdrRetryAfter    = "Retry-After"
+	hdrContentType   = "Content-Type"
+	hdrContentLength = "Content-Length"
+)
+
+// fields sets header fields whose values share one array, made at the
+// first, as http.Header.Clone makes them: each value is a slice of its own
+// capacity, so that appending to one (Header.Add) leaves the others be.
+type fields struct {
+	hdr  http.Header
+	room int // the values to come
+	vals []string
+}
+
+// fields is room for a response's limit headers and, refused, three more.
+func (h *Handler) fields(hdr http.Header, refused bool) fields {
+	f := fields{hdr: hdr}
+	switch h.Headers {
+	case "", "x_ratelimit":
+		f.room = 3
+	case "ietf":
+		f.room = 2
+	case "both":
+		f.room = 5
+	}
+	if refused {
+		f.room += 3
+	}
+	return f
+}
+
+func (f *fields) set(key, value string) {
+	if len(f.vals) == cap(f.vals) {
+		f.vals = make([]string, 0, max(f.room-len(f.vals), 1))
+	}
+	f.vals = append(f.vals, value)
+	n := len(f.vals)
+	f.hdr[key] = f.vals[n-1 : n : n]
+}
+
+// zoneShown is what a zone's responses show that does not change from one
+// request to the next, written once.
+type zoneShown struct {
+	name     any    // the zone's name, for {http.rate_limit.zone}
+	quoted   string // the name as a quoted string, for the IETF fields
+	bodyEnd  string // the 429 bodies after the wait: .","zone":"<name>","retry_after":
+	exceeded error  // handle_errors' error
+	static   *policyText
+	// others are the texts of policies from placeholders, at most
+	// maxPolicyTexts; the map is replaced, never changed.
+	others atomic.Pointer[map[limiter.Policy]*policyText]
+}
+
+// maxPolicyTexts bounds the policies from placeholders whose texts a zone
+// keeps; the others are written per request.
+const maxPolicyTexts = 64
+
+// init writes what the responses of zone name show, and the texts of its
+// static policy (or default one).
+func (s *zoneShown) init(name string, static limiter.Policy) {
+	s.name, s.quoted = name, strconv.Quote(name) // fmt's %q
+	zone, _ := json.Marshal(name)
+	s.bodyEnd = `.","zone":` + string(zone) + `,"retry_after":`
+	s.exceeded = fmt.Errorf("rate limit exceeded in zone %q", name)
+	s.static = newPolicyText(s.quoted, static)
+}
+
+// text is policy p's text in the zone.
+func (s *zoneShown) text(p limiter.Policy) *policyText {
+	if p == s.static.policy {
+		return s.static
+	}
+	others := s.others.Load()
+	if others != nil {
+		if t, ok := (*others)[p]; ok {
+			return t
+		}
+	}
+	t := newPolicyText(s.quoted, p)
+	if others == nil || len(*others) < maxPolicyTexts {
+		m := map[limiter.Policy]*policyText{p: t}
+		if others != nil {
+			maps.Copy(m, *others)
+		}
+		s.others.CompareAndSwap(others, &m) // or another request's map stays
+	}
+	return t
+}
+
+// policyText is what responses show that a zone's policy fixes, written
+// once: its limit, RateLimit-Policy, and the 429 bodies up to the wait.
+type policyText struct {
+	policy     limiter.Policy
+	limit      int64  // policy.Limit()
+	limitValue any    // limit, for {http.rate_limit.limit}
+	limitText  string // limit, for X-RateLimit-Limit
+	quota      string // RateLimit-Policy for limit; "" for a concurrency limit
+	// json and problem are the bodies (as json.Marshal writes them) up to
+	// the wait in the message, whose string goes on.
+	json, problem []byte
+}
+
+func newPolicyText(quoted string, p limiter.Policy) *policyText {
+	msg, _ := json.Marshal("You have exceeded the rate limit of " + p.String() + ". Try again in ")
+	msg = msg[:len(msg)-1] // the string goes on
+	t := &policyText{policy: p, limit: p.Limit(), limitText: strconv.FormatInt(p.Limit(), 10),
+		json:    append([]byte(`{"error":"rate limit exceeded","message":`), msg...),
+		problem: append([]byte(`{"type":"about:blank","title":"Too Many Requests","status":429,"detail":`), msg...)}
+	t.limitValue = t.limit
+	if p.Algorithm != limiter.Concurrency {
+		t.quota = string(appendQuota(nil, quoted, t.limit, quotaWindow(p, t.limit)))
+	}
+	return t
+}
+
+// limitField is X-RateLimit-Limit for a decision's limit n.
+func (t *policyText) limitField(n int64) string {
+	if n == t.limit {
+		return t.limitText
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 // mostRestrictive is the index of the decision the client is shown.

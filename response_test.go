@@ -1,13 +1,22 @@
 package ratelimit
 
 import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
@@ -131,5 +140,246 @@ func TestQuotaWindowExact(t *testing.T) {
 	huge := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 1, Period: limiter.MaxPeriod, Burst: 1 << 40}
 	if w := quotaWindow(huge, huge.Limit()); w != math.MaxInt64/int64(time.Second) {
 		t.Fatalf("a refill beyond 2^64ns: w=%d; want the cap", w)
+	}
+}
+
+// refusalTranscript is what a client sees of a response: the status, every
+// header (sorted) and the body, byte for byte.
+func refusalTranscript(w *httptest.ResponseRecorder) string {
+	var b strings.Builder
+	b.WriteString(strconv.Itoa(w.Code) + "\n")
+	hdr := w.Header()
+	keys := make([]string, 0, len(hdr))
+	for k := range hdr {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		b.WriteString(k + ": " + strings.Join(hdr[k], ", ") + "\n")
+	}
+	b.WriteString("\n" + w.Body.String())
+	return b.String()
+}
+
+// pinnedRefusal serves requests through h (on a stopped clock) until one is
+// refused, and returns what its client sees; with handle_errors, the error's
+// status and message take the body's place.
+func pinnedRefusal(t *testing.T, h *Handler, r func() *http.Request) string {
+	t.Helper()
+	clock := &fakeClock{t: time.Unix(1_700_000_000, 250_000_000)}
+	h.now = clock.Now
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	for range 1000 {
+		w := httptest.NewRecorder()
+		req := r()
+		caddyhttp.NewTestReplacer(req)
+		err := h.ServeHTTP(w, req, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+		var he caddyhttp.HandlerError
+		if errors.As(err, &he) {
+			w.Code = he.StatusCode
+			w.Body.WriteString(he.Err.Error())
+		}
+		if w.Code == http.StatusTooManyRequests {
+			return refusalTranscript(w)
+		}
+	}
+	t.Fatal("never refused")
+	return ""
+}
+
+// TestRefusalBytes pins, byte for byte, the headers and bodies of refusals
+// (JSON, problem, handle_errors; X-RateLimit and IETF headers) for
+// policies of every kind, so that the way they are written may change but
+// not what they are.
+func TestRefusalBytes(t *testing.T) {
+	plan := func() *http.Request { r := keyRequest("c"); r.Header.Set("X-Plan", "3r/h"); return r }
+	client := func() *http.Request { return keyRequest("c") }
+	cases := []struct {
+		name string
+		h    *Handler
+		r    func() *http.Request
+		want string
+	}{
+		{"rate 100r/m, json", &Handler{Zones: map[string]*Zone{"pin_json": {Key: "{http.request.header.X-Key}", Rate: "100r/m"}}}, client,
+			"429\nContent-Length: 162\nContent-Type: application/json\nRetry-After: 1\nX-Ratelimit-Limit: 100\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700000061\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 100 requests per minute. Try again in 1 second.\",\"zone\":\"pin_json\",\"retry_after\":1}\n"},
+		{"rate 1r/s burst 5, problem", &Handler{Response: "problem", Zones: map[string]*Zone{"pin_problem": {Key: "{http.request.header.X-Key}", Rate: "1r/s", Burst: "5"}}}, client,
+			"429\nContent-Length: 193\nContent-Type: application/problem+json\nRetry-After: 1\nX-Ratelimit-Limit: 5\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700000006\n\n{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"You have exceeded the rate limit of 1 request per second. Try again in 1 second.\",\"zone\":\"pin_problem\",\"retry_after\":1}\n"},
+		{"fixed window 10r/m, both headers", &Handler{Headers: "both", Zones: map[string]*Zone{"pin-window.a": {Key: "{http.request.header.X-Key}", Rate: "10r/m", Algorithm: "fixed_window"}}}, client,
+			"429\nContent-Length: 168\nContent-Type: application/json\nRatelimit: \"pin-window.a\";r=0;t=0\nRatelimit-Policy: \"pin-window.a\";q=10;w=60\nRetry-After: 40\nX-Ratelimit-Limit: 10\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700000040\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 10 requests per minute. Try again in 40 seconds.\",\"zone\":\"pin-window.a\",\"retry_after\":40}\n"},
+		{"events in a 90s window, ietf, problem", &Handler{Headers: "ietf", Response: "problem", Zones: map[string]*Zone{"pin_events": {Key: "k", MaxEvents: 2, Window: caddy.Duration(90 * time.Second)}}}, client,
+			"429\nContent-Length: 200\nContent-Type: application/problem+json\nRatelimit: \"pin_events\";r=0;t=0\nRatelimit-Policy: \"pin_events\";q=2;w=90\nRetry-After: 90\n\n{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"You have exceeded the rate limit of 2 requests per 90 seconds. Try again in 90 seconds.\",\"zone\":\"pin_events\",\"retry_after\":90}\n"},
+		{"sliding window counter 30r/10m, static key", &Handler{Zones: map[string]*Zone{"pin_counter": {Key: "static", Rate: "30r/10m", Algorithm: "sliding_window_counter", Cost: "7"}}}, client,
+			"429\nContent-Length: 173\nContent-Type: application/json\nRetry-After: 507\nX-Ratelimit-Limit: 30\nX-Ratelimit-Remaining: 2\nX-Ratelimit-Reset: 1700001000\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 30 requests per 10 minutes. Try again in 507 seconds.\",\"zone\":\"pin_counter\",\"retry_after\":507}\n"},
+		{"leaky bucket 1r/m", &Handler{Headers: "both", Zones: map[string]*Zone{"pin_leaky": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Algorithm: "leaky_bucket"}}}, client,
+			"429\nContent-Length: 163\nContent-Type: application/json\nRatelimit: \"pin_leaky\";r=0;t=0\nRatelimit-Policy: \"pin_leaky\";q=1;w=60\nRetry-After: 60\nX-Ratelimit-Limit: 1\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700000061\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 1 request per minute. Try again in 60 seconds.\",\"zone\":\"pin_leaky\",\"retry_after\":60}\n"},
+		{"rate from a placeholder, json", &Handler{Zones: map[string]*Zone{"pin_plan": {Key: "{http.request.header.X-Key}", Rate: "{http.request.header.X-Plan}", DefaultRate: "10r/m"}}}, plan,
+			"429\nContent-Length: 165\nContent-Type: application/json\nRetry-After: 1200\nX-Ratelimit-Limit: 3\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700003601\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 3 requests per hour. Try again in 1200 seconds.\",\"zone\":\"pin_plan\",\"retry_after\":1200}\n"},
+		{"handle_errors", &Handler{Response: "handle_errors", Zones: map[string]*Zone{"pin_errors": {Key: "{http.request.header.X-Key}", Rate: "1r/d"}}}, client,
+			"429\nRetry-After: 86400\nX-Ratelimit-Limit: 1\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700086401\n\nrate limit exceeded in zone \"pin_errors\""},
+		{"no headers, 1.5ms window", &Handler{Headers: "none", Zones: map[string]*Zone{"pin_none": {MaxEvents: 1, Window: caddy.Duration(1500 * time.Microsecond)}}}, client,
+			"429\nContent-Length: 158\nContent-Type: application/json\nRetry-After: 1\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 1 request per 1.5ms. Try again in 1 second.\",\"zone\":\"pin_none\",\"retry_after\":1}\n"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := pinnedRefusal(t, c.h, c.r); got != c.want {
+				t.Errorf("got\n%s\nwant\n%s", got, c.want)
+				t.Logf("GOLDEN %q", got)
+			}
+		})
+	}
+}
+
+// TestRefusalBytesConcurrency pins the refusal of a concurrency zone: the
+// second request while the first is in flight.
+func TestRefusalBytesConcurrency(t *testing.T) {
+	h := &Handler{Headers: "both", Zones: map[string]*Zone{"pin_slots": {Key: "{http.request.header.X-Key}", MaxConcurrent: 1}}}
+	var got string
+	first := func() *http.Request { return keyRequest("c") }
+	h.now = (&fakeClock{t: time.Unix(1_700_000_000, 0)}).Now
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	req := first()
+	caddyhttp.NewTestReplacer(req)
+	err := h.ServeHTTP(httptest.NewRecorder(), req, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+		got = refusalTranscript(serve(h, first()))
+		return nil
+	}))
+	const want = "429\nContent-Length: 160\nContent-Type: application/json\nRatelimit: \"pin_slots\";r=0;t=0\nRetry-After: 1\nX-Ratelimit-Limit: 1\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700000000\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 1 requests at a time. Try again in 1 second.\",\"zone\":\"pin_slots\",\"retry_after\":1}\n"
+	if err != nil || got != want {
+		t.Errorf("error %v; got\n%s\nwant\n%s", err, got, want)
+		t.Logf("GOLDEN %q", got)
+	}
+}
+
+// refusalBody and problemBody are the bodies of a 429 as they were first
+// written, with json.Marshal: the reference that the written ones match.
+type refusalBody struct {
+	Error      string `json:"error"`
+	Message    string `json:"message"`
+	Zone       string `json:"zone"`
+	RetryAfter int64  `json:"retry_after"`
+}
+
+type problemBody struct {
+	Type       string `json:"type"`
+	Title      string `json:"title"`
+	Status     int    `json:"status"`
+	Detail     string `json:"detail"`
+	Zone       string `json:"zone"`
+	RetryAfter int64  `json:"retry_after"`
+}
+
+// referenceLimitHeaders are the limit headers as they were first written,
+// with Header.Set and fmt: the reference.
+func referenceLimitHeaders(headers string, o outcome) http.Header {
+	hdr := http.Header{}
+	if headers == "" || headers == "x_ratelimit" || headers == "both" {
+		hdr.Set("X-RateLimit-Limit", strconv.FormatInt(o.d.Limit, 10))
+		hdr.Set("X-RateLimit-Remaining", strconv.FormatInt(o.d.Remaining, 10))
+		hdr.Set("X-RateLimit-Reset", strconv.FormatInt(o.d.ResetUnix(), 10))
+	}
+	if headers == "ietf" || headers == "both" {
+		if p := o.req.Policy; p.Algorithm != limiter.Concurrency {
+			q := cmp.Or(o.d.Limit, p.Limit())
+			hdr.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", o.zone, q, quotaWindow(p, q)))
+		}
+		reset := max(int64(math.Ceil(time.Until(o.d.Reset).Seconds())), 0)
+		hdr.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", o.zone, o.d.Remaining, reset))
+	}
+	return hdr
+}
+
+// referenceRefusal is a refusal's body, Content-Type and Retry-After as
+// they were first written.
+func referenceRefusal(response string, o outcome) (body []byte, contentType string) {
+	var secs string
+	if o.retry == 1 {
+		secs = "1 second"
+	} else {
+		secs = strconv.FormatInt(o.retry, 10) + " seconds"
+	}
+	message := fmt.Sprintf("You have exceeded the rate limit of %s. Try again in %s.", o.req.Policy, secs)
+	var v any = refusalBody{Error: "rate limit exceeded", Message: message, Zone: o.zone, RetryAfter: o.retry}
+	contentType = "application/json"
+	if response == "problem" {
+		v = problemBody{Type: "about:blank", Title: "Too Many Requests", Status: http.StatusTooManyRequests, Detail: message, Zone: o.zone, RetryAfter: o.retry}
+		contentType = "application/problem+json"
+	}
+	body, _ = json.Marshal(v)
+	return append(body, '\n'), contentType
+}
+
+// referencePolicies are policies of every algorithm and many periods.
+func referencePolicies() []limiter.Policy {
+	var ps []limiter.Policy
+	periods := []time.Duration{time.Millisecond, 1500 * time.Microsecond, time.Second, 90 * time.Second, time.Minute,
+		10 * time.Minute, time.Hour, 24 * time.Hour, 48 * time.Hour}
+	for _, period := range periods {
+		for _, n := range []int64{1, 2, 100} {
+			ps = append(ps,
+				limiter.Policy{Algorithm: limiter.TokenBucket, Rate: n, Period: period, Burst: n * 3},
+				limiter.Policy{Algorithm: limiter.FixedWindow, Rate: n, Period: period, Burst: n},
+				limiter.Policy{Algorithm: limiter.LeakyBucket, Rate: n, Period: period, Burst: n - 1})
+		}
+	}
+	return append(ps, limiter.Policy{Algorithm: limiter.Concurrency, Burst: 1}, limiter.Policy{Algorithm: limiter.Concurrency, Burst: 7})
+}
+
+// TestResponsesAsReference: the headers and bodies, written from what is
+// prepared per zone and policy, are those first written with fmt and
+// json.Marshal, for every response and headers option, for the zone's own
+// policy and for policies from placeholders (more than a zone keeps).
+func TestResponsesAsReference(t *testing.T) {
+	now := time.Now()
+	for _, name := range []string{"api", "pin-window.a", "<odd&\"zone\">"} {
+		z := &Zone{name: name}
+		z.shown.init(name, limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 1, Period: time.Second, Burst: 1})
+		for _, p := range referencePolicies() {
+			for _, limit := range []int64{0, p.Limit(), p.Limit() + 5} {
+				d := limiter.Decision{Limit: limit, Remaining: limit / 2, Reset: now.Add(90*time.Second + time.Second/2)}
+				o := outcome{zone: name, req: limiter.Request{Policy: p}, d: d, z: z, text: z.shown.text(p)}
+				for _, headers := range []string{"", "x_ratelimit", "ietf", "both", "none"} {
+					h := &Handler{Headers: headers}
+					f := h.fields(http.Header{}, false)
+					h.setLimitHeaders(&f, o)
+					if want := referenceLimitHeaders(headers, o); !maps.EqualFunc(f.hdr, want, slices.Equal) {
+						t.Fatalf("zone %q, %s, limit %d, headers %q:\n%v\nwant\n%v", name, p, limit, headers, f.hdr, want)
+					}
+				}
+				for _, retry := range []int64{1, 2, 59, 100, 3600, 1 << 40} {
+					o.retry = retry
+					for _, response := range []string{"json", "problem"} {
+						checkRefusal(t, &Handler{Response: response}, o)
+					}
+				}
+			}
+		}
+	}
+}
+
+func checkRefusal(t *testing.T, h *Handler, o outcome) {
+	t.Helper()
+	w := httptest.NewRecorder()
+	f := h.fields(w.Header(), true)
+	if err := h.refuse(w, &f, o); err != nil {
+		t.Fatal(err)
+	}
+	body, contentType := referenceRefusal(h.Response, o)
+	want := http.Header{"Content-Type": {contentType}, "Content-Length": {strconv.Itoa(len(body))}, "Retry-After": {strconv.FormatInt(o.retry, 10)}}
+	if w.Code != http.StatusTooManyRequests || w.Body.String() != string(body) || !maps.EqualFunc(w.Header(), want, slices.Equal) {
+		t.Fatalf("%s, %s, retry %d: %d %v\n%s\nwant %v\n%s", h.Response, o.req.Policy, o.retry, w.Code, w.Header(), w.Body, want, body)
+	}
+}
+
+// TestHeaderNamesCanonical: the header names set as they are are those
+// Header.Set would write.
+func TestHeaderNamesCanonical(t *testing.T) {
+	for _, k := range []string{hdrLimit, hdrRemaining, hdrReset, hdrPolicy, hdrState, hdrRetryAfter, hdrContentType, hdrContentLength} {
+		if c := http.CanonicalHeaderKey(k); c != k {
+			t.Errorf("%q is written %q", k, c)
+		}
 	}
 }

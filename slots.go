@@ -28,11 +28,18 @@ func (r release) call() {
 }
 
 // holdSlots returns the release of the concurrency slots that store took
-// for reqs; nil when reqs hold none. In Redis, where a slot is a lease, the
+// for reqs, decided as decisions say; nil when reqs hold none, as when a
+// zone refused (the store took nothing: a refusal has nothing to give
+// back, nor leases to renew). In Redis, where a slot is a lease, the
 // leases are renewed every third of their lifetime until the release, so
 // that a request that outlives its lease (a websocket, a long download)
 // keeps counting, as it does in memory.
-func (h *Handler) holdSlots(store limiter.Store, reqs []limiter.Request) release {
+func (h *Handler) holdSlots(store limiter.Store, reqs []limiter.Request, decisions []limiter.Decision) release {
+	for _, d := range decisions {
+		if !d.Allowed {
+			return nil
+		}
+	}
 	held := concurrencyRequests(reqs)
 	if len(held) == 0 {
 		return nil

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"testing"
 	"time"
 
@@ -118,3 +119,46 @@ func TestLeaseRenewed(t *testing.T) {
 }
 
 func caddyDuration(d time.Duration) caddy.Duration { return caddy.Duration(d) }
+
+// TestRefusalHoldsNoSlots: a request that a zone refused took no slot, so
+// its verdict has nothing to release; the allowed one's has.
+func TestRefusalHoldsNoSlots(t *testing.T) {
+	h := &Handler{Zones: map[string]*Zone{"refusal_slots": {Key: "k", MaxConcurrent: 2}, "refusal_tight": {Key: "k", Rate: "1r/h"}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	reqs := func(id string) []limiter.Request {
+		rs := []limiter.Request{h.zones[0].bucket("k"), h.zones[1].bucket("k")}
+		rs[0].ID, rs[1].ID = id, id
+		return rs
+	}
+	allowed := h.take(t.Context(), reqs("first"))
+	if !allowed.decisions[0].Allowed || allowed.release == nil {
+		t.Fatalf("first request: %+v, release %v; want allowed, with a slot to release", allowed.decisions, allowed.release != nil)
+	}
+	refused := h.take(t.Context(), reqs("second"))
+	if refused.decisions[1].Allowed || refused.release != nil {
+		t.Fatalf("second request: %+v, release %v; want refused, nothing to release", refused.decisions, refused.release != nil)
+	}
+	allowed.release.call()
+}
+
+// TestRefusedRenewsNoLeases: with Redis, a refused request renews no
+// lease: before, each refusal left a goroutine renewing, for ever, the
+// leases of slots it never took.
+func TestRefusedRenewsNoLeases(t *testing.T) {
+	h := concurrencyHandler(t, []string{redistest.StandaloneAddr(t)}, 5*time.Minute)
+	end := hold(t, h, "k")
+	before := runtime.NumGoroutine()
+	for range 20 {
+		if w := serve(h, keyRequest("k")); w.Code != http.StatusTooManyRequests {
+			t.Fatalf("status %d while the slot is held; want 429", w.Code)
+		}
+	}
+	if n := runtime.NumGoroutine(); n > before+5 {
+		t.Fatalf("%d goroutines after 20 refusals, %d before", n, before)
+	}
+	if code := end(); code != http.StatusOK {
+		t.Fatalf("held request: status %d", code)
+	}
+}

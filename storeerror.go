@@ -126,7 +126,8 @@ func (h *Handler) failureMode(reqs []limiter.Request, err error) verdict {
 		local[i] = r
 	}
 	m := h.backend.memory
-	return verdict{decisions: m.TakeAt(h.now(), local), release: h.holdSlots(m, local), storeFailed: true}
+	d := m.TakeAt(h.now(), local)
+	return verdict{decisions: d, release: h.holdSlots(m, local, d), storeFailed: true}
 }
 
 // localPolicy is a zone's share of its limit on one of n instances: the

@@ -2,10 +2,15 @@ package ratelimit
 
 import (
 	"cmp"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/clientkey"
 )
 
 func TestZoneLimits(t *testing.T) {
@@ -64,5 +69,57 @@ func TestZoneCheckErrors(t *testing.T) {
 				t.Fatalf("check() = %v; want %q", err, c.want)
 			}
 		})
+	}
+}
+
+// TestSubnetAsClientkey: the zone's shortcuts (keys that cannot be
+// addresses, IPv4 addresses kept whole) give what clientkey.Subnet gives,
+// for every prefix.
+func TestSubnetAsClientkey(t *testing.T) {
+	keys := []string{"", "client-1", "abc", "ABCDEF", "1", "12345", "1.2.3.4", "10.0.0.255", "1.2.3.04", "1.2.3", "1.2.3.4.",
+		"256.1.1.1", "1.2.3.4%eth0", "abc%x", "%", "::1", "2001:db8::1", "2001:DB8::1%eth0", "::ffff:1.2.3.4", "1.2:3",
+		"fe80::1%zone with spaces", "1.2.3.4 ", " 1.2.3.4", "a.b.c.d", "0.0.0.0", "255.255.255.255", "1..2.3"}
+	for range 2000 { // and strings of what addresses are made of
+		b := make([]byte, rand.IntN(12))
+		for i := range b {
+			b[i] = "0123456789abcdefABCDEF.:%zx "[rand.IntN(28)]
+		}
+		keys = append(keys, string(b))
+	}
+	for _, v4 := range []int{0, 8, 24, 32} {
+		for _, v6 := range []int{0, 48, 64, 128} {
+			z := &Zone{IPv4Prefix: configPrefix(v4), IPv6Prefix: configPrefix(v6)}
+			for _, k := range keys {
+				want := clientkey.Subnet(k, z.IPv4Prefix.bits(defaultIPv4Prefix, 32), z.IPv6Prefix.bits(defaultIPv6Prefix, 128))
+				if got := z.subnet(k); got != want {
+					t.Fatalf("ipv4_prefix %d, ipv6_prefix %d: subnet(%q) = %q; clientkey.Subnet gives %q", v4, v6, k, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestResolveKeyAsReplaceAll: a key that is one placeholder, or none,
+// resolves as ReplaceAll would resolve it, whatever the value (absent, a
+// header given twice, not a string, unknown).
+func TestResolveKeyAsReplaceAll(t *testing.T) {
+	r := httptest.NewRequest(http.MethodGet, "/p?q=1&q=2", nil)
+	r.Header["X-Twice"] = []string{"a", "b"}
+	r.Header.Set("X-Key", "client")
+	repl := caddyhttpTestReplacer(r, map[string]string{"v": "var"})
+	caddyhttp.SetVar(r.Context(), "n", 42)
+	repl.Set("static.number", int64(7))
+	for _, key := range []string{"{http.request.header.X-Key}", "{http.request.header.x-key}", "{http.request.header.X-Twice}",
+		"{http.request.header.Absent}", "{http.request.uri.query.q}", "{http.vars.v}", "{http.vars.n}", "{http.vars.none}",
+		"{static.number}", "{unknown}", "{}", "{a}{b}", "{http.vars.v}-x", "\\{http.vars.v}", "{http.vars.v\\}", "plain", "", "a}b"} {
+		z := &Zone{Key: key}
+		z.compileKey()
+		got := z.Key // a key with no placeholder is itself
+		if !z.fixedKey {
+			got = z.resolveKey(repl)
+		}
+		if want := repl.ReplaceAll(key, ""); got != want {
+			t.Errorf("key %q resolves to %q; ReplaceAll gives %q", key, got, want)
+		}
 	}
 }

@@ -10,7 +10,12 @@
 # INFO cpu: the figures of the README's capacity plan.
 #
 # Routes: plain; memory (allowed, refused); standalone Redis (64 keys);
-# Redis Cluster of 3 masters (one key, 10,000 keys, refused). Each rep runs
+# Redis Cluster of 3 masters (one key, 10,000 keys, refused); and
+# mholt/caddy-ratelimit (allowed, refused: its own Caddy, of the same
+# version), built as its users build it (xcaddy build --with
+# github.com/mholt/caddy-ratelimit) or taken from $CRL_CADDY; when it cannot
+# be built (the module proxy does not serve it), the script says so and
+# compares with plain Caddy only. Each rep runs
 # every route once (interleaved: plain, then each route), with
 # `wrk -t2 -c<connections>`; the ratio to plain is computed per rep (against
 # that rep's plain run) and the median is reported. Then a constant-rate
@@ -56,6 +61,18 @@ cleanup() {
 trap cleanup EXIT
 
 ./xcaddy.sh build >/dev/null 2>&1 || ./xcaddy.sh build
+CADDY_VERSION=$(./caddy version | cut -d' ' -f1)
+
+# mholt/caddy-ratelimit, the module this one is compared with.
+CRL_CADDY=${CRL_CADDY:-}
+if [ -z "$CRL_CADDY" ]; then
+	XCADDY=$(type -P xcaddy || echo "$(go env GOPATH)/bin/xcaddy")
+	if (cd "$TMP" && "$XCADDY" build "$CADDY_VERSION" --with github.com/mholt/caddy-ratelimit --output "$TMP/caddy-crl") >"$TMP/crl-build.log" 2>&1; then
+		CRL_CADDY=$TMP/caddy-crl
+	else
+		echo "mholt/caddy-ratelimit: not built, compared with plain Caddy only: $(grep -m1 -iE 'forbidden|not available|error|fatal' "$TMP/crl-build.log" || tail -1 "$TMP/crl-build.log")"
+	fi
+fi
 
 # A standalone Redis and a cluster of 3 masters with a replica each.
 go build -o "$TMP/redisfleet" ./internal/redistest/redisfleet
@@ -70,6 +87,7 @@ CLUSTER=${RL_REDIS_CLUSTER//,/ }
 ADMIN=$(free_port)
 declare -A PORT
 ROUTES=(plain memory memory_refused standalone cluster_1key cluster_10k cluster_refused)
+[ -z "$CRL_CADDY" ] || ROUTES+=(crl crl_refused)
 for r in "${ROUTES[@]}"; do PORT[$r]=$(free_port); done
 open='zone api {
 			key   {http.request.header.X-API-Key}
@@ -99,6 +117,22 @@ CADDY_PID=$!
 PIDS+=($CADDY_PID)
 for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/${PORT[cluster_refused]}") 2>/dev/null && break; sleep 0.1; done
 
+# caddy-ratelimit's Caddy: the same routes in its syntax (a sliding log of
+# 10,000 events per second per key: never reached by 64 keys; 1 per hour:
+# refused).
+CRL_PID=""
+if [ -n "$CRL_CADDY" ]; then
+	crl_zone() { printf 'rate_limit {\n\t\tzone api {\n\t\t\tkey {http.request.header.X-API-Key}\n\t\t\tevents %s\n\t\t\twindow %s\n\t\t}\n\t}' "$1" "$2"; }
+	{
+		printf '{\n\tadmin 127.0.0.1:%s\n\tpersist_config off\n\tauto_https off\n\torder rate_limit before respond\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n' "$(free_port)"
+		printf 'http://127.0.0.1:%s {\n\t%s\n\trespond "ok"\n}\n' "${PORT[crl]}" "$(crl_zone 10000 1s)" "${PORT[crl_refused]}" "$(crl_zone 1 1h)"
+	} >"$TMP/Caddyfile.crl"
+	HOME=$TMP XDG_DATA_HOME=$TMP XDG_CONFIG_HOME=$TMP "$CRL_CADDY" run --config "$TMP/Caddyfile.crl" --adapter caddyfile >"$TMP/caddy-crl.log" 2>&1 &
+	CRL_PID=$!
+	PIDS+=($CRL_PID)
+	for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/${PORT[crl_refused]}") 2>/dev/null && break; sleep 0.1; done
+fi
+
 # keys.lua cycles through N API keys (N from the environment).
 cat >"$TMP/keys.lua" <<'LUA'
 local n, keys = 0, tonumber(os.getenv("KEYS") or "64")
@@ -109,14 +143,19 @@ end
 LUA
 keys_of() { # route -> number of API keys it is sent
 	case $1 in
-	memory_refused | cluster_refused | cluster_1key) echo 1 ;;
+	memory_refused | cluster_refused | cluster_1key | crl_refused) echo 1 ;;
 	cluster_10k) echo 10000 ;;
 	*) echo 64 ;;
 	esac
 }
 
-# caddy_cpu is Caddy's CPU time so far, in seconds (from /proc).
-caddy_cpu() { awk -v t="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / t }' "/proc/$CADDY_PID/stat"; }
+# caddy_cpu <route> is the CPU time so far of the Caddy serving route, in
+# seconds (from /proc).
+caddy_cpu() {
+	local pid=$CADDY_PID
+	[[ $1 != crl* ]] || pid=$CRL_PID
+	awk -v t="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / t }' "/proc/$pid/stat"
+}
 # redis_cpu <addresses> is the CPU time so far of the Redis servers at
 # addresses (space-separated host:port), in seconds.
 redis_cpu() {
@@ -136,10 +175,10 @@ redis_of() { # route -> the Redis servers it uses (masters and replicas alike)
 
 run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 	local out="$TMP/$2.$1.txt" c0 r0
-	c0=$(caddy_cpu) r0=$(redis_cpu "$(redis_of "$2")")
+	c0=$(caddy_cpu "$2") r0=$(redis_cpu "$(redis_of "$2")")
 	KEYS=$(keys_of "$2") wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$TMP/keys.lua" "http://127.0.0.1:${PORT[$2]}/" >"$out"
 	local rps p99 non2xx reqs ccpu rcpu
-	ccpu=$(awk -v a="$c0" -v b="$(caddy_cpu)" 'BEGIN { printf "%.3f", b - a }')
+	ccpu=$(awk -v a="$c0" -v b="$(caddy_cpu "$2")" 'BEGIN { printf "%.3f", b - a }')
 	rcpu=$(awk -v a="$r0" -v b="$(redis_cpu "$(redis_of "$2")")" 'BEGIN { printf "%.3f", b - a }')
 	rps=$(awk '/Requests\/sec/ {print $2}' "$out")
 	reqs=$(awk '/requests in/ {print $1}' "$out")
