@@ -81,9 +81,11 @@ func TestSettleStatus(t *testing.T) {
 			_, err := w.(io.ReaderFrom).ReadFrom(strings.NewReader("ok"))
 			return err
 		}, false},
-		"nothing written":  {func(http.ResponseWriter, *http.Request) error { return nil }, false},
-		"401 error":        {func(http.ResponseWriter, *http.Request) error { return caddyhttp.Error(401, nil) }, true},
-		"wrapped 401":      {func(http.ResponseWriter, *http.Request) error { return fmt.Errorf("auth: %w", caddyhttp.Error(401, nil)) }, true},
+		"nothing written": {func(http.ResponseWriter, *http.Request) error { return nil }, false},
+		"401 error":       {func(http.ResponseWriter, *http.Request) error { return caddyhttp.Error(401, nil) }, true},
+		"wrapped 401": {func(http.ResponseWriter, *http.Request) error {
+			return fmt.Errorf("auth: %w", caddyhttp.Error(401, nil))
+		}, true},
 		"other error: 500": {func(http.ResponseWriter, *http.Request) error { return io.EOF }, false},
 		"early hints then 401": {func(w http.ResponseWriter, _ *http.Request) error {
 			w.WriteHeader(http.StatusEarlyHints)
