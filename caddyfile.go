@@ -284,9 +284,42 @@ var zoneOptions = map[string]func(*caddyfile.Dispenser, *Zone) error{
 		z.MaxConcurrent = int64(n)
 		return err
 	},
-	"lease":   parseLease,
-	"dry_run": func(d *caddyfile.Dispenser, z *Zone) error { return noArgs(d, &z.DryRun) },
-	"ban":     parseBan,
+	"lease":              parseLease,
+	"dry_run":            func(d *caddyfile.Dispenser, z *Zone) error { return noArgs(d, &z.DryRun) },
+	"ban":                parseBan,
+	"count_status":       parseCountStatus,
+	"cost_from_response": parseCostFromResponse,
+}
+
+// parseCountStatus parses: count_status <status|class>..., e.g.
+// count_status 401 403, or 4xx.
+func parseCountStatus(d *caddyfile.Dispenser, z *Zone) error {
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return d.Errf("zone %q: want count_status <status>..., e.g. count_status 401 403, or 4xx", z.name)
+	}
+	for _, a := range args {
+		s := a
+		if len(s) == 3 && strings.HasSuffix(s, "xx") {
+			s = s[:1] // a class: 4 for 4xx, as Caddy's status matchers
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || len(s) != 1 && len(s) != 3 {
+			return d.Errf("zone %q: count_status %q: want a status such as 401, or a class such as 4xx", z.name, a)
+		}
+		z.CountStatus = append(z.CountStatus, n)
+	}
+	return nil
+}
+
+// parseCostFromResponse parses: cost_from_response <header> [strip].
+func parseCostFromResponse(d *caddyfile.Dispenser, z *Zone) error {
+	args := d.RemainingArgs()
+	if len(args) < 1 || len(args) > 2 || len(args) == 2 && args[1] != "strip" {
+		return d.Errf("zone %q: want cost_from_response <header> [strip]", z.name)
+	}
+	z.CostFromResponse, z.StripCostHeader = args[0], len(args) == 2
+	return nil
 }
 
 // parseBan parses: ban <refusals> <within> <for>.

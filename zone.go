@@ -122,6 +122,30 @@ type Zone struct {
 	// shared by the fleet. Default: no bans.
 	Ban *BanConfig `json:"ban,omitempty"`
 
+	// CountStatus charges only the requests whose response has one of
+	// these statuses, e.g. [401, 403], or a class: 4 for any 4xx (as
+	// Caddy's status matchers). Each request is still checked, and its
+	// cost taken, before it goes on, so that parallel requests cannot
+	// exceed the limit; the charge is given back when the response's
+	// status is not one of these (a handler's error counts with its
+	// status). Not with MaxConcurrent. Default: every request counts.
+	CountStatus []int `json:"count_status,omitempty"`
+
+	// CostFromResponse names a response header that says what the request
+	// cost, e.g. X-Tokens-Used: the request is checked and charged Cost
+	// before it goes on, and when its response's headers are written, the
+	// difference to the header's amount (a whole number, at most
+	// limiter.MaxCost) is charged, into debt if need be, or given back. A
+	// bucket in debt refuses requests until the debt is repaid at the
+	// rate. A missing or malformed value keeps Cost (logged once per
+	// zone). token_bucket and leaky_bucket only. Default: none, a request
+	// costs Cost.
+	CostFromResponse string `json:"cost_from_response,omitempty"`
+
+	// StripCostHeader removes CostFromResponse's header from the response
+	// the client gets. Default: false, the header is passed on.
+	StripCostHeader bool `json:"strip_cost_header,omitempty"`
+
 	// OnEmptyKey is what happens when Key resolves to nothing (no such
 	// header, no valid token): "shared" counts all such requests in one
 	// bucket of the zone, so that leaving the header out cannot escape the
@@ -237,6 +261,8 @@ func (z *Zone) check() error {
 	switch {
 	case err != nil:
 		return err
+	case z.MaxConcurrent != 0 && z.settles():
+		return fmt.Errorf("count_status and cost_from_response do not apply to max_concurrent: a slot is given back when the request ends, whatever its response")
 	case z.MaxConcurrent != 0:
 		return z.checkConcurrency()
 	case z.Rate == "" && z.MaxEvents == 0:
@@ -248,7 +274,7 @@ func (z *Zone) check() error {
 	if z.policy.Ban, err = z.Ban.policy(); err != nil {
 		return err
 	}
-	return z.policy.Validate()
+	return cmp.Or(z.checkSettle(), z.policy.Validate())
 }
 
 // compilePolicy computes the zone's static (or default) policy and cost
@@ -478,15 +504,16 @@ func addressShape(key string) int {
 type dynamicField int
 
 const (
-	fieldRate   dynamicField = iota
-	fieldBurst               // a burst template
-	fieldCost                // a cost template
-	fieldPolicy              // rate and burst together (e.g. a leaky bucket's wait)
+	fieldRate         dynamicField = iota
+	fieldBurst                     // a burst template
+	fieldCost                      // a cost template
+	fieldPolicy                    // rate and burst together (e.g. a leaky bucket's wait)
+	fieldResponseCost              // cost_from_response's header
 	numDynamicFields
 )
 
 func (f dynamicField) String() string {
-	return [...]string{"rate", "burst", "cost", "rate and burst"}[f]
+	return [...]string{"rate", "burst", "cost", "rate and burst", "cost_from_response"}[f]
 }
 
 // limits are the zone's policy and cost for one request: the static ones,

@@ -25,6 +25,9 @@ type Decision struct {
 	Cached bool
 	// Banned is true for the refusal of a banned client.
 	Banned bool
+	// At is the store's time of the decision (in Redis, the clock of the
+	// node that ran it, to the µs): a Refund of the charge is made at it.
+	At time.Time
 }
 
 // ResetUnix is Reset in Unix seconds, rounded up.

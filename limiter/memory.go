@@ -74,6 +74,9 @@ func (s *MemoryStore) TakeAt(now time.Time, reqs []Request) []Decision {
 	shards := s.lock(keys, shardRoom[:0])
 	defer s.unlock(shards)
 	s.takeLocked(now.UnixNano(), reqs, keys, decisions, before)
+	for i := range decisions {
+		decisions[i].At = now
+	}
 	return decisions
 }
 

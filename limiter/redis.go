@@ -455,6 +455,7 @@ func decode(v any, idx []int, reqs []Request, decisions []Decision) (bool, error
 			Reset:      time.UnixMicro(head[0] + r[2]),
 			RetryAfter: time.Duration(r[3]) * time.Microsecond,
 			Delay:      time.Duration(r[4]) * time.Microsecond,
+			At:         time.UnixMicro(head[0]),
 		}
 	}
 	return head[1] == 1, nil

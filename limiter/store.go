@@ -38,6 +38,21 @@ type Store interface {
 	// Release gives back the concurrency slots that Take gave reqs, when
 	// their requests end. Requests of other algorithms are left alone.
 	Release(ctx context.Context, reqs []Request) error
+	// Refund gives back what Take charged reqs after all: each request's
+	// Cost (which may be less than its take's), at the time of its take,
+	// at[i] (its decision's At), so that it undoes its own charge and
+	// nothing newer: a window that has turned since keeps its count, a
+	// token bucket's later charges stay. Concurrency slots are left alone
+	// (Release gives them back). decisions[i] tells reqs[i]'s bucket after
+	// the refund, at its take's time.
+	Refund(ctx context.Context, reqs []Request, at []time.Time) (decisions []Decision, err error)
+	// Charge charges every request's bucket its Cost now, whatever it
+	// holds: a token or leaky bucket may go into debt (its TAT moves on
+	// beyond the burst, at most MaxDebt), and refuses requests until the
+	// debt is repaid at its rate. Only the token and leaky buckets are
+	// charged (Debt reports which); other requests are left alone.
+	// decisions[i] tells reqs[i]'s bucket after the charge.
+	Charge(ctx context.Context, reqs []Request) (decisions []Decision, err error)
 	// Peek tells a bucket's state (remaining, reset) without changing it;
 	// req.Cost is ignored.
 	Peek(ctx context.Context, req Request) (Decision, error)

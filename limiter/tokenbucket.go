@@ -105,7 +105,7 @@ func nanosUp(x float64) int64 {
 // is the state to keep if the charge is committed.
 func (p Policy) takeToken(b bucket, known bool, now, cost int64) (bucket, Decision) {
 	g := p.gcra(b, known, now)
-	wait := min(g.wait, g.full) // at most empty
+	wait := g.wait // beyond full in debt (see charge): refused until it is repaid
 	allowed := cost <= p.Burst && wait+float64(cost)*g.interval <= g.room
 	if allowed {
 		wait += float64(cost) * g.interval

@@ -5,7 +5,9 @@
 -- ARGV[1]: the time in microseconds, or "" for the server's clock (TIME).
 -- ARGV[2]: the mode: "take" charges the costs if every key allows them,
 --          else none; "refund" gives them back; "peek" decides and stores
---          no decision; "release" gives back a lease (concurrency only).
+--          no decision; "release" gives back a lease (concurrency only);
+--          "charge" charges the costs whatever the buckets hold, into
+--          debt (token and leaky buckets only: see gcra.lua).
 -- ARGV[3 + 6(i-1) ... 8 + 6(i-1)]: KEYS[i]'s six arguments, as args(i)
 --          reads them: rate, period (µs), burst, cost, flag, id. Each
 --          script says which it uses, and what they mean to it.
@@ -26,6 +28,7 @@ end
 
 local mode = ARGV[2]
 local refund = mode == 'refund'
+local charge = mode == 'charge'
 local peek = mode == 'peek'
 local eps = 1e-9 -- absorbs float rounding: a count of 2.9999999999 is 3
 

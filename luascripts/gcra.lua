@@ -15,6 +15,9 @@
 -- up delays the TAT by less than 1 ns per charge; a request may come up to
 -- tolerance early, which absorbs that.
 
+-- MaxDebt in Go, in µs: how far beyond the burst a charge may put the TAT
+local max_debt = 30 * 24 * 3600 * 1000000
+
 -- the time stored in key, in µs from now, or nil
 local function stored_time(key)
   local us, ns = string.match(redis.call('GET', key) or '', '^(%d+)(%d%d%d)$')
@@ -46,6 +49,8 @@ end
 -- set: the token bucket's, else 0); and wait, how far the TAT is ahead of
 -- now (0 when past). A refund has already taken its cost's intervals off
 -- the wait: never back before now, so that a later request's charge stays.
+-- A charge has already added them, whatever the bucket holds: the TAT may
+-- go beyond the burst (debt), up to max_debt beyond it.
 local function gcra(key, k, empty)
   local g = { interval = k.period / k.rate }
   g.full = k.burst * g.interval
@@ -55,6 +60,8 @@ local function gcra(key, k, empty)
   g.wait = t and math.max(t + g.offset, 0) or 0
   if refund then
     g.wait = math.max(g.wait - k.cost * g.interval, 0)
+  elseif charge then
+    g.wait = math.min(g.wait + k.cost * g.interval, g.full + max_debt)
   end
   return g
 end

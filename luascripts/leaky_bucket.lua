@@ -4,7 +4,8 @@
 -- both prepended to this script. For KEYS[i]: rate, period (µs), burst
 -- (requests that may wait), cost, flag (nodelay: "1" or "0"); id is
 -- unused. "take" queues the request if there is room; "refund" takes its
--- cost off the queue, at the time the take's reply gave.
+-- cost off the queue, at the time the take's reply gave; "charge" adds it
+-- to the queue whatever its length (debt: refused until it has drained).
 --
 -- The queue stores its TAT: when the requests queued so far have all
 -- left. A request that would wait more than burst intervals (the room,
@@ -24,7 +25,7 @@
 local function decide(key, k)
   local g = gcra(key, k, false)
   local wait, ok, retry, delay = g.wait, true, 0, 0
-  if not refund then
+  if not refund and not charge then
     ok = wait <= g.room and k.cost <= k.burst + 1
     if ok and k.flag ~= '1' then
       delay = micros(wait)

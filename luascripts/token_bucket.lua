@@ -3,7 +3,9 @@
 -- KEYS, ARGV and the reply as in common.lua, the state as in gcra.lua,
 -- both prepended to this script. For KEYS[i]: rate, period (µs), burst,
 -- cost; flag and id are unused. "take" charges the cost if the bucket
--- holds it; "refund" gives it back, at the time the take's reply gave.
+-- holds it; "refund" gives it back, at the time the take's reply gave;
+-- "charge" charges it whatever the bucket holds: in debt (the TAT beyond
+-- burst intervals ahead), requests are refused until it is repaid.
 --
 -- A charge passes if it leaves the TAT at most burst intervals (the room,
 -- with the tolerance) ahead of now. The bucket stores when it was empty
@@ -26,8 +28,7 @@
 local function decide(key, k)
   local g = gcra(key, k, true)
   local cost, wait, ok = k.cost, g.wait, true
-  if not refund then
-    wait = math.min(wait, g.full) -- at most empty
+  if not refund and not charge then -- in debt, the wait is beyond full
     ok = cost <= k.burst and wait + cost * g.interval <= g.room
     if ok then
       wait = wait + cost * g.interval

@@ -1,0 +1,203 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Settling a charge after the response (Store.Refund and Store.Charge):
+// a request may be checked and charged before it goes on (Take), then
+// given back part of its charge (a refund: the response did not count),
+// or charged more (a charge: the response said what it cost).
+
+// MaxDebt bounds how far a Charge may put a bucket into debt: its TAT is
+// at most MaxDebt beyond the time it would be full (token bucket) or its
+// queue empty (leaky bucket) without the debt.
+const MaxDebt = 30 * 24 * time.Hour
+
+// Debt reports whether the algorithm can go into debt: whether Charge
+// charges it.
+func (a Algorithm) Debt() bool { return a == TokenBucket || a == LeakyBucket }
+
+// Refund gives back the charges of reqs made at at (see Store.Refund).
+func (s *MemoryStore) Refund(_ context.Context, reqs []Request, at []time.Time) ([]Decision, error) {
+	decisions := make([]Decision, len(reqs))
+	for i, r := range reqs {
+		decisions[i] = s.update(r, func(b bucket, known bool) (bucket, Decision) {
+			return r.Policy.refund(b, known, at[i].UnixNano(), boundedCost(r.Cost))
+		})
+		decisions[i].At = at[i]
+	}
+	return decisions, nil
+}
+
+// Charge is ChargeAt with the current time; it never fails.
+func (s *MemoryStore) Charge(_ context.Context, reqs []Request) ([]Decision, error) {
+	return s.ChargeAt(time.Now(), reqs), nil
+}
+
+// ChargeAt charges reqs at now, into debt if need be (see Store.Charge).
+func (s *MemoryStore) ChargeAt(now time.Time, reqs []Request) []Decision {
+	decisions := make([]Decision, len(reqs))
+	for i, r := range reqs {
+		decisions[i] = s.update(r, func(b bucket, known bool) (bucket, Decision) {
+			return r.Policy.charge(b, known, now.UnixNano(), boundedCost(r.Cost))
+		})
+		decisions[i].At = now
+	}
+	return decisions
+}
+
+// update replaces r's bucket, under its shard's lock, with what f makes
+// of it, and returns f's decision. A bucket f leaves unknown is dropped.
+func (s *MemoryStore) update(r Request, f func(b bucket, known bool) (bucket, Decision)) Decision {
+	k := bucketIDOf(r)
+	sh := s.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	b, known := sh.buckets[k]
+	nb, d := f(b, known)
+	if nb.idleAt == 0 { // nothing to keep
+		delete(sh.buckets, k)
+	} else {
+		sh.buckets[k] = nb
+	}
+	return d
+}
+
+// refund gives back cost at the time of its take, at (see Store.Refund),
+// and returns the bucket to keep (the zero bucket: none) and its state at
+// at. It never changes b's log in place (a Peek may read it).
+func (p Policy) refund(b bucket, known bool, at, cost int64) (bucket, Decision) {
+	known = known && b.idleAt > at
+	if !known || p.Algorithm == Concurrency { // nothing left of the charge
+		_, d := p.take(b, known, at, 0)
+		return b, d
+	}
+	period := int64(p.Period)
+	switch p.Algorithm {
+	case TokenBucket, LeakyBucket:
+		g := p.gcra(b, known, at)
+		keep, wait := g.settle(at, max(g.wait-float64(cost)*g.interval, 0))
+		b = bucket{last: keep, idleAt: at + nanosUp(wait)}
+	case FixedWindow:
+		if b.last == at/period {
+			b.tokens = max(b.tokens-float64(cost), 0)
+		}
+	case SlidingWindowCounter:
+		switch b.last {
+		case at / period: // this window's count
+			b.tokens = max(b.tokens-float64(cost), 0)
+		case at/period + 1: // the window has turned: the charge is in the previous count
+			b.prev = max(b.prev-float64(cost), 0)
+		}
+	case SlidingWindowLog:
+		b.log = unlog(b.log, at, cost)
+	}
+	_, d := p.take(b, true, at, 0)
+	return b, d
+}
+
+// unlog is log without up to cost entries of the time at (the newest of
+// them), in a new slice.
+func unlog(log []int64, at, cost int64) []int64 {
+	lo, _ := slices.BinarySearch(log, at)
+	hi, _ := slices.BinarySearch(log, at+1)
+	n := min(int64(hi-lo), cost)
+	return slices.Concat(log[:hi-int(n)], log[hi:])
+}
+
+// charge charges cost at now, whatever the bucket holds, up to MaxDebt
+// beyond its burst (see Store.Charge); algorithms without debt are left
+// alone, with a zero decision (not asked), as in Redis. It returns the
+// bucket to keep and its state after the charge.
+func (p Policy) charge(b bucket, known bool, now, cost int64) (bucket, Decision) {
+	if !p.Algorithm.Debt() {
+		return b, Decision{}
+	}
+	g := p.gcra(b, known && b.idleAt > now, now)
+	wait := min(g.wait+float64(cost)*g.interval, g.full+float64(MaxDebt))
+	keep, wait := g.settle(now, wait)
+	d := Decision{Allowed: true, Limit: p.Limit(), Reset: at(now + nanosUp(wait)),
+		Remaining: max(int64(math.Floor((g.room-wait)/g.interval)), 0)}
+	if p.Algorithm == LeakyBucket { // one place at the rate, the rest in the queue
+		d.Remaining = max(int64(math.Floor((g.room-wait)/g.interval))+1, 0)
+	}
+	return bucket{last: keep, idleAt: now + nanosUp(wait)}, d
+}
+
+// Refund gives back the charges of reqs made at at (see Store.Refund), at
+// those times: the requests of one time share a round trip.
+func (s *RedisStore) Refund(ctx context.Context, reqs []Request, at []time.Time) ([]Decision, error) {
+	decisions := make([]Decision, len(reqs))
+	var times []int64
+	byTime := map[int64][]int{}
+	for i, r := range reqs {
+		if r.Policy.Algorithm == Concurrency || r.Cost <= 0 {
+			continue
+		}
+		us := at[i].UnixMicro()
+		if _, ok := byTime[us]; !ok {
+			times = append(times, us)
+		}
+		byTime[us] = append(byTime[us], i)
+	}
+	var errs []error
+	for _, us := range times {
+		errs = append(errs, s.settle(ctx, strconv.FormatInt(us, 10), "refund", reqs, byTime[us], decisions))
+	}
+	return decisions, errors.Join(errs...)
+}
+
+// Charge charges reqs on the server's clock (see Store.Charge).
+func (s *RedisStore) Charge(ctx context.Context, reqs []Request) ([]Decision, error) {
+	return s.charge(ctx, "", reqs)
+}
+
+// ChargeAt is Charge at an explicit time instead of the server's clock.
+func (s *RedisStore) ChargeAt(ctx context.Context, now time.Time, reqs []Request) ([]Decision, error) {
+	return s.charge(ctx, strconv.FormatInt(now.UnixMicro(), 10), reqs)
+}
+
+func (s *RedisStore) charge(ctx context.Context, now string, reqs []Request) ([]Decision, error) {
+	decisions := make([]Decision, len(reqs))
+	var idx []int
+	for i, r := range reqs {
+		if r.Policy.Algorithm.Debt() && r.Cost > 0 {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return decisions, nil
+	}
+	return decisions, s.settle(ctx, now, "charge", reqs, idx, decisions)
+}
+
+// settle runs the scripts in mode ("refund", "charge") at now for the
+// requests idx of reqs, and fills their decisions.
+func (s *RedisStore) settle(ctx context.Context, now, mode string, reqs []Request, idx []int, decisions []Decision) error {
+	sub := make([]Request, len(idx))
+	for j, i := range idx {
+		sub[j] = reqs[i]
+	}
+	runs := s.scriptRuns(sub)
+	replies, err := s.run(ctx, runs, now, mode, sub)
+	if err != nil {
+		s.reloadTopology(err)
+		return err
+	}
+	d := make([]Decision, len(sub))
+	for i, sr := range runs {
+		if _, err := decode(replies[i], sr.idx, sub, d); err != nil {
+			return err
+		}
+	}
+	for j, i := range idx {
+		decisions[i] = d[j]
+	}
+	return nil
+}
