@@ -152,8 +152,10 @@ func TestJWKSFirstFetchFailsCaddyStarts(t *testing.T) {
 	}
 	p.Fail(0)
 	jwkstest.Eventually(t, "claims once the provider answers", func() bool { return subject(h, token) == "dave" })
-	if n := testutil.ToFloat64(metrics.jwksFetches.WithLabelValues(label, jwksFetchOK)); n != 1 {
-		t.Errorf("%v good fetches counted; want 1", n)
+	// At least one: the scheduled retry and a refetch asked for by the
+	// token's kid (both every 100ms here) may both succeed.
+	if n := testutil.ToFloat64(metrics.jwksFetches.WithLabelValues(label, jwksFetchOK)); n < 1 {
+		t.Errorf("%v good fetches counted; want at least 1", n)
 	}
 }
 

@@ -198,10 +198,11 @@ func (s *settlement) apply(what string, idx []int, d []limiter.Decision, err err
 // show sets the limit headers and placeholders from the settled state.
 func (s *settlement) show(hdr http.Header) {
 	i := mostRestrictive(s.v.decisions)
-	o := s.h.outcome(s.v.zones[i].name, s.v.reqs[i], s.v.decisions[i])
+	o := s.h.outcome(s.v.zones[i], s.v.reqs[i], s.v.decisions[i])
 	o.setPlaceholders(s.repl)
 	if s.shown == nil || o.d.Remaining <= s.shown.d.Remaining {
-		s.h.setLimitHeaders(hdr, o)
+		f := s.h.fields(hdr, false)
+		s.h.setLimitHeaders(&f, o)
 	}
 }
 
