@@ -228,7 +228,7 @@ func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string
 		cmds, errs = make([]onceCmd, len(runs)), make([]error, len(runs))
 	}
 	s.route(ctx, runs, nodes, clients)
-	if mode != "release" {
+	if !givesBack(mode) {
 		if err := s.breakers.admit(nodes, s.now()); err != nil {
 			return nil, err
 		}
@@ -252,7 +252,7 @@ func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string
 		}
 		replies[i], errs[i] = cmd.Result()
 	}
-	s.breakers.settle(nodes, errs, s.now(), mode != "release")
+	s.breakers.settle(nodes, errs, s.now(), !givesBack(mode))
 	for i, err := range errs {
 		if err != nil {
 			return nil, &NodeError{Node: nodes[i], Err: err}
@@ -260,6 +260,11 @@ func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string
 	}
 	return replies, nil
 }
+
+// givesBack reports whether mode gives back what was taken (a release of
+// slots, a refund of tokens): such calls are sent whatever a node's breaker
+// says, on every path, and only their successes count toward the breaker.
+func givesBack(mode string) bool { return mode == "release" || mode == "refund" }
 
 // timedOut records, when a call's time is up before every reply came, the
 // outcome of each node: its reply's for the nodes that answered, a failure
@@ -276,7 +281,7 @@ func (s *RedisStore) timedOut(nodes []string, cmds []onceCmd, answered []bool, e
 			silent = node
 		}
 	}
-	s.breakers.settle(nodes, errs, s.now(), mode != "release")
+	s.breakers.settle(nodes, errs, s.now(), !givesBack(mode))
 	return &NodeError{Node: silent, Err: err}
 }
 

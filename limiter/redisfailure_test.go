@@ -267,3 +267,33 @@ func TestFailedReleasesDoNotDelayProbes(t *testing.T) {
 		t.Fatal("no probe after the cool-down: failed releases delayed it")
 	}
 }
+
+// TestRefundWhileBreakerOpen: a refund gives back what a request was
+// charged even while its node's breaker is open, as releases do.
+func TestRefundWhileBreakerOpen(t *testing.T) {
+	addr := redistest.StandaloneAddr(t)
+	s := newRedisStore(t, redis.NewClient(&redis.Options{Addr: addr}))
+	p := Policy{Rate: 1, Period: time.Hour, Burst: 5}
+	req := []Request{{Zone: "z", Key: "refund-open", Policy: p, Cost: 2}}
+	d, err := s.Take(t.Context(), req)
+	if err != nil || d[0].Remaining != 3 {
+		t.Fatalf("take: %+v, %v", d, err)
+	}
+	for range BreakerFailures {
+		s.breakers.settle([]string{""}, []error{context.DeadlineExceeded}, time.Now(), true)
+	}
+	if !s.Breaker("").Open() {
+		t.Fatal("breaker not open")
+	}
+	if _, err := s.Refund(t.Context(), req, []time.Time{d[0].At}); err != nil {
+		t.Fatalf("refund while the breaker is open: %v", err)
+	}
+	other, err := NewRedisStore(redis.NewClient(&redis.Options{Addr: addr}), s.prefix) // its breaker closed
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if got, err := other.Peek(t.Context(), req[0]); err != nil || got.Remaining != 5 {
+		t.Fatalf("after the refund: remaining %d (%v); want 5, the charge given back", got.Remaining, err)
+	}
+}
