@@ -182,16 +182,24 @@ func splitByKeys(results []result, keys []string) (in, out []result) {
 	return in, out
 }
 
-// TestChaosMasterKilled: a master SIGKILLed under load. Only its keys go
-// to the failure mode, until its replica takes over; the other masters'
-// keys keep exact Redis decisions.
-func TestChaosMasterKilled(t *testing.T) {
-	cl := redistest.NewClusterOf(t, 3, 1, "--cluster-require-full-coverage", "no")
+// chaosCluster starts a cluster of its own (3 masters with replicas each,
+// serving its slots while a master is down), a Caddy on it, and sorts 200
+// API keys by the master holding their buckets.
+func chaosCluster(t *testing.T, replicas int) (*redistest.Cluster, *testcaddy.Caddy, string, map[string][]string) {
+	t.Helper()
+	cl := redistest.NewClusterOf(t, 3, replicas, "--cluster-require-full-coverage", "no")
 	prefix := fmt.Sprintf("chaos%d:", time.Now().UnixNano())
 	c := testcaddy.Start(t, chaosSite(prefix, cl.Addrs()...))
 	rc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
 	defer rc.Close()
-	byMaster := keysByMaster(t, rc, prefix, 200)
+	return cl, c, prefix, keysByMaster(t, rc, prefix, 200)
+}
+
+// TestChaosMasterKilled: a master SIGKILLed under load. Only its keys go
+// to the failure mode, until its replica takes over; the other masters'
+// keys keep exact Redis decisions.
+func TestChaosMasterKilled(t *testing.T) {
+	cl, c, prefix, byMaster := chaosCluster(t, 1)
 	var dead string
 	for m := range byMaster {
 		dead = m
@@ -252,12 +260,7 @@ func assertHealthy(t *testing.T, healthy []result, since time.Duration) {
 // node), the breaker opens for that node only, and the others' keys are
 // decided by Redis.
 func TestChaosMasterHung(t *testing.T) {
-	cl := redistest.NewClusterOf(t, 3, 0, "--cluster-require-full-coverage", "no")
-	prefix := fmt.Sprintf("hung%d:", time.Now().UnixNano())
-	c := testcaddy.Start(t, chaosSite(prefix, cl.Addrs()...))
-	rc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
-	defer rc.Close()
-	byMaster := keysByMaster(t, rc, prefix, 200)
+	cl, c, _, byMaster := chaosCluster(t, 0)
 	var hung string
 	var keys []string
 	for m, ks := range byMaster {
