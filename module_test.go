@@ -15,6 +15,8 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 )
 
 // FuzzServeHTTP: whatever the headers (token, API key, client address,
@@ -142,6 +144,19 @@ func BenchmarkServeHTTP(b *testing.B) {
 			}
 		})
 	}
+	b.Run("redis_standalone", func(b *testing.B) {
+		h := &Handler{Zones: map[string]*Zone{"bench_a": {Key: "{http.request.header.X-Key}", Rate: "1000000r/s"}},
+			Redis: &RedisConfig{Addresses: []string{redistest.StandaloneAddr(b)}}}
+		if err := provision(b, h); err != nil {
+			b.Fatal(err)
+		}
+		h.logger = infoLogger()
+		s := newBenchServer(b, h, http.StatusOK)
+		b.ReportAllocs()
+		for b.Loop() {
+			s.serve(b)
+		}
+	})
 	for _, name := range []string{"caddy_request", "caddy_request_no_handler"} {
 		b.Run(name, func(b *testing.B) {
 			h := benchHandler(b, "bench", "{http.request.header.X-Key}", 1, "1000000r/s")

@@ -22,6 +22,10 @@
 # run (vegeta) at half of plain's peak gives the p99 of plain and of the
 # cluster route.
 #
+# PROFILE=<route> also takes a CPU profile of Caddy (from its admin
+# endpoint's /debug/pprof/) during that route's first run, and writes it to
+# bench/<route>.pprof (read it with `go tool pprof -top caddy bench/<route>.pprof`).
+#
 # Installs wrk and redis-server (Debian packages) and vegeta (go install)
 # when missing, builds ./caddy with xcaddy, sends traffic to 127.0.0.1
 # only, and stops what it started, by PID.
@@ -174,7 +178,11 @@ redis_of() { # route -> the Redis servers it uses (masters and replicas alike)
 }
 
 run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
-	local out="$TMP/$2.$1.txt" c0 r0
+	local out="$TMP/$2.$1.txt" c0 r0 prof=""
+	if [ "$1" = 1 ] && [ "$2" = "${PROFILE:-}" ]; then
+		curl -s -o "bench/$2.pprof" "http://127.0.0.1:$ADMIN/debug/pprof/profile?seconds=$((DURATION > 1 ? DURATION - 1 : 1))" &
+		prof=$!
+	fi
 	c0=$(caddy_cpu "$2") r0=$(redis_cpu "$(redis_of "$2")")
 	KEYS=$(keys_of "$2") wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$TMP/keys.lua" "http://127.0.0.1:${PORT[$2]}/" >"$out"
 	local rps p99 non2xx reqs ccpu rcpu
@@ -188,6 +196,7 @@ run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 		"$(awk -v c="$ccpu" -v n="$reqs" 'BEGIN { printf "%.1f", c * 1e6 / n }')" \
 		"$(awk -v c="$rcpu" -v n="$reqs" 'BEGIN { printf "%.1f", c * 1e6 / n }')"
 	echo "$rps" >"$TMP/$2.$1"
+	[ -z "$prof" ] || wait "$prof" # the profile
 }
 
 echo "wrk -t2 -c$CONNS -d${DURATION}s, $REPS interleaved reps; caddy $(./caddy version | cut -d' ' -f1); $(nproc) cores"

@@ -109,11 +109,23 @@ func (s *RedisStore) Close() error {
 
 // scriptRun is one run of an algorithm's script: the requests of that
 // algorithm whose keys share a hash slot, by their index in the requests
-// that scriptRuns grouped, and their Redis keys, in the same order.
+// that scriptRuns grouped, and their Redis keys, in the same order. args
+// is room for its command's arguments (see evalCmd), and reply, once run
+// has run it, the script's reply.
 type scriptRun struct {
 	script *luaScript
 	idx    []int
 	keys   []string
+	args   []any
+	reply  []int64
+}
+
+// oneRun is the script run of a single request (the common case), with
+// its key and the room for its arguments: one allocation for all three.
+type oneRun struct {
+	run  [1]scriptRun
+	key  [1]string
+	args [5 + 1 + argsPerKey]any
 }
 
 // RefundError reports that a request refused by one zone was refused, but
@@ -134,15 +146,14 @@ func (e *RefundError) Unwrap() error { return e.Err }
 func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]Decision, error) {
 	start := time.Now()
 	runs := s.scriptRuns(reqs)
-	replies, err := s.run(ctx, runs, now, "take", reqs)
-	if err != nil {
+	if err := s.run(ctx, runs, now, "take", reqs); err != nil {
 		s.reloadTopology(err)
 		return nil, err
 	}
 	decisions := make([]Decision, len(reqs))
 	allowed := true
 	for i, sr := range runs {
-		ok, err := decode(replies[i], sr.idx, reqs, decisions)
+		ok, err := decode(runs[i].reply, sr.idx, reqs, decisions)
 		if err != nil {
 			return nil, err
 		}
@@ -156,7 +167,7 @@ func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]De
 			defer cancel()
 		}
 		// At the take's time: a window may have turned since (see refund).
-		if err := s.refund(ctx, now, runs, replies, reqs); err != nil {
+		if err := s.refund(ctx, now, runs, reqs); err != nil {
 			return decisions, &RefundError{err}
 		}
 	}
@@ -183,8 +194,11 @@ var firstIndex = []int{0}
 // run per algorithm and hash slot (that is, per client key).
 func (s *RedisStore) scriptRuns(reqs []Request) []scriptRun {
 	if len(reqs) == 1 { // the common case, without the grouping
-		r := reqs[0]
-		return []scriptRun{{script: scripts[min(int(r.Policy.Algorithm), len(scripts)-1)], idx: firstIndex, keys: []string{s.key(r)}}}
+		r, one := reqs[0], new(oneRun)
+		one.key[0] = s.key(r)
+		one.run[0] = scriptRun{script: scripts[min(int(r.Policy.Algorithm), len(scripts)-1)], idx: firstIndex,
+			keys: one.key[:], args: one.args[:0]}
+		return one.run[:]
 	}
 	type group struct {
 		a   Algorithm
@@ -210,13 +224,13 @@ func (s *RedisStore) scriptRuns(reqs []Request) []scriptRun {
 }
 
 // run runs the script runs with EVALSHA, each in its node's next pipeline
-// (see batcher: automatic pipelining), and returns their replies in order.
+// (see batcher: automatic pipelining), and sets each run's reply.
 // Commands that did not run are sent again alone: after NOSCRIPT as EVAL,
 // after MOVED or ASK through the cluster client, which follows redirects.
 // No script is sent twice (see onceCmd). Calls to a node whose breaker is
 // open are not sent, but releases always are; the outcome of every call
 // is recorded by its node's breaker. An error is a *NodeError.
-func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string, reqs []Request) ([]any, error) {
+func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string, reqs []Request) error {
 	// One run (the common case) needs no slices on the heap.
 	var nodesOne [1]string
 	var clientsOne [1]redis.Cmdable
@@ -230,35 +244,34 @@ func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string
 	s.route(ctx, runs, nodes, clients)
 	if !givesBack(mode) {
 		if err := s.breakers.admit(nodes, s.now()); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for i, sr := range runs {
-		cmds[i] = evalCmd(ctx, sr, true, now, mode, reqs)
+		cmds[i] = evalCmd(ctx, sr, true, now, mode, reqs, sr.args)
 	}
 	if answered, err := s.batch.do(ctx, nodes, clients, cmds); err != nil {
-		return nil, s.timedOut(nodes, cmds, answered, err, mode)
+		return s.timedOut(nodes, cmds, answered, err, mode)
 	}
-	replies := make([]any, len(runs))
 	for i, cmd := range cmds {
 		if err := cmd.Err(); err != nil && (isRedirect(err) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
 			cmd = s.resend(ctx, runs[i], cmd, now, mode, reqs)
-			replies[i], errs[i] = cmd.Result()
+			runs[i].reply, errs[i] = cmd.Result()
 			s.breakers.settle(nodes[i:i+1], []error{nil}, s.now(), true) // the node answered
 			if err := errs[i]; err != nil {
-				return nil, &NodeError{Err: err} // from another node: counted by none
+				return &NodeError{Err: err} // from another node: counted by none
 			}
 			continue
 		}
-		replies[i], errs[i] = cmd.Result()
+		runs[i].reply, errs[i] = cmd.Result()
 	}
 	s.breakers.settle(nodes, errs, s.now(), !givesBack(mode))
 	for i, err := range errs {
 		if err != nil {
-			return nil, &NodeError{Node: nodes[i], Err: err}
+			return &NodeError{Node: nodes[i], Err: err}
 		}
 	}
-	return replies, nil
+	return nil
 }
 
 // givesBack reports whether mode gives back what was taken (a release of
@@ -291,10 +304,10 @@ func (s *RedisStore) timedOut(nodes []string, cmds []onceCmd, answered []bool, e
 // then as EVAL, with the script's source).
 func (s *RedisStore) resend(ctx context.Context, sr scriptRun, cmd onceCmd, now, mode string, reqs []Request) onceCmd {
 	sha := !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT")
-	cmd = evalCmd(ctx, sr, sha, now, mode, reqs)
+	cmd = evalCmd(ctx, sr, sha, now, mode, reqs, nil)
 	_ = s.client.Process(ctx, cmd)
 	if sha && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") { // moved to a node without the script
-		cmd = evalCmd(ctx, sr, false, now, mode, reqs)
+		cmd = evalCmd(ctx, sr, false, now, mode, reqs, nil)
 		_ = s.client.Process(ctx, cmd)
 	}
 	return cmd
@@ -336,17 +349,16 @@ func (s *RedisStore) nodes(ctx context.Context, runs []scriptRun) []string {
 // its own reply gave (its node's clock, so that a refund finds the window
 // it charged whatever the other nodes' clocks say). Runs of one time share
 // a round trip.
-func (s *RedisStore) refund(ctx context.Context, now string, runs []scriptRun, replies []any, reqs []Request) error {
+func (s *RedisStore) refund(ctx context.Context, now string, runs []scriptRun, reqs []Request) error {
 	var times []string
 	charged := map[string][]scriptRun{}
-	for i, sr := range runs {
-		ints, _ := replyInts(replies[i], 2+replyPerKey*len(sr.idx))
-		if ints[1] != 1 {
+	for _, sr := range runs {
+		if len(sr.reply) < 2 || sr.reply[1] != 1 { // decode checked the length
 			continue
 		}
 		at := now
 		if at == "" {
-			at = strconv.FormatInt(ints[0], 10)
+			at = strconv.FormatInt(sr.reply[0], 10)
 		}
 		if _, ok := charged[at]; !ok {
 			times = append(times, at)
@@ -355,7 +367,7 @@ func (s *RedisStore) refund(ctx context.Context, now string, runs []scriptRun, r
 	}
 	var errs []error
 	for _, at := range times {
-		if _, err := s.run(ctx, charged[at], at, "refund", reqs); err != nil {
+		if err := s.run(ctx, charged[at], at, "refund", reqs); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -390,8 +402,7 @@ func (s *RedisStore) leases(ctx context.Context, mode string, reqs []Request) er
 	if len(held) == 0 {
 		return nil
 	}
-	_, err := s.run(ctx, s.scriptRuns(held), "", mode, held)
-	return err
+	return s.run(ctx, s.scriptRuns(held), "", mode, held)
 }
 
 // Peek tells the state of req's bucket (see Store.Peek): its script runs
@@ -400,12 +411,11 @@ func (s *RedisStore) Peek(ctx context.Context, req Request) (Decision, error) {
 	req.Cost, req.ID = 0, ""
 	reqs := []Request{req}
 	runs := s.scriptRuns(reqs)
-	replies, err := s.run(ctx, runs, "", "peek", reqs)
-	if err != nil {
+	if err := s.run(ctx, runs, "", "peek", reqs); err != nil {
 		return Decision{}, err
 	}
 	decisions := make([]Decision, 1)
-	_, err = decode(replies[0], runs[0].idx, reqs, decisions)
+	_, err := decode(runs[0].reply, runs[0].idx, reqs, decisions)
 	return decisions[0], err
 }
 

@@ -2,6 +2,8 @@ package limiter
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,7 +34,12 @@ func BenchmarkRedisTake(b *testing.B) {
 }
 
 func benchTake(b *testing.B, s Store, zones int) {
-	p := Policy{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
+	benchTakePolicy(b, s, zones, Policy{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000})
+}
+
+// benchTakePolicy takes from s for zones zones of policy p, each keyed by
+// one of 1,024 keys, from 16 goroutines.
+func benchTakePolicy(b *testing.B, s Store, zones int, p Policy) {
 	keys := make([]string, 1024)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("10.0.%d.%d", i/256, i%256)
@@ -58,4 +65,58 @@ func benchTake(b *testing.B, s Store, zones int) {
 			i++
 		}
 	})
+}
+
+// BenchmarkRedisScript measures what a decision costs Redis: the CPU time
+// of one script run, by algorithm, from the server's INFO commandstats
+// (the EVALSHA line's usec per call), reported as redis-µs/op. The store
+// takes from 16 goroutines on 1,024 keys of a standalone Redis, so the
+// runs come in pipelines, as under load.
+func BenchmarkRedisScript(b *testing.B) {
+	algorithms := []struct {
+		name string
+		p    Policy
+	}{
+		{"token_bucket", Policy{Algorithm: TokenBucket, Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}},
+		{"leaky_bucket", Policy{Algorithm: LeakyBucket, Rate: 1_000_000, Period: time.Second, Burst: 1_000_000, NoDelay: true}},
+		{"fixed_window", Policy{Algorithm: FixedWindow, Rate: 1_000_000_000, Period: time.Minute}},
+		{"sliding_window_counter", Policy{Algorithm: SlidingWindowCounter, Rate: 1_000_000_000, Period: time.Minute}},
+		{"sliding_window_log", Policy{Algorithm: SlidingWindowLog, Rate: 1_000, Period: time.Second}},
+	}
+	for _, a := range algorithms {
+		b.Run(a.name, func(b *testing.B) {
+			c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(b)})
+			s := newRedisStore(b, c)
+			before := evalshaUsec(b, c)
+			benchTakePolicy(b, s, 1, a.p)
+			after := evalshaUsec(b, c)
+			if calls := after[1] - before[1]; calls > 0 {
+				b.ReportMetric(float64(after[0]-before[0])/float64(calls), "redis-µs/op")
+			}
+		})
+	}
+}
+
+// evalshaUsec is the EVALSHA line of c's INFO commandstats: usec and calls.
+func evalshaUsec(b *testing.B, c *redis.Client) [2]int64 {
+	info, err := c.Info(b.Context(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var v [2]int64
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:"); ok {
+			for _, f := range strings.Split(strings.TrimSpace(rest), ",") {
+				name, val, _ := strings.Cut(f, "=")
+				n, _ := strconv.ParseInt(val, 10, 64)
+				switch name {
+				case "usec":
+					v[0] = n
+				case "calls":
+					v[1] = n
+				}
+			}
+		}
+	}
+	return v
 }

@@ -246,22 +246,20 @@ func testRefundKeepsNewerState(t *testing.T, s *RedisStore, p Policy, clients []
 	ctx := t.Context()
 	var reqs []Request
 	var runs []scriptRun
-	var replies []any
 	for i, c := range clients {
 		r := Request{Zone: "z", Key: fmt.Sprint("client-", i), Policy: p, Cost: 3}
 		reqs = append(reqs, r)
-		sr := scriptRun{script: scripts[p.Algorithm], idx: []int{i}, keys: []string{s.key(r)}}
-		rep, err := s.run(ctx, []scriptRun{sr}, fmt.Sprint(t0.Add(c.charge).UnixMicro()), "take", reqs)
-		if err != nil {
+		sr := []scriptRun{{script: scripts[p.Algorithm], idx: []int{i}, keys: []string{s.key(r)}}}
+		if err := s.run(ctx, sr, fmt.Sprint(t0.Add(c.charge).UnixMicro()), "take", reqs); err != nil {
 			t.Fatal(err)
 		}
-		runs, replies = append(runs, sr), append(replies, rep[0])
+		runs = append(runs, sr[0])
 		r.Cost = 2
 		if d, err := s.TakeAt(ctx, t0.Add(c.other), []Request{r}); err != nil || !d[0].Allowed {
 			t.Fatalf("client %d: the request after the charge: %+v, %v", i, d, err)
 		}
 	}
-	if err := s.refund(ctx, "", runs, replies, reqs); err != nil {
+	if err := s.refund(ctx, "", runs, reqs); err != nil {
 		t.Fatal(err)
 	}
 	for i, c := range clients {
@@ -288,7 +286,7 @@ func TestRedisRefundHugeCost(t *testing.T) {
 	r.Cost = math.MaxInt64
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer cancel()
-	if _, err := s.run(ctx, s.scriptRuns([]Request{r}), fmt.Sprint(t0.UnixMicro()), "refund", []Request{r}); err != nil {
+	if err := s.run(ctx, s.scriptRuns([]Request{r}), fmt.Sprint(t0.UnixMicro()), "refund", []Request{r}); err != nil {
 		t.Fatalf("refund of cost %d: %v", r.Cost, err)
 	}
 	r.Cost, r.ID = 1, "b"

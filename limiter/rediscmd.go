@@ -15,19 +15,25 @@ import (
 
 // evalCmd is the command of sr: an EVALSHA, or an EVAL (with the script's
 // source) when sha is false, of its keys, then the time, the mode, and the
-// arguments of each key.
-func evalCmd(ctx context.Context, sr scriptRun, sha bool, now, mode string, reqs []Request) onceCmd {
-	a := make([]any, 0, 5+len(sr.keys)+argsPerKey*len(sr.idx))
+// arguments of each key. Its arguments go in buf when it has the room (a
+// command's arguments are read until it is sent: buf must not serve two
+// commands that may be in flight at once); the keys are passed as
+// pointers into sr.keys, which must not change until then either.
+func evalCmd(ctx context.Context, sr scriptRun, sha bool, now, mode string, reqs []Request, buf []any) onceCmd {
+	a := buf[:0]
+	if n := 5 + len(sr.keys) + argsPerKey*len(sr.idx); cap(a) < n {
+		a = make([]any, 0, n)
+	}
 	if sha {
 		a = append(a, "evalsha", sr.script.sha)
 	} else {
 		a = append(a, "eval", sr.script.src)
 	}
 	a = append(a, len(sr.keys))
-	for _, k := range sr.keys {
-		a = append(a, k)
+	for i := range sr.keys {
+		a = append(a, &sr.keys[i]) // a pointer: no copy of the string on the heap
 	}
-	a = append(a, now, mode)
+	a = append(a, now, modeArg(mode))
 	for _, i := range sr.idx {
 		p := reqs[i].Policy
 		period := p.Period.Microseconds()
@@ -41,7 +47,20 @@ func evalCmd(ctx context.Context, sr scriptRun, sha bool, now, mode string, reqs
 		pa := policyArgs(p.Rate, period, p.Burst)
 		a = append(a, pa[0], pa[1], pa[2], reqs[i].Cost, nodelay, reqs[i].ID)
 	}
-	return onceCmd{redis.NewCmd(ctx, a...)}
+	return onceCmd{redis.NewIntSliceCmd(ctx, a...)}
+}
+
+// modeArgs are the scripts' modes as command arguments.
+var modeArgs = map[string]any{"take": "take", "refund": "refund", "peek": "peek", "release": "release",
+	"renew": "renew", "charge": "charge"}
+
+// modeArg is mode as a command argument, without an allocation for the
+// modes the store uses.
+func modeArg(mode string) any {
+	if v, ok := modeArgs[mode]; ok {
+		return v
+	}
+	return mode
 }
 
 // boxedPolicies holds the rate, period and burst of policies as command
@@ -87,21 +106,13 @@ func replyInts(v any, n int) ([]int64, error) {
 
 // decode fills the decisions of the requests idx from a script reply and
 // reports whether the run allowed them all.
-func decode(v any, idx []int, reqs []Request, decisions []Decision) (bool, error) {
-	list, ok := v.([]any)
-	if !ok || len(list) != 2+replyPerKey*len(idx) {
-		_, err := replyInts(v, 2+replyPerKey*len(idx))
-		return false, err
+func decode(list []int64, idx []int, reqs []Request, decisions []Decision) (bool, error) {
+	if want := 2 + replyPerKey*len(idx); len(list) != want {
+		return false, fmt.Errorf("%w: %d integers, want %d", errReply, len(list), want)
 	}
-	var head [2]int64
-	if err := readInts(list[:2], head[:]); err != nil {
-		return false, err
-	}
-	var r [replyPerKey]int64
+	head := list[:2]
 	for j, i := range idx {
-		if err := readInts(list[2+replyPerKey*j:2+replyPerKey*(j+1)], r[:]); err != nil {
-			return false, err
-		}
+		r := list[2+replyPerKey*j : 2+replyPerKey*(j+1)]
 		decisions[i] = Decision{
 			Allowed:    r[0] == 1,
 			Limit:      reqs[i].Policy.Limit(),
@@ -113,16 +124,4 @@ func decode(v any, idx []int, reqs []Request, decisions []Decision) (bool, error
 		}
 	}
 	return head[1] == 1, nil
-}
-
-// readInts reads the integers of list into dst, which has its length.
-func readInts(list []any, dst []int64) error {
-	for k, x := range list {
-		n, ok := x.(int64)
-		if !ok {
-			return fmt.Errorf("%w: element %d is %T", errReply, k, x)
-		}
-		dst[k] = n
-	}
-	return nil
 }

@@ -242,7 +242,7 @@ func TestProbeOfAnAnsweringNodeSettles(t *testing.T) {
 	if err := s.breakers.admit([]string{a, b}, t1); err != nil {
 		t.Fatal(err)
 	}
-	cmds := []onceCmd{{redis.NewCmd(t.Context())}, {redis.NewCmd(t.Context())}}
+	cmds := []onceCmd{{redis.NewIntSliceCmd(t.Context())}, {redis.NewIntSliceCmd(t.Context())}}
 	_ = s.timedOut([]string{a, b}, cmds, []bool{true, false}, context.DeadlineExceeded, "take")
 	if s.Breaker(a).Open() {
 		t.Fatal("the node that answered its probe is still open")

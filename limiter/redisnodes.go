@@ -73,7 +73,7 @@ func Unavailable(err error) bool {
 // client retries network errors on its own (up to MaxRedirects, whatever
 // MaxRetries says) unless the command says NoRetry. MOVED and ASK replies,
 // which mean the script did not run, are still followed.
-type onceCmd struct{ *redis.Cmd }
+type onceCmd struct{ *redis.IntSliceCmd }
 
 // NoRetry tells go-redis not to retry the command.
 func (onceCmd) NoRetry() bool { return true }

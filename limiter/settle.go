@@ -185,14 +185,13 @@ func (s *RedisStore) settle(ctx context.Context, now, mode string, reqs []Reques
 		sub[j] = reqs[i]
 	}
 	runs := s.scriptRuns(sub)
-	replies, err := s.run(ctx, runs, now, mode, sub)
-	if err != nil {
+	if err := s.run(ctx, runs, now, mode, sub); err != nil {
 		s.reloadTopology(err)
 		return err
 	}
 	d := make([]Decision, len(sub))
 	for i, sr := range runs {
-		if _, err := decode(replies[i], sr.idx, sub, d); err != nil {
+		if _, err := decode(runs[i].reply, sr.idx, sub, d); err != nil {
 			return err
 		}
 	}
