@@ -127,24 +127,32 @@ const maxReleaseRetries = 10000
 const releaseRetryEvery = 250 * time.Millisecond
 
 // releaseRetries are the releases of concurrency slots that Redis did not
-// take, tried again by one goroutine per backend until Redis takes them or
-// their leases expire. Slots stay taken meanwhile, so the client is limited
-// a little longer, never less.
+// take, tried again until Redis takes them or their leases expire. Slots
+// stay taken meanwhile, so the client is limited a little longer, never
+// less.
+//
+// One goroutine per backend tries them in rounds, releaseRetryEvery apart
+// while any are left. A round tries every pending release at once, with
+// one call per Redis node, so that the releases bound for a node that does
+// not answer never hold back the others: a release waits at most one round
+// (the timeout) and releaseRetryEvery after its node answers again.
 type releaseRetries struct {
 	store   *limiter.RedisStore
 	timeout time.Duration
-	pending chan pendingRelease
+	now     func() time.Time
+	pending chan pendingRelease // the releases that failed, not yet tried again
 	done    chan struct{}
 	once    sync.Once
 }
 
+// pendingRelease is the release of one request's slots in one zone.
 type pendingRelease struct {
-	reqs  []limiter.Request
-	until time.Time // when the shortest lease expires by itself
+	req   limiter.Request
+	until time.Time // when its lease expires by itself
 }
 
 func newReleaseRetries(store *limiter.RedisStore, timeout time.Duration) *releaseRetries {
-	r := &releaseRetries{store: store, timeout: timeout,
+	r := &releaseRetries{store: store, timeout: timeout, now: time.Now,
 		pending: make(chan pendingRelease, maxReleaseRetries), done: make(chan struct{})}
 	go r.loop()
 	return r
@@ -153,30 +161,31 @@ func newReleaseRetries(store *limiter.RedisStore, timeout time.Duration) *releas
 // add queues the release of reqs, which just failed; when the queue is
 // full, the leases are left to expire.
 func (r *releaseRetries) add(reqs []limiter.Request) {
-	lease := reqs[0].Policy.Lease
-	for _, q := range reqs[1:] {
-		lease = min(lease, q.Policy.Lease)
-	}
-	r.push(pendingRelease{reqs: reqs, until: time.Now().Add(lease)})
-}
-
-func (r *releaseRetries) push(p pendingRelease) {
-	select {
-	case r.pending <- p:
-	default:
+	now := r.now()
+	for _, q := range reqs {
+		select {
+		case r.pending <- pendingRelease{req: q, until: now.Add(q.Policy.Lease)}:
+		default:
+		}
 	}
 }
 
+// loop waits for releases to try again, and tries them in rounds until
+// none is left.
 func (r *releaseRetries) loop() {
+	var left []pendingRelease
 	for {
 		select {
 		case <-r.done:
 			return
 		case p := <-r.pending:
-			if r.retry(p) {
-				continue
+			left = append(left, p)
+		}
+		for len(left) > 0 {
+			left = r.round(r.drain(left))
+			if len(left) == 0 {
+				break
 			}
-			r.push(p) // again, later
 			select {
 			case <-r.done:
 				return
@@ -186,15 +195,52 @@ func (r *releaseRetries) loop() {
 	}
 }
 
-// retry releases p once more; true when done with it (released, or its
-// leases expired).
-func (r *releaseRetries) retry(p pendingRelease) bool {
-	if time.Now().After(p.until) {
-		return true
+// drain appends to left the releases queued meanwhile, up to
+// maxReleaseRetries in all (the others are left to their leases).
+func (r *releaseRetries) drain(left []pendingRelease) []pendingRelease {
+	for len(left) < maxReleaseRetries {
+		select {
+		case p := <-r.pending:
+			left = append(left, p)
+		default:
+			return left
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
-	defer cancel()
-	return r.store.Release(ctx, p.reqs) == nil
+	return left
+}
+
+// round tries each release of ps once, all of a node's in one call, the
+// nodes' calls at once, and returns those still to try: the releases that
+// failed and whose leases have not expired yet.
+func (r *releaseRetries) round(ps []pendingRelease) []pendingRelease {
+	now := r.now()
+	byNode := map[string][]pendingRelease{}
+	for _, p := range ps {
+		if now.Before(p.until) {
+			node := r.store.Node(context.Background(), p.req)
+			byNode[node] = append(byNode[node], p)
+		}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var left []pendingRelease
+	for _, ps := range byNode {
+		wg.Go(func() {
+			reqs := make([]limiter.Request, len(ps))
+			for i, p := range ps {
+				reqs[i] = p.req
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
+			defer cancel()
+			if r.store.Release(ctx, reqs) != nil {
+				mu.Lock()
+				left = append(left, ps...)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return left
 }
 
 // stop ends the goroutine; queued releases are left to their leases.

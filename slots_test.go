@@ -1,16 +1,19 @@
 package ratelimit
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
@@ -160,5 +163,87 @@ func TestRefusedRenewsNoLeases(t *testing.T) {
 	}
 	if code := end(); code != http.StatusOK {
 		t.Fatalf("held request: status %d", code)
+	}
+}
+
+// TestReleaseRetriesPerNode: the releases that a node did not take are
+// tried again as soon as that node answers, even while releases bound for
+// a node that still does not answer wait too: one dead shard does not hold
+// back the slots of the others.
+func TestReleaseRetriesPerNode(t *testing.T) {
+	c := redistest.NewClusterOf(t, 3, 0)
+	h := concurrencyHandler(t, c.Addrs(), 5*time.Minute)
+	byNode := map[string][]string{} // client keys by the master that holds their slots
+	dead := h.backend.redis.Node(t.Context(), h.zones[0].bucket("k0"))
+	for i := 0; len(byNode) < 3 || len(byNode[dead]) < 4; i++ {
+		key := fmt.Sprint("k", i)
+		node := h.backend.redis.Node(t.Context(), h.zones[0].bucket(key))
+		byNode[node] = append(byNode[node], key)
+	}
+	var back string // a node that comes back
+	for node := range byNode {
+		if node != dead {
+			back = node
+		}
+	}
+	deadKeys, backKey := byNode[dead][:4], byNode[back][0]
+	var ends []func() int
+	for _, key := range append(deadKeys, backKey) {
+		ends = append(ends, hold(t, h, key))
+	}
+	c.Server(dead).Pause() // its releases time out
+	t.Cleanup(c.Server(dead).Resume)
+	unbusy := busy(t, back) // its releases are refused (BUSY), not run later
+	endAll(t, ends[:4])     // their releases fail, and are tried again
+	endAll(t, ends[4:])     // after them
+	unbusy()
+	resumed := time.Now()
+	for time.Since(resumed) < 2500*time.Millisecond {
+		if serve(h, keyRequest(backKey)).Code == http.StatusOK {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("the slot of %s (node %s, back for %v) is still taken, while node %s does not answer",
+		backKey, back, time.Since(resumed).Round(time.Millisecond), dead)
+}
+
+// busy keeps the Redis server at addr running a script, so that it
+// answers every other command with BUSY (and runs none) until the
+// returned function kills the script.
+func busy(t *testing.T, addr string) (stop func()) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: -1})
+	t.Cleanup(func() { c.Close() })
+	if err := c.ConfigSet(t.Context(), "busy-reply-threshold", "10").Err(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.Eval(context.Background(), "while true do end", nil)
+	}()
+	for c.Ping(t.Context()).Err() == nil || !strings.HasPrefix(c.Ping(t.Context()).Err().Error(), "BUSY") {
+		time.Sleep(10 * time.Millisecond)
+	}
+	return func() {
+		if err := c.ScriptKill(t.Context()).Err(); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+	}
+}
+
+// endAll ends held requests at once, and waits for their ends.
+func endAll(t *testing.T, ends []func() int) {
+	t.Helper()
+	codes := make(chan int, len(ends))
+	for _, end := range ends {
+		go func() { codes <- end() }()
+	}
+	for range ends {
+		if code := <-codes; code != http.StatusOK {
+			t.Fatalf("held request: status %d", code)
+		}
 	}
 }

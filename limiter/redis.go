@@ -335,6 +335,13 @@ func (s *RedisStore) route(ctx context.Context, runs []scriptRun, nodes []string
 	}
 }
 
+// Node is the address of the Redis cluster master that holds req's state
+// by the client's slot map: "" outside a cluster, or when the map has no
+// answer yet.
+func (s *RedisStore) Node(ctx context.Context, req Request) string {
+	return s.nodes(ctx, s.scriptRuns([]Request{req}))[0]
+}
+
 // nodes are the addresses of the cluster masters that runs go to (see
 // route); outside a cluster, "" for each.
 func (s *RedisStore) nodes(ctx context.Context, runs []scriptRun) []string {
