@@ -243,7 +243,7 @@ var redisOptions = withStringOptions(map[string]func(*caddyfile.Dispenser, *Redi
 		c.TLS = new(RedisTLS)
 		return c.TLS.UnmarshalCaddyfile(d.NewFromNextSegment())
 	},
-}, "master_name", "username", "password")
+}, "master_name", "username", "password", "key_secret")
 
 func parseKeyPrefix(d *caddyfile.Dispenser, c *RedisConfig) error {
 	if err := oneArg(d, &c.KeyPrefix); err != nil {

@@ -274,6 +274,7 @@ func TestCaddyfileRedis(t *testing.T) {
 			username    limiter
 			password    {env.REDIS_PASSWORD}
 			key_prefix  gw:
+			key_secret  {env.RL_KEY_SECRET}
 			pool_size   20
 			timeout     50ms
 			tls {
@@ -293,7 +294,7 @@ func TestCaddyfileRedis(t *testing.T) {
 	}
 	for _, want := range []string{
 		`"on_store_error":{"instances":3,"mode":"local"}`,
-		`"redis":{"addresses":["10.0.0.1:6379","10.0.0.2:6379","10.0.0.3:6379"],"key_prefix":"gw:","password":"{env.REDIS_PASSWORD}","pool_size":20,"timeout":50000000,"tls":{"ca":"/etc/redis/ca.pem","server_name":"redis.internal"},"username":"limiter"}`,
+		`"redis":{"addresses":["10.0.0.1:6379","10.0.0.2:6379","10.0.0.3:6379"],"key_prefix":"gw:","key_secret":"{env.RL_KEY_SECRET}","password":"{env.REDIS_PASSWORD}","pool_size":20,"timeout":50000000,"tls":{"ca":"/etc/redis/ca.pem","server_name":"redis.internal"},"username":"limiter"}`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("adapted config lacks\n%s\nin\n%s", want, out)

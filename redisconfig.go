@@ -52,6 +52,16 @@ type RedisConfig struct {
 	// { or }. Default: "rl:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
+	// KeySecret, a secret of at least 16 characters shared by every Caddy
+	// instance of the fleet, keys the digest that names a client's buckets
+	// in Redis (HMAC-SHA-256 instead of SHA-256). Without it, anyone can
+	// compute which Redis Cluster hash slot a client key lands in, and so
+	// choose keys (API keys, addresses) that all land on one shard, to load
+	// it alone. Changing it starts every bucket afresh. It may use
+	// placeholders such as {env.RL_KEY_SECRET}; one that resolves to
+	// nothing is an error. Default: none (SHA-256).
+	KeySecret string `json:"key_secret,omitempty"`
+
 	// PoolSize is the largest number of connections per Redis node.
 	// Default: 10 per CPU (go-redis's default).
 	PoolSize int `json:"pool_size,omitempty"`
@@ -99,6 +109,25 @@ const defaultLocalCache = 10000
 
 // localCacheMaxAge bounds how long a refusal is answered locally.
 const localCacheMaxAge = 5 * time.Second
+
+// minKeySecret is the shortest RedisConfig.KeySecret.
+const minKeySecret = 16
+
+// keyHasher is the hasher of the client keys' digests: keyed by KeySecret
+// when set, else nil (SHA-256); nil without Redis.
+func (c *RedisConfig) keyHasher() (*limiter.KeyHasher, error) {
+	if c == nil || c.KeySecret == "" {
+		return nil, nil
+	}
+	secret := caddy.NewReplacer().ReplaceKnown(c.KeySecret, "")
+	switch {
+	case secret == "":
+		return nil, fmt.Errorf("redis: key_secret %q resolves to nothing (an unset environment variable?)", c.KeySecret)
+	case len(secret) < minKeySecret:
+		return nil, fmt.Errorf("redis: key_secret: at least %d characters, not %d", minKeySecret, len(secret))
+	}
+	return limiter.NewKeyHasher(secret), nil
+}
 
 // defaultRedisTimeout is RedisConfig.Timeout when unset.
 const defaultRedisTimeout = 100 * time.Millisecond

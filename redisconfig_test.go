@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -196,5 +197,58 @@ func TestPoolKeyFollowsTLSFiles(t *testing.T) {
 	copyFile(renewed.Key, files.Key)
 	if afterCert := key(); afterCA == first || afterCert == afterCA {
 		t.Fatalf("pool keys %s, then %s (new CA), then %s (new cert and key); want three", first, afterCA, afterCert)
+	}
+}
+
+// TestKeySecret: with key_secret, a client's buckets are named by a keyed
+// digest, not by the SHA-256 that anyone can compute (which would let
+// clients choose keys that all land on one shard); instances that share
+// the secret share the buckets, and another secret names other buckets.
+func TestKeySecret(t *testing.T) {
+	addr := redistest.StandaloneAddr(t)
+	prefix := fmt.Sprintf("ks%x:", rand.Uint64())
+	secret := strings.Repeat("s", 16)
+	gateway := func(secret string) *Handler {
+		h := &Handler{
+			Zones:        map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Burst: "2"}},
+			Redis:        &RedisConfig{Addresses: []string{addr}, KeyPrefix: prefix, KeySecret: secret},
+			OnStoreError: &StoreErrorPolicy{Mode: "deny"},
+		}
+		if err := provision(t, h); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	a, b, other := gateway(secret), gateway(secret), gateway(strings.Repeat("o", 16))
+	for i, h := range []*Handler{a, b, a} {
+		want := []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests}[i]
+		if w := serve(h, keyRequest("client")); w.Code != want {
+			t.Fatalf("request %d through the gateways that share the secret: status %d; want %d", i+1, w.Code, want)
+		}
+	}
+	if w := serve(other, keyRequest("client")); w.Code != http.StatusOK {
+		t.Fatalf("through a gateway with another secret: status %d; want 200 (its own bucket)", w.Code)
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	keyed := limiter.RedisKey(prefix, "api", limiter.NewKeyHasher(secret).Sum("client"))
+	plain := limiter.RedisKey(prefix, "api", limiter.KeyHash("client"))
+	if n, err := c.Exists(t.Context(), keyed, plain).Result(); err != nil || n != 1 || c.Exists(t.Context(), plain).Val() != 0 {
+		t.Fatalf("keys in Redis: %d of %s (keyed) and %s (SHA-256 alone), %v; want the keyed one alone", n, keyed, plain, err)
+	}
+}
+
+func TestKeySecretErrors(t *testing.T) {
+	t.Setenv("RL_TEST_SHORT_SECRET", "short")
+	for secret, want := range map[string]string{
+		"short":                        "key_secret: at least 16 characters, not 5",
+		"{env.RL_TEST_SHORT_SECRET}":   "key_secret: at least 16 characters, not 5",
+		"{env.RL_TEST_UNSET_SECRET_X}": `key_secret "{env.RL_TEST_UNSET_SECRET_X}" resolves to nothing`,
+	} {
+		h := &Handler{Zones: map[string]*Zone{"api": {Key: "k", Rate: "1r/m"}},
+			Redis: &RedisConfig{Addresses: []string{"127.0.0.1:1"}, KeySecret: secret}}
+		if err := provision(t, h); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("key_secret %q: error %v; want it to contain %q", secret, err, want)
+		}
 	}
 }

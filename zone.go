@@ -166,8 +166,9 @@ type Zone struct {
 	// placeholder is the name of the one placeholder that Key is, if so:
 	// its value is the key, without a template to replace.
 	placeholder string
-	shown       zoneShown        // what its responses show, written once (response.go)
-	counters    decisionCounters // its decision counters (metrics.go)
+	shown       zoneShown          // what its responses show, written once (response.go)
+	hasher      *limiter.KeyHasher // digests its client keys (see RedisConfig.KeySecret)
+	counters    decisionCounters   // its decision counters (metrics.go)
 }
 
 // Defaults of Zone's fields.
@@ -194,8 +195,15 @@ const maxLogLimit = 10000
 
 // provisionZones compiles the zones, in the order of their names.
 func (h *Handler) provisionZones(ctx caddy.Context) error {
+	hasher, err := h.Redis.keyHasher()
+	if err != nil {
+		return err
+	}
 	for _, name := range sortedNames(h.Zones) {
 		z := h.Zones[name]
+		if z != nil {
+			z.hasher = hasher
+		}
 		if err := z.provision(ctx, name); err != nil {
 			return fmt.Errorf("zone %q: %w", name, err)
 		}

@@ -73,7 +73,7 @@ func (z *Zone) resolveKey(repl *caddy.Replacer) string {
 // grouped by the zone's prefixes. Requests and the admin API both name
 // buckets through it.
 func (z *Zone) bucket(key string) limiter.Request {
-	return limiter.Request{Zone: z.name, Key: z.subnet(key), Policy: z.policy, Cost: z.cost}.WithDigest()
+	return limiter.Request{Zone: z.name, Key: z.subnet(key), Policy: z.policy, Cost: z.cost}.WithDigest(z.hasher)
 }
 
 // subnet is clientkey.Subnet of key with the zone's prefixes, without its

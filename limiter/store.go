@@ -2,7 +2,10 @@ package limiter
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
+	"hash"
+	"sync"
 	"time"
 )
 
@@ -69,15 +72,15 @@ type Store interface {
 	Close() error
 }
 
-// WithDigest returns r with its key's digest computed, once for the
-// several lookups of one request (the stores, the caches, the bans). Key
-// must not change afterwards.
-func (r Request) WithDigest() Request {
-	r.digest, r.hasDigest = KeyHash(r.Key), true
+// WithDigest returns r with its key's digest computed by h (KeyHash when
+// h is nil), once for the several lookups of one request (the stores, the
+// caches, the bans). Key must not change afterwards.
+func (r Request) WithDigest(h *KeyHasher) Request {
+	r.digest, r.hasDigest = h.Sum(r.Key), true
 	return r
 }
 
-// Digest is KeyHash(r.Key).
+// Digest is the digest WithDigest computed, or else KeyHash(r.Key).
 func (r Request) Digest() [16]byte {
 	if r.hasDigest {
 		return r.digest
@@ -106,4 +109,48 @@ func bucketIDOf(r Request) bucketID {
 func KeyHash(key string) [16]byte {
 	sum := sha256.Sum256([]byte(key))
 	return [16]byte(sum[:16])
+}
+
+// KeyHasher computes the digests of client keys keyed by a secret: the
+// first 16 bytes of the HMAC-SHA-256 of the key. Whoever does not know the
+// secret cannot tell a key's digest, and so cannot choose keys whose
+// buckets land in one Redis Cluster hash slot (one shard). Instances that
+// share buckets must share the secret. A nil *KeyHasher computes KeyHash.
+// Safe for concurrent use.
+type KeyHasher struct {
+	macs sync.Pool // of *keyMAC
+}
+
+// keyMAC is an HMAC of the secret, ready for Reset, with room for a key
+// and a sum: no allocation once warm.
+type keyMAC struct {
+	mac hash.Hash
+	key []byte
+	sum [sha256.Size]byte
+}
+
+// NewKeyHasher returns the hasher of secret, or nil (KeyHash) when secret
+// is empty.
+func NewKeyHasher(secret string) *KeyHasher {
+	if secret == "" {
+		return nil
+	}
+	return &KeyHasher{macs: sync.Pool{New: func() any { return &keyMAC{mac: hmac.New(sha256.New, []byte(secret))} }}}
+}
+
+// Sum is the digest of key (KeyHash when h is nil).
+func (h *KeyHasher) Sum(key string) [16]byte {
+	if h == nil {
+		return KeyHash(key)
+	}
+	m := h.macs.Get().(*keyMAC)
+	m.mac.Reset()
+	m.key = append(m.key[:0], key...)
+	m.mac.Write(m.key)
+	digest := [16]byte(m.mac.Sum(m.sum[:0]))
+	if cap(m.key) > 1024 { // a huge key's room is not kept
+		m.key = nil
+	}
+	h.macs.Put(m)
+	return digest
 }

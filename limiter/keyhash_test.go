@@ -1,0 +1,56 @@
+package limiter
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"sync"
+	"testing"
+)
+
+// TestKeyHasher: nil is KeyHash; a secret gives the HMAC-SHA-256 of the
+// key (its first 16 bytes), the same from every goroutine, and another
+// secret another digest.
+func TestKeyHasher(t *testing.T) {
+	var none *KeyHasher
+	if none.Sum("client") != KeyHash("client") || NewKeyHasher("") != nil {
+		t.Fatal("no secret: want KeyHash")
+	}
+	h := NewKeyHasher("0123456789abcdef")
+	mac := hmac.New(sha256.New, []byte("0123456789abcdef"))
+	mac.Write([]byte("client"))
+	want := [16]byte(mac.Sum(nil))
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 100 {
+				if got := h.Sum("client"); got != want {
+					t.Errorf("Sum = %x; want %x", got, want)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if NewKeyHasher("0123456789abcdeF").Sum("client") == want || want == KeyHash("client") {
+		t.Fatal("another secret, or none, gives the same digest")
+	}
+}
+
+// BenchmarkKeyHash: the digest of a client key, by SHA-256 alone
+// (KeyHash) and keyed by a secret (KeyHasher, key_secret).
+func BenchmarkKeyHash(b *testing.B) {
+	key := "203.0.113.195"
+	b.Run("sha256", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			KeyHash(key)
+		}
+	})
+	h := NewKeyHasher("0123456789abcdef")
+	b.Run("hmac", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			h.Sum(key)
+		}
+	})
+}
