@@ -191,15 +191,28 @@ func (q *nodeQueue) flush() {
 			q.mu.Unlock()
 			return
 		}
-		n := min(len(q.items), maxBatch)
-		batch = append(batch[:0], q.items[:n]...)
-		rest := copy(q.items, q.items[n:])
-		clear(q.items[rest:])
-		q.items = q.items[:rest]
+		batch = q.take(batch)
 		q.mu.Unlock()
 		q.send(batch)
 		clear(batch) // let go of the commands
 	}
+}
+
+// take moves the oldest items of the queue, at most maxBatch, into batch
+// (whose items were cleared) and returns it: the queue's own array when
+// it holds no more than a batch (batch's becomes the queue's: no copy),
+// else a copy of the first maxBatch, the queue going on from the next
+// (no move of the rest: draining a deep queue costs what it holds, not
+// its square). The caller holds q.mu.
+func (q *nodeQueue) take(batch []queued) []queued {
+	if len(q.items) <= maxBatch {
+		batch, q.items = q.items, batch[:0]
+		return batch
+	}
+	batch = append(batch[:0], q.items[:maxBatch]...)
+	clear(q.items[:maxBatch])
+	q.items = q.items[maxBatch:]
+	return batch
 }
 
 // send runs one batch as a pipeline, leaving out the commands whose caller

@@ -166,3 +166,20 @@ func TestBatcherCallerTimesOut(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkQueueTake: the flusher draining a full queue (maxQueued
+// commands, as behind a node slower than its traffic) batch by batch.
+func BenchmarkQueueTake(b *testing.B) {
+	q := &nodeQueue{}
+	batch := make([]queued, 0, maxBatch)
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		q.items = make([]queued, maxQueued)
+		b.StartTimer()
+		for len(q.items) > 0 {
+			batch = q.take(batch)
+			clear(batch)
+		}
+	}
+}
