@@ -188,6 +188,11 @@ func newRedisBackend(cfg RedisConfig, opts *redis.UniversalOptions) (*backend, e
 		logger.Warn("redis circuit breaker open: skipping the node; its keys use on_store_error",
 			zap.String("node", label), zap.Duration("cooldown", limiter.BreakerCooldown))
 	})
+	store.OnForget(func(node string) { // a cluster node that no longer serves slots
+		if _, shown := b.nodes.LoadAndDelete(node); shown {
+			metrics.breakerOpen.DeleteLabelValues(node)
+		}
+	})
 	return b, nil
 }
 

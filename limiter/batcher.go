@@ -249,6 +249,19 @@ func (q *nodeQueue) send(batch []queued) {
 	}
 }
 
+// forget stops the queues of the nodes that keep does not hold, once they
+// are drained, and drops them: a node that comes back gets a new one.
+func (b *batcher) forget(keep map[string]bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for node, q := range b.queues {
+		if !keep[node] {
+			q.close()
+			delete(b.queues, node)
+		}
+	}
+}
+
 // close stops the flushers once their queues are drained.
 func (b *batcher) close() {
 	b.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -48,6 +49,8 @@ type RedisStore struct {
 	breakers *nodeBreakers
 	batch    *batcher         // the queues of automatic pipelining, one per node
 	now      func() time.Time // the breakers' clock
+	closed   chan struct{}    // closed by Close: stops forgetLoop
+	close    sync.Once
 }
 
 // Circuit breakers, one per Redis node: after BreakerFailures consecutive
@@ -68,15 +71,27 @@ func NewRedisStore(client redis.UniversalClient, prefix string) (*RedisStore, er
 		return nil, fmt.Errorf("key prefix %q: must not contain { or }", prefix)
 	}
 	_, cluster := client.(*redis.ClusterClient)
-	return &RedisStore{client: client, prefix: prefix, cluster: cluster, now: time.Now, batch: newBatcher(),
+	s := &RedisStore{client: client, prefix: prefix, cluster: cluster, now: time.Now, batch: newBatcher(),
 		breakers: &nodeBreakers{threshold: BreakerFailures, cooldown: BreakerCooldown, byNode: map[string]*Breaker{}},
-	}, nil
+		closed:   make(chan struct{}),
+	}
+	if cluster {
+		go s.forgetLoop(forgetEvery)
+	}
+	return s, nil
 }
 
 // OnBreaker sets f to be called when the breaker of a node opens or
 // closes; node is "" outside a cluster. Call it before the store is used.
 func (s *RedisStore) OnBreaker(f func(node string, open bool)) {
 	s.breakers.changed = f
+}
+
+// OnForget sets f to be called when the store forgets a cluster node that
+// no longer serves slots, with its breaker (see forgetGone). Call it
+// before the store is used.
+func (s *RedisStore) OnForget(f func(node string)) {
+	s.breakers.forgotten = f
 }
 
 // Breaker is the circuit breaker of node ("" outside a cluster).
@@ -103,6 +118,7 @@ func (s *RedisStore) TakeAt(ctx context.Context, now time.Time, reqs []Request) 
 
 // Close stops the pipelining queues and closes the Redis client.
 func (s *RedisStore) Close() error {
+	s.close.Do(func() { close(s.closed) })
 	s.batch.close()
 	return s.client.Close()
 }

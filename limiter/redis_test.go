@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -183,6 +184,7 @@ func TestRedisClusterFailover(t *testing.T) {
 		if err == nil && d[0].Allowed {
 			newMaster, _ := c.MasterForKey(t.Context(), s.Key("z", "failover"))
 			if newMaster != nil && newMaster.Options().Addr != addr {
+				checkForgotten(t, s, addr, newMaster.Options().Addr)
 				return
 			}
 		}
@@ -199,6 +201,33 @@ func TestRedisClusterFailover(t *testing.T) {
 		}
 	}
 	t.Fatalf("no decision from a promoted replica within 20s: %v", last)
+}
+
+// checkForgotten: once the slot map no longer has dead, the store forgets
+// its queue and breaker (and says so), and keeps those of alive.
+func checkForgotten(t *testing.T, s *RedisStore, dead, alive string) {
+	t.Helper()
+	var forgotten []string
+	s.OnForget(func(node string) { forgotten = append(forgotten, node) })
+	has := func(node string) (queue, breaker bool) {
+		s.batch.mu.Lock()
+		_, queue = s.batch.queues[node]
+		s.batch.mu.Unlock()
+		s.breakers.mu.Lock()
+		_, breaker = s.breakers.byNode[node]
+		s.breakers.mu.Unlock()
+		return queue, breaker
+	}
+	if q, b := has(dead); !q || !b {
+		t.Fatalf("before: the dead master has a queue %v, a breaker %v; want both", q, b)
+	}
+	s.forgetGone(t.Context())
+	if q, b := has(dead); q || b || !slices.Equal(forgotten, []string{dead}) {
+		t.Fatalf("after a failover, the dead master still has a queue %v, a breaker %v; forgotten %v", q, b, forgotten)
+	}
+	if q, b := has(alive); !q || !b {
+		t.Fatalf("the new master lost its queue (%v) or breaker (%v)", !q, !b)
+	}
 }
 
 // TestRedisRefundKeepsNewerState: a refund undoes its own charge and

@@ -98,6 +98,74 @@ type nodeBreakers struct {
 	byNode    map[string]*Breaker
 	// changed, when set, is called when a node's breaker opens or closes.
 	changed func(node string, open bool)
+	// forgotten, when set, is called when a node's breaker is dropped.
+	forgotten func(node string)
+}
+
+// forget drops the breakers of the nodes that keep does not hold.
+func (nb *nodeBreakers) forget(keep map[string]bool) {
+	nb.mu.Lock()
+	var gone []string
+	for node := range nb.byNode {
+		if !keep[node] {
+			delete(nb.byNode, node)
+			gone = append(gone, node)
+		}
+	}
+	nb.mu.Unlock()
+	for _, node := range gone {
+		if nb.forgotten != nil {
+			nb.forgotten(node)
+		}
+	}
+}
+
+// forgetEvery is how often a cluster store forgets the nodes that no
+// longer hold slots (see forgetGone).
+const forgetEvery = time.Minute
+
+// forgetGone drops the pipelining queue and the breaker of every node that
+// no longer serves slots by the cluster's slot map (a master that failed
+// over, or left), so that addresses that come and go (a cluster whose
+// nodes get new addresses when they restart) leave nothing behind; the
+// function set by OnForget hears of each. Outside a cluster, or when the
+// slot map cannot be read, it does nothing. A cluster store calls it every
+// forgetEvery.
+func (s *RedisStore) forgetGone(ctx context.Context) {
+	c, ok := s.client.(*redis.ClusterClient)
+	if !ok {
+		return
+	}
+	var mu sync.Mutex
+	masters := map[string]bool{}
+	err := c.ForEachMaster(ctx, func(_ context.Context, n *redis.Client) error {
+		mu.Lock()
+		masters[n.Options().Addr] = true
+		mu.Unlock()
+		return nil
+	})
+	if err != nil || len(masters) == 0 {
+		return
+	}
+	masters[""] = true // the cluster client itself, where the slot map had no answer
+	s.batch.forget(masters)
+	s.breakers.forget(masters)
+}
+
+// forgetLoop runs forgetGone every forgetEvery until the store closes.
+func (s *RedisStore) forgetLoop(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.closed:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		s.forgetGone(ctx)
+		cancel()
+	}
 }
 
 // get returns the breaker of node, made on first use.
