@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"cmp"
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -120,8 +121,16 @@ func (h *Handler) renewLeases(store *limiter.RedisStore, held []limiter.Request)
 	return func() { once.Do(func() { close(done) }) }
 }
 
-// maxReleaseRetries bounds the releases waiting to be tried again.
+// maxReleaseRetries bounds the releases waiting to be tried again: as many
+// in the queue, and as many in a round.
 const maxReleaseRetries = 10000
+
+// releaseChunk bounds the releases of one call in a round: a script run is
+// all or nothing, and holds Redis while it runs, so that thousands of
+// releases (after a blip with many requests in flight) go as many small
+// calls, which the store pipelines, and one that fails holds back no more
+// than its chunk.
+const releaseChunk = 16
 
 // releaseRetryEvery is how often a release that failed is tried again.
 const releaseRetryEvery = 250 * time.Millisecond
@@ -132,10 +141,11 @@ const releaseRetryEvery = 250 * time.Millisecond
 // less.
 //
 // One goroutine per backend tries them in rounds, releaseRetryEvery apart
-// while any are left. A round tries every pending release at once, with
-// one call per Redis node, so that the releases bound for a node that does
-// not answer never hold back the others: a release waits at most one round
-// (the timeout) and releaseRetryEvery after its node answers again.
+// while any are left. A round tries every pending release at once, in
+// small calls grouped by Redis node, so that the releases bound for a node
+// that does not answer never hold back the others: a release waits at most
+// one round (the timeout) and releaseRetryEvery after its node answers
+// again.
 type releaseRetries struct {
 	store   *limiter.RedisStore
 	timeout time.Duration
@@ -209,22 +219,30 @@ func (r *releaseRetries) drain(left []pendingRelease) []pendingRelease {
 	return left
 }
 
-// round tries each release of ps once, all of a node's in one call, the
-// nodes' calls at once, and returns those still to try: the releases that
-// failed and whose leases have not expired yet.
+// round tries each release of ps once, grouped by node in calls of at
+// most releaseChunk, all calls at once, and returns those still to try:
+// the releases whose call failed and whose leases have not expired yet.
 func (r *releaseRetries) round(ps []pendingRelease) []pendingRelease {
 	now := r.now()
+	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 	byNode := map[string][]pendingRelease{}
 	for _, p := range ps {
 		if now.Before(p.until) {
-			node := r.store.Node(context.Background(), p.req)
+			node := r.store.Node(ctx, p.req)
 			byNode[node] = append(byNode[node], p)
+		}
+	}
+	cancel()
+	var chunks [][]pendingRelease
+	for _, ps := range byNode {
+		for c := range slices.Chunk(ps, releaseChunk) {
+			chunks = append(chunks, c)
 		}
 	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var left []pendingRelease
-	for _, ps := range byNode {
+	for _, ps := range chunks {
 		wg.Go(func() {
 			reqs := make([]limiter.Request, len(ps))
 			for i, p := range ps {

@@ -247,3 +247,38 @@ func endAll(t *testing.T, ends []func() int) {
 		}
 	}
 }
+
+// TestReleaseRetriesChunked: a round sends many pending releases as many
+// small calls, not one script run over every key (which would hold Redis,
+// and fail or pass all of them at once).
+func TestReleaseRetriesChunked(t *testing.T) {
+	srv := redistest.NewServer(t)
+	h := concurrencyHandler(t, []string{srv.Addr}, 5*time.Minute)
+	var pending []pendingRelease
+	for i := range 100 {
+		req := h.zones[0].bucket(fmt.Sprint("client-", i))
+		req.ID = fmt.Sprint("request-", i)
+		pending = append(pending, pendingRelease{req: req, until: time.Now().Add(time.Minute)})
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	calls := func() int {
+		stats, _ := c.Info(t.Context(), "commandstats").Result()
+		n := 0
+		for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+			if _, rest, ok := strings.Cut(stats, cmd); ok {
+				var k int
+				fmt.Sscanf(rest, "%d", &k)
+				n += k
+			}
+		}
+		return n
+	}
+	before := calls()
+	if left := h.backend.retries.round(pending); len(left) != 0 {
+		t.Fatalf("%d releases left after a round on a healthy Redis", len(left))
+	}
+	if n := calls() - before; n < 5 {
+		t.Fatalf("100 releases went as %d script calls; want at least 5 (at most 20 releases a call)", n)
+	}
+}

@@ -64,7 +64,10 @@ func Unavailable(err error) bool {
 		return false
 	}
 	// No reply: a connection, pool or timeout error. A malformed reply is
-	// not one: Redis answered.
+	// not one: Redis answered. (Replies are read as lists of integers:
+	// another shape would be a go-redis parse error, which fails the rest
+	// of its pipeline too and counts here; the scripts return integers
+	// only, see common.lua.)
 	return !errors.Is(err, errReply)
 }
 

@@ -12,7 +12,9 @@
 --          reads them: rate, period (µs), burst, cost, flag, id. Each
 --          script says which it uses, and what they mean to it.
 --
--- Returns integers only: { now, all allowed (1/0), then for each key:
+-- Returns integers only (the store reads replies as lists of integers: any
+-- other element would fail its whole pipeline): { now, all allowed (1/0),
+-- then for each key:
 -- allowed (1/0), remaining, µs until the reset (each script says what it
 -- is), µs until the same request could pass (0 when allowed), µs to wait
 -- before passing }.
