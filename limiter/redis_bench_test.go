@@ -34,12 +34,12 @@ func BenchmarkRedisTake(b *testing.B) {
 }
 
 func benchTake(b *testing.B, s Store, zones int) {
-	benchTakePolicy(b, s, zones, Policy{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000})
+	benchTakePolicy(b, s, zones, Policy{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}, 1)
 }
 
-// benchTakePolicy takes from s for zones zones of policy p, each keyed by
-// one of 1,024 keys, from 16 goroutines.
-func benchTakePolicy(b *testing.B, s Store, zones int, p Policy) {
+// benchTakePolicy takes cost from s for zones zones of policy p, each
+// keyed by one of 1,024 keys, from 16 goroutines.
+func benchTakePolicy(b *testing.B, s Store, zones int, p Policy, cost int64) {
 	keys := make([]string, 1024)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("10.0.%d.%d", i/256, i%256)
@@ -57,7 +57,7 @@ func benchTakePolicy(b *testing.B, s Store, zones int, p Policy) {
 				if z == 2 {
 					key = keys[(i+7)%len(keys)] + "x"
 				}
-				reqs[z] = Request{Zone: names[z], Key: key, Policy: p, Cost: 1}
+				reqs[z] = Request{Zone: names[z], Key: key, Policy: p, Cost: cost}
 			}
 			if _, err := s.Take(b.Context(), reqs); err != nil {
 				b.Fatal(err)
@@ -76,19 +76,23 @@ func BenchmarkRedisScript(b *testing.B) {
 	algorithms := []struct {
 		name string
 		p    Policy
+		cost int64
 	}{
-		{"token_bucket", Policy{Algorithm: TokenBucket, Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}},
-		{"leaky_bucket", Policy{Algorithm: LeakyBucket, Rate: 1_000_000, Period: time.Second, Burst: 1_000_000, NoDelay: true}},
-		{"fixed_window", Policy{Algorithm: FixedWindow, Rate: 1_000_000_000, Period: time.Minute}},
-		{"sliding_window_counter", Policy{Algorithm: SlidingWindowCounter, Rate: 1_000_000_000, Period: time.Minute}},
-		{"sliding_window_log", Policy{Algorithm: SlidingWindowLog, Rate: 1_000, Period: time.Second}},
+		{"token_bucket", Policy{Algorithm: TokenBucket, Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}, 1},
+		{"leaky_bucket", Policy{Algorithm: LeakyBucket, Rate: 1_000_000, Period: time.Second, Burst: 1_000_000, NoDelay: true}, 1},
+		{"fixed_window", Policy{Algorithm: FixedWindow, Rate: 1_000_000_000, Period: time.Minute}, 1},
+		{"sliding_window_counter", Policy{Algorithm: SlidingWindowCounter, Rate: 1_000_000_000, Period: time.Minute}, 1},
+		{"sliding_window_log", Policy{Algorithm: SlidingWindowLog, Rate: 1_000, Period: time.Second}, 1},
+		// one request of cost 10,000 fills a log of 10,000 (the next ones
+		// are refused until it has left the window: a second)
+		{"sliding_window_log_cost_10000", Policy{Algorithm: SlidingWindowLog, Rate: 10_000, Period: time.Second}, 10_000},
 	}
 	for _, a := range algorithms {
 		b.Run(a.name, func(b *testing.B) {
 			c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(b)})
 			s := newRedisStore(b, c)
 			before := evalshaUsec(b, c)
-			benchTakePolicy(b, s, 1, a.p)
+			benchTakePolicy(b, s, 1, a.p, a.cost)
 			after := evalshaUsec(b, c)
 			if calls := after[1] - before[1]; calls > 0 {
 				b.ReportMetric(float64(after[0]-before[0])/float64(calls), "redis-µs/op")
