@@ -119,8 +119,12 @@ func (c *RedisConfig) keyHasher() (*limiter.KeyHasher, error) {
 	if c == nil || c.KeySecret == "" {
 		return nil, nil
 	}
-	secret := caddy.NewReplacer().ReplaceKnown(c.KeySecret, "")
+	// A placeholder that is unknown (a typo, or the Caddyfile's {$VAR} in
+	// JSON) or empty is an error: it would leave a secret everyone can read.
+	secret, err := caddy.NewReplacer().ReplaceOrErr(c.KeySecret, true, true)
 	switch {
+	case err != nil:
+		return nil, fmt.Errorf("redis: key_secret %q: %w", c.KeySecret, err)
 	case secret == "":
 		return nil, fmt.Errorf("redis: key_secret %q resolves to nothing (an unset environment variable?)", c.KeySecret)
 	case len(secret) < minKeySecret:

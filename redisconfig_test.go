@@ -243,7 +243,9 @@ func TestKeySecretErrors(t *testing.T) {
 	for secret, want := range map[string]string{
 		"short":                        "key_secret: at least 16 characters, not 5",
 		"{env.RL_TEST_SHORT_SECRET}":   "key_secret: at least 16 characters, not 5",
-		"{env.RL_TEST_UNSET_SECRET_X}": `key_secret "{env.RL_TEST_UNSET_SECRET_X}" resolves to nothing`,
+		"{env.RL_TEST_UNSET_SECRET_X}": `key_secret "{env.RL_TEST_UNSET_SECRET_X}"`,
+		"{$RL_KEY_SECRET_IN_JSON}":     `key_secret "{$RL_KEY_SECRET_IN_JSON}"`, // the Caddyfile's syntax, not expanded in JSON
+		"{env_RL_KEY_SECRET_TYPO}":     `key_secret "{env_RL_KEY_SECRET_TYPO}"`,
 	} {
 		h := &Handler{Zones: map[string]*Zone{"api": {Key: "k", Rate: "1r/m"}},
 			Redis: &RedisConfig{Addresses: []string{"127.0.0.1:1"}, KeySecret: secret}}

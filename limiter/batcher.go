@@ -129,7 +129,7 @@ func (b *batcher) do(ctx context.Context, nodes []string, clients []redis.Cmdabl
 	for i, cmd := range cmds {
 		q, err := b.queue(nodes[i], clients[i])
 		if err == nil {
-			err = q.push(queued{ctx: ctx, cmd: cmd, call: c, i: i})
+			err = b.enqueue(q, nodes[i], clients[i], queued{ctx: ctx, cmd: cmd, call: c, i: i})
 		}
 		if err != nil {
 			cmd.SetErr(err)
@@ -154,6 +154,20 @@ func (b *batcher) do(ctx context.Context, nodes []string, clients []redis.Cmdabl
 		}
 		return answered, ctx.Err() // c is not reused: its replies may still come
 	}
+}
+
+// enqueue pushes item on q, the queue of node; when forget closed q since
+// it was looked up (its node left the slot map as a decision for it was on
+// its way), on node's new queue instead: a command is refused as closed
+// only when the store is.
+func (b *batcher) enqueue(q *nodeQueue, node string, client redis.Cmdable, item queued) error {
+	err := q.push(item)
+	if errors.Is(err, redis.ErrClosed) {
+		if q, err = b.queue(node, client); err == nil {
+			err = q.push(item)
+		}
+	}
+	return err
 }
 
 // finish records that the call's i-th command has its reply.
@@ -249,13 +263,13 @@ func (q *nodeQueue) send(batch []queued) {
 	}
 }
 
-// forget stops the queues of the nodes that keep does not hold, once they
+// forget stops the queues of the nodes that drop says to drop, once they
 // are drained, and drops them: a node that comes back gets a new one.
-func (b *batcher) forget(keep map[string]bool) {
+func (b *batcher) forget(drop func(node string) bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for node, q := range b.queues {
-		if !keep[node] {
+		if drop(node) {
 			q.close()
 			delete(b.queues, node)
 		}

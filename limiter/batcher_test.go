@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -181,5 +182,35 @@ func BenchmarkQueueTake(b *testing.B) {
 			batch = q.take(batch)
 			clear(batch)
 		}
+	}
+}
+
+// TestEnqueueAfterForget: a decision that looked up its node's queue just
+// before forget closed it (its node had left the slot map) goes on the
+// node's new queue and is answered, instead of failing as if the store were
+// closed (which would count toward the node's breaker and send the request
+// to on_store_error).
+func TestEnqueueAfterForget(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	t.Cleanup(func() { c.Close() })
+	b := newBatcher()
+	t.Cleanup(b.close)
+	q, err := b.queue("n", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.forget(func(string) bool { return true })
+	cmd := onceCmd{redis.NewIntSliceCmd(t.Context(), "eval", "return {1, 2}", 0)}
+	call := newCall(1)
+	if err := b.enqueue(q, "n", c, queued{ctx: t.Context(), cmd: cmd, call: call}); err != nil {
+		t.Fatalf("a command for a forgotten queue: %v; want it queued on the node's new one", err)
+	}
+	<-call.done
+	if v, err := cmd.Result(); err != nil || len(v) != 2 {
+		t.Fatalf("reply %v, %v", v, err)
+	}
+	b.close()
+	if err := b.enqueue(q, "n", c, queued{ctx: t.Context(), cmd: cmd, call: newCall(1)}); !errors.Is(err, redis.ErrClosed) {
+		t.Fatalf("after the store closed: %v; want ErrClosed", err)
 	}
 }

@@ -51,6 +51,8 @@ type RedisStore struct {
 	now      func() time.Time // the breakers' clock
 	closed   chan struct{}    // closed by Close: stops forgetLoop
 	close    sync.Once
+	forgetMu sync.Mutex
+	absent   map[string]bool // the nodes missing from the slot map at the last forgetGone
 }
 
 // Circuit breakers, one per Redis node: after BreakerFailures consecutive

@@ -105,12 +105,12 @@ type nodeBreakers struct {
 	forgotten func(node string)
 }
 
-// forget drops the breakers of the nodes that keep does not hold.
-func (nb *nodeBreakers) forget(keep map[string]bool) {
+// forget drops the breakers of the nodes that drop says to drop.
+func (nb *nodeBreakers) forget(drop func(node string) bool) {
 	nb.mu.Lock()
 	var gone []string
 	for node := range nb.byNode {
-		if !keep[node] {
+		if drop(node) {
 			delete(nb.byNode, node)
 			gone = append(gone, node)
 		}
@@ -131,9 +131,12 @@ const forgetEvery = time.Minute
 // no longer serves slots by the cluster's slot map (a master that failed
 // over, or left), so that addresses that come and go (a cluster whose
 // nodes get new addresses when they restart) leave nothing behind; the
-// function set by OnForget hears of each. Outside a cluster, or when the
-// slot map cannot be read, it does nothing. A cluster store calls it every
-// forgetEvery.
+// function set by OnForget hears of each. A node is dropped when it was
+// missing from the map at this call and at the one before, so that a map
+// read while another was coming in (a new master that this one does not
+// list yet) drops nothing in use. ForEachMaster reloads the map (or falls
+// back to the one the client has); outside a cluster, or without any map,
+// it does nothing. A cluster store calls it every forgetEvery.
 func (s *RedisStore) forgetGone(ctx context.Context) {
 	c, ok := s.client.(*redis.ClusterClient)
 	if !ok {
@@ -150,9 +153,19 @@ func (s *RedisStore) forgetGone(ctx context.Context) {
 	if err != nil || len(masters) == 0 {
 		return
 	}
-	masters[""] = true // the cluster client itself, where the slot map had no answer
-	s.batch.forget(masters)
-	s.breakers.forget(masters)
+	s.forgetMu.Lock()
+	defer s.forgetMu.Unlock()
+	absent := map[string]bool{}
+	drop := func(node string) bool {
+		if node == "" || masters[node] { // "": the cluster client itself, where the map had no answer
+			return false
+		}
+		absent[node] = true
+		return s.absent[node]
+	}
+	s.batch.forget(drop)
+	s.breakers.forget(drop)
+	s.absent = absent
 }
 
 // forgetLoop runs forgetGone every forgetEvery until the store closes.
