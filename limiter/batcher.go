@@ -45,9 +45,10 @@ var errQueueFull = errors.New("redis node queue full: the node does not keep up"
 
 // batcher holds the queues of a store's nodes, made on first use.
 type batcher struct {
-	mu     sync.Mutex
-	queues map[string]*nodeQueue // by node address; "" outside a cluster
-	closed bool
+	mu       sync.Mutex
+	queues   map[string]*nodeQueue // by node address; "" outside a cluster
+	closed   bool
+	sameSlot bool // batched calls join commands of one hash tag only (a cluster)
 }
 
 // call is one decision's commands, which may go to several nodes; done
@@ -87,15 +88,20 @@ type queued struct {
 
 // nodeQueue is the queue of one node and the pipeline that sends it.
 type nodeQueue struct {
-	client redis.Cmdable   // the node's client
-	pipe   redis.Pipeliner // a pipeline on client, used by the flusher alone
-	mu     sync.Mutex
-	wake   *sync.Cond
-	items  []queued
-	closed bool
+	client   redis.Cmdable   // the node's client
+	pipe     redis.Pipeliner // a pipeline on client, used by the flusher alone
+	sameSlot bool            // see batcher
+	mu       sync.Mutex
+	wake     *sync.Cond
+	items    []queued
+	closed   bool
 }
 
-func newBatcher() *batcher { return &batcher{queues: map[string]*nodeQueue{}} }
+// newBatcher returns the batcher of a store; cluster says whether it is a
+// cluster's (see merge.go).
+func newBatcher(cluster bool) *batcher {
+	return &batcher{queues: map[string]*nodeQueue{}, sameSlot: cluster}
+}
 
 // queue returns the queue of node, whose connections client holds. A node
 // whose client go-redis replaced (a node that left the cluster and came
@@ -113,7 +119,7 @@ func (b *batcher) queue(node string, client redis.Cmdable) (*nodeQueue, error) {
 	if ok {
 		q.close()
 	}
-	q = &nodeQueue{client: client, pipe: client.Pipeline()}
+	q = &nodeQueue{client: client, pipe: client.Pipeline(), sameSlot: b.sameSlot}
 	q.wake = sync.NewCond(&q.mu)
 	b.queues[node] = q
 	go q.flush()
@@ -196,6 +202,7 @@ func (q *nodeQueue) push(item queued) error {
 // flush sends the queue's batches, one at a time, until the queue closes.
 func (q *nodeQueue) flush() {
 	batch := make([]queued, 0, maxBatch)
+	s := &sender{live: make([]queued, 0, maxBatch)}
 	for {
 		q.mu.Lock()
 		for len(q.items) == 0 && !q.closed {
@@ -207,7 +214,7 @@ func (q *nodeQueue) flush() {
 		}
 		batch = q.take(batch)
 		q.mu.Unlock()
-		q.send(batch)
+		q.send(s, batch)
 		clear(batch) // let go of the commands
 	}
 }
@@ -230,13 +237,15 @@ func (q *nodeQueue) take(batch []queued) []queued {
 }
 
 // send runs one batch as a pipeline, leaving out the commands whose caller
-// gave up, and completes every call. The pipeline runs under the latest
+// gave up, the others joined into batched calls where they can (see
+// merge.go), and completes every call. The pipeline runs under the latest
 // deadline of the batch, and no caller's cancellation: one leaving caller
 // does not fail the others.
-func (q *nodeQueue) send(batch []queued) {
+func (q *nodeQueue) send(s *sender, batch []queued) {
 	var newest context.Context
 	var latest time.Time
 	unbounded := false
+	live := s.live[:0]
 	for _, it := range batch {
 		if err := it.ctx.Err(); err != nil {
 			it.cmd.SetErr(fmt.Errorf("%w: %w", errNotSent, err))
@@ -248,19 +257,34 @@ func (q *nodeQueue) send(batch []queued) {
 			latest = d
 		}
 		newest = it.ctx
-		_ = q.pipe.Process(it.ctx, it.cmd)
+		live = append(live, it)
 	}
 	if newest != nil {
+		us := s.join(live, q.sameSlot)
+		for _, u := range us {
+			_ = q.pipe.Process(newest, u.cmd)
+		}
 		ctx, cancel := context.WithoutCancel(newest), context.CancelFunc(func() {})
 		if !unbounded {
 			ctx, cancel = context.WithDeadline(ctx, latest)
 		}
 		_, _ = q.pipe.Exec(ctx) // each command holds its own reply or error
 		cancel()
+		for _, u := range us {
+			u.answer()
+		}
 	}
 	for _, it := range batch {
 		it.call.finish(it.i)
 	}
+	clear(live) // let go of the commands
+	s.live = live[:0]
+}
+
+// sender is the room a flusher's batches reuse.
+type sender struct {
+	live []queued // the commands of a batch whose callers wait
+	joiner
 }
 
 // forget stops the queues of the nodes that drop says to drop, once they

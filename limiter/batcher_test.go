@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -193,7 +194,7 @@ func BenchmarkQueueTake(b *testing.B) {
 func TestEnqueueAfterForget(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
 	t.Cleanup(func() { c.Close() })
-	b := newBatcher()
+	b := newBatcher(false)
 	t.Cleanup(b.close)
 	q, err := b.queue("n", c)
 	if err != nil {
@@ -213,4 +214,97 @@ func TestEnqueueAfterForget(t *testing.T) {
 	if err := b.enqueue(q, "n", c, queued{ctx: t.Context(), cmd: cmd, call: newCall(1)}); !errors.Is(err, redis.ErrClosed) {
 		t.Fatalf("after the store closed: %v; want ErrClosed", err)
 	}
+}
+
+// TestBatchedCalls: concurrent decisions of one node leave as few script
+// calls (see merge.go), and stay exact: requests for the same bucket in
+// one call are decided in turn, each seeing what the previous took, so
+// that of 300 concurrent requests for a bucket of 100, exactly 100 pass;
+// other clients' decisions in the same calls are theirs. In a cluster,
+// where a call holds one hash slot, a client's requests still join.
+func TestBatchedCalls(t *testing.T) {
+	srv := redistest.NewServer(t)
+	clients := map[string]redis.UniversalClient{
+		"standalone": redis.NewClient(&redis.Options{Addr: srv.Addr}),
+		"cluster":    redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t)}),
+	}
+	for name, c := range clients {
+		t.Run(name, func(t *testing.T) {
+			s := newRedisStore(t, c)
+			p := Policy{Rate: 1, Period: time.Hour, Burst: 100}
+			before := scriptRunCount(t, c)
+			errs := make([]error, 400)
+			allowed := make([]bool, 400)
+			var wg sync.WaitGroup
+			for i := range 400 {
+				wg.Go(func() {
+					key := "hot" // 300 requests of one client, 100 of others
+					if i%4 == 3 {
+						key = fmt.Sprint("other-", i)
+					}
+					d, err := s.Take(t.Context(), []Request{{Zone: "z", Key: key, Policy: p, Cost: 1}})
+					errs[i] = err
+					allowed[i] = err == nil && d[0].Allowed
+				})
+			}
+			wg.Wait()
+			hot, others := 0, 0
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("decision %d: %v", i, err)
+				}
+				switch {
+				case i%4 == 3 && allowed[i]:
+					others++
+				case i%4 != 3 && allowed[i]:
+					hot++
+				}
+			}
+			if hot != 100 || others != 100 {
+				t.Fatalf("allowed: %d of 300 for a bucket of 100, %d of 100 other clients; want 100 and 100", hot, others)
+			}
+			calls := scriptRunCount(t, c) - before
+			t.Logf("400 decisions in %d script calls", calls)
+			if calls > 300 {
+				t.Errorf("400 concurrent decisions made %d script calls; want them batched", calls)
+			}
+		})
+	}
+}
+
+// scriptRunCount is the number of EVALSHA and EVAL calls the Redis servers
+// behind c ran so far (every master of a cluster).
+func scriptRunCount(t *testing.T, c redis.UniversalClient) int {
+	t.Helper()
+	count := func(info string) int {
+		n := 0
+		for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+			if _, rest, ok := strings.Cut(info, cmd); ok {
+				var k int
+				fmt.Sscanf(rest, "%d", &k)
+				n += k
+			}
+		}
+		return n
+	}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		total := 0
+		err := cc.ForEachMaster(t.Context(), func(ctx context.Context, n *redis.Client) error {
+			info, err := n.Info(ctx, "commandstats").Result()
+			mu.Lock()
+			total += count(info)
+			mu.Unlock()
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return total
+	}
+	info, err := c.Info(t.Context(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return count(info)
 }

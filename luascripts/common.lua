@@ -11,13 +11,21 @@
 -- ARGV[3 + 6(i-1) ... 8 + 6(i-1)]: KEYS[i]'s six arguments, as args(i)
 --          reads them: rate, period (µs), burst, cost, flag, id. Each
 --          script says which it uses, and what they mean to it.
+-- ARGV[3 + 6n ...] (n keys), optional: a batch of requests decided in
+--          one call, as the number of keys of each, in order. Without
+--          them, all the keys are one request's.
 --
--- Returns integers only (the store reads replies as lists of integers: any
--- other element would fail its whole pipeline): { now, all allowed (1/0),
--- then for each key:
--- allowed (1/0), remaining, µs until the reset (each script says what it
--- is), µs until the same request could pass (0 when allowed), µs to wait
--- before passing }.
+-- Each request's keys are decided all or nothing, then the next
+-- request's (which sees what the first wrote). Returns integers only (the
+-- store reads replies as lists of integers: any other element would fail
+-- its whole pipeline): { now, then for each request: all allowed (1/0),
+-- then for each of its keys: allowed (1/0), remaining, µs until the reset
+-- (each script says what it is), µs until the same request could pass (0
+-- when allowed), µs to wait before passing }. In a batch, a request whose
+-- keys make the script fail (a key of another type) shows -1 (WRONGTYPE)
+-- or -2 (another error) instead of all allowed, and zeros for its keys;
+-- the others are decided all the same. An error that says the server
+-- cannot serve (OOM, READONLY...) fails the whole call.
 
 -- now, in microseconds, is ARGV[1] when the caller gives a time (tests),
 -- else the Redis server's clock, so that gateways whose clocks disagree
@@ -75,30 +83,77 @@ local function window_tag(start, window)
   return (start / window) % 1000000
 end
 
--- run decides every key with decide(key, args), which returns the key's
--- state: ok (allowed), remaining, reset, retry and delay (retry and delay
--- default to 0) for the reply, and what write needs. When every key is
--- allowed and the call is no peek, write(key, state) stores each key's
--- state (in refund and release modes too: write knows whether to). Returns
--- the reply.
-local function run(decide, write)
+-- decide_request decides the keys first .. last of one request with
+-- decide(key, args), which returns the key's state: ok (allowed),
+-- remaining, reset, retry and delay (retry and delay default to 0) for the
+-- reply, and what write needs. When every key is allowed and the call is
+-- no peek, write(key, state) stores each key's state (in refund and
+-- release modes too: write knows whether to). Appends the request's reply
+-- to out.
+local function decide_request(decide, write, first, last, out)
   local all, state = true, {}
-  for i = 1, #KEYS do
+  for i = first, last do
     state[i] = decide(KEYS[i], args(i))
     all = all and state[i].ok
   end
-  local out = { now, all and 1 or 0 }
-  for i = 1, #KEYS do
+  out[#out + 1] = all and 1 or 0
+  for i = first, last do
     local s = state[i]
     if all and not peek then
       write(KEYS[i], s)
     end
-    table.insert(out, s.ok and 1 or 0)
-    table.insert(out, s.remaining)
-    table.insert(out, s.reset)
-    table.insert(out, s.retry or 0)
-    table.insert(out, s.delay or 0)
+    local o = #out
+    out[o + 1], out[o + 2], out[o + 3] = s.ok and 1 or 0, s.remaining, s.reset
+    out[o + 4], out[o + 5] = s.retry or 0, s.delay or 0
+  end
+end
+
+-- Error codes that say the server cannot serve (see Unavailable in Go):
+-- one of them fails the whole call, as it would fail any request.
+local unavailable = { LOADING = true, CLUSTERDOWN = true, MASTERDOWN = true, TRYAGAIN = true, READONLY = true,
+  BUSY = true, OOM = true, NOREPLICAS = true, MISCONF = true, NOPERM = true }
+
+-- batch_error is the reply of a request of a batch that err made fail: -1
+-- for WRONGTYPE, -2 for another error of the script (a stored value it
+-- did not expect); nil, and the error as Redis would reply it, for an
+-- error that says the server cannot serve
+local function batch_error(err)
+  local msg = type(err) == 'table' and tostring(err.err) or tostring(err)
+  local code = string.match(msg, '^(%u+) ')
+  if code == 'WRONGTYPE' then
+    return -1
+  elseif unavailable[code] then
+    return nil, redis.error_reply(msg)
+  end
+  return -2
+end
+
+-- run decides the call's requests (see decide_request), and returns the
+-- reply.
+local function run(decide, write)
+  local out, n = { now }, #KEYS
+  if #ARGV < 3 + 6 * n then -- one request
+    decide_request(decide, write, 1, n, out)
+    return out
+  end
+  local first = 1
+  for a = 3 + 6 * n, #ARGV do
+    local last, mark = first + tonumber(ARGV[a]) - 1, #out
+    local ok, err = pcall(decide_request, decide, write, first, last, out)
+    if not ok then
+      local code, fatal = batch_error(err)
+      if not code then
+        error(fatal)
+      end
+      for j = #out, mark + 1, -1 do
+        out[j] = nil
+      end
+      out[mark + 1] = code
+      for j = mark + 2, mark + 1 + 5 * (last - first + 1) do
+        out[j] = 0
+      end
+    end
+    first = last + 1
   end
   return out
 end
-

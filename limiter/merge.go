@@ -1,0 +1,200 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Batched script calls. A batch of a node's pipeline may hold the
+// decisions of many requests that run the same script, in the same mode,
+// at the same time (the server's clock, for most): such commands leave as
+// one script call that decides them in turn, each all or nothing on its
+// own, and each with its own reply or error (see common.lua). Redis then
+// pays once what every call costs (the call, TIME, the script's set-up:
+// about a third of a decision's time), and go-redis writes and reads one
+// command instead of many. Outside a cluster every such command of a batch
+// can join; in a cluster, those of one hash tag (one slot: a client's
+// zones), since a call may not touch keys of several slots.
+//
+// Nothing else changes: the batch is sent once (at most once), a failed
+// call fails each of its decisions as it would have failed them alone
+// (NOSCRIPT, MOVED and ASK are sent again alone), and a request whose keys
+// make the script fail gets that error alone.
+
+// evalParts are an EVALSHA command's parts, as evalCmd wrote them.
+type evalParts struct {
+	sha, now, mode any
+	keys           []any // *string, each
+	argv           []any // the keys' arguments
+	tag            string
+}
+
+// parseEval reads the parts of an EVALSHA command of evalCmd; false for
+// another command (an EVAL, one of a batch already).
+func parseEval(args []any) (evalParts, bool) {
+	if len(args) < 5 || args[0] != "evalsha" {
+		return evalParts{}, false
+	}
+	n, ok := args[2].(int)
+	if !ok || len(args) != 5+n+argsPerKey*n || n == 0 {
+		return evalParts{}, false
+	}
+	first, ok := args[3].(*string)
+	if !ok {
+		return evalParts{}, false
+	}
+	p := evalParts{sha: args[1], keys: args[3 : 3+n], now: args[3+n], mode: args[4+n], argv: args[5+n:]}
+	if open := strings.IndexByte(*first, '{'); open >= 0 {
+		if end := strings.IndexByte((*first)[open:], '}'); end > 0 {
+			p.tag = (*first)[open : open+end]
+		}
+	}
+	return p, true
+}
+
+// joinKey says which commands may be one call: same script, time and
+// mode, and in a cluster the same hash tag.
+type joinKey struct {
+	sha, now, mode any
+	tag            string
+}
+
+// unit is what one command of a pipeline answers: one item, with its own
+// command, or several, with the call that decides them all.
+type unit struct {
+	cmd   onceCmd
+	items []queued    // more than one: a batched call's
+	parts []evalParts // of each item, while they may be joined
+	sizes []int       // the keys of each item, for a batched call
+	one   [1]queued   // items, for one item (no allocation)
+	part  [1]evalParts
+}
+
+// joiner groups the live items of a batch into the commands to send; the
+// flusher keeps one, so that its room serves every batch.
+type joiner struct {
+	units []unit
+	open  map[joinKey]int // the unit that takes more of a key
+}
+
+// join returns the commands for items: those that may be one call (see
+// joinKey) in one call each, up to maxBatch, the others alone. The units
+// are j's until the next join.
+func (j *joiner) join(items []queued, sameSlot bool) []unit {
+	clear(j.units)
+	j.units = j.units[:0]
+	if j.open == nil {
+		j.open = map[joinKey]int{}
+	}
+	clear(j.open)
+	for _, it := range items {
+		p, ok := parseEval(it.cmd.Args())
+		if !ok {
+			j.add(it, p)
+			continue
+		}
+		k := joinKey{sha: p.sha, now: p.now, mode: p.mode}
+		if sameSlot {
+			k.tag = p.tag
+		}
+		if u, ok := j.open[k]; ok && len(j.units[u].items) < maxBatch {
+			j.units[u].items, j.units[u].parts = append(j.units[u].items, it), append(j.units[u].parts, p)
+			continue
+		}
+		j.open[k] = len(j.units)
+		j.add(it, p)
+	}
+	for k := range j.units {
+		u := &j.units[k]
+		if len(u.items) > 1 {
+			u.cmd, u.sizes = batchCmd(u.items[0].ctx, u.parts)
+		}
+		u.parts = nil
+	}
+	return j.units
+}
+
+// add makes a unit of item it alone, for now.
+func (j *joiner) add(it queued, p evalParts) {
+	j.units = append(j.units, unit{cmd: it.cmd})
+	u := &j.units[len(j.units)-1]
+	u.one[0], u.part[0] = it, p
+	u.items, u.parts = u.one[:], u.part[:]
+}
+
+// batchCmd is the call that decides, in turn, the commands of ps, which
+// may be one call: their keys, the time and mode, their keys' arguments,
+// then the number of keys of each (see common.lua).
+func batchCmd(ctx context.Context, ps []evalParts) (onceCmd, []int) {
+	sizes := make([]int, len(ps))
+	keys, argv := 0, 0
+	for i, p := range ps {
+		sizes[i] = len(p.keys)
+		keys, argv = keys+len(p.keys), argv+len(p.argv)
+	}
+	a := make([]any, 0, 5+keys+argv+len(ps))
+	a = append(a, "evalsha", ps[0].sha, keys)
+	for _, p := range ps {
+		a = append(a, p.keys...)
+	}
+	a = append(a, ps[0].now, ps[0].mode)
+	for _, p := range ps {
+		a = append(a, p.argv...)
+	}
+	for _, n := range sizes {
+		a = append(a, n)
+	}
+	return onceCmd{redis.NewIntSliceCmd(ctx, a...)}, sizes
+}
+
+// batchError is the error of one request of a batched call that its own
+// keys made fail, a Redis error reply (not a sign that the node is
+// unavailable).
+type batchError string
+
+func (e batchError) Error() string { return string(e) }
+
+// RedisError marks it a Redis error reply (see redis.Error).
+func (batchError) RedisError() {}
+
+const (
+	errBatchWrongType = batchError("WRONGTYPE Operation against a key holding the wrong kind of value (in a batched script call)")
+	errBatchScript    = batchError("ERR the rate limit script failed on this request's keys (in a batched script call)")
+)
+
+// answer gives each item of a call of several its own reply or error,
+// from the call's (see common.lua's reply); a unit of one item holds its
+// own already.
+func (u unit) answer() {
+	if u.sizes == nil {
+		return
+	}
+	reply, err := u.cmd.Result()
+	want := 1
+	for _, n := range u.sizes {
+		want += 1 + replyPerKey*n
+	}
+	if err == nil && len(reply) != want {
+		err = fmt.Errorf("%w: %d integers for a batch, want %d", errReply, len(reply), want)
+	}
+	pos := 1
+	for j, it := range u.items {
+		end := pos + 1 + replyPerKey*u.sizes[j]
+		switch {
+		case err != nil:
+			it.cmd.SetErr(err)
+		case reply[pos] == -1:
+			it.cmd.SetErr(errBatchWrongType)
+		case reply[pos] == -2:
+			it.cmd.SetErr(errBatchScript)
+		default:
+			own := make([]int64, 1, end-pos+1)
+			own[0] = reply[0]
+			it.cmd.SetVal(append(own, reply[pos:end]...))
+		}
+		pos = end
+	}
+}
