@@ -273,6 +273,7 @@ func (q *nodeQueue) send(s *sender, batch []queued) {
 		for _, u := range us {
 			u.answer()
 		}
+		s.reset()
 	}
 	for _, it := range batch {
 		it.call.finish(it.i)

@@ -17,7 +17,8 @@ import (
 // about a third of a decision's time), and go-redis writes and reads one
 // command instead of many. Outside a cluster every such command of a batch
 // can join; in a cluster, those of one hash tag (one slot: a client's
-// zones), since a call may not touch keys of several slots.
+// zones), since a call may not touch keys of several slots. A call is
+// bounded (maxJoinWeight), and keeps the order of commands on a slot.
 //
 // Nothing else changes: the batch is sent once (at most once), a failed
 // call fails each of its decisions as it would have failed them alone
@@ -62,50 +63,81 @@ type joinKey struct {
 	tag            string
 }
 
+// maxJoinWeight bounds the work of one batched call, so that it holds
+// Redis about as long as a few plain decisions, and other clients' commands
+// still come in between: a command weighs its keys, and for the sliding
+// log, which adds a member per unit of cost, its costs. A command heavier
+// than that is sent alone, as every command was before batching.
+const maxJoinWeight = 64
+
+// weight is the work of the command of p (see maxJoinWeight).
+func weight(p evalParts) int {
+	if p.sha != scripts[SlidingWindowLog].sha {
+		return len(p.keys)
+	}
+	w := 0
+	for a := 3; a < len(p.argv); a += argsPerKey { // each key's cost (see evalCmd)
+		c, _ := p.argv[a].(int64)
+		w += int(min(max(c, 1), maxJoinWeight+1))
+	}
+	return w
+}
+
 // unit is what one command of a pipeline answers: one item, with its own
 // command, or several, with the call that decides them all.
 type unit struct {
-	cmd   onceCmd
-	items []queued    // more than one: a batched call's
-	parts []evalParts // of each item, while they may be joined
-	sizes []int       // the keys of each item, for a batched call
-	one   [1]queued   // items, for one item (no allocation)
-	part  [1]evalParts
+	cmd    onceCmd
+	items  []queued    // more than one: a batched call's
+	parts  []evalParts // of each item, while they may be joined
+	sizes  []int       // the keys of each item, for a batched call
+	weight int         // see maxJoinWeight
+	one    [1]queued   // items, for one item (no allocation)
+	part   [1]evalParts
 }
 
 // joiner groups the live items of a batch into the commands to send; the
 // flusher keeps one, so that its room serves every batch.
 type joiner struct {
 	units []unit
-	open  map[joinKey]int // the unit that takes more of a key
+	open  map[joinKey]int // the unit that may take more of a key
+	last  map[string]int  // the unit of the latest item of each hash tag
 }
 
 // join returns the commands for items: those that may be one call (see
-// joinKey) in one call each, up to maxBatch, the others alone. The units
-// are j's until the next join.
+// joinKey) in one call each, within maxJoinWeight, the others alone. No
+// command passes an earlier one that shares its slot (a take must not
+// pass a release of the same client queued before it): an item joins the
+// unit of its key only if that unit took the latest item of its hash tag
+// (outside a cluster, of the batch: a call's keys may have many tags
+// there). The units are j's until reset.
 func (j *joiner) join(items []queued, sameSlot bool) []unit {
-	clear(j.units)
-	j.units = j.units[:0]
 	if j.open == nil {
-		j.open = map[joinKey]int{}
+		j.open, j.last = map[joinKey]int{}, map[string]int{}
 	}
-	clear(j.open)
 	for _, it := range items {
 		p, ok := parseEval(it.cmd.Args())
-		if !ok {
-			j.add(it, p)
+		if !ok { // not ours to read: nothing joins across it
+			clear(j.open)
+			j.add(it, p, 0)
 			continue
 		}
 		k := joinKey{sha: p.sha, now: p.now, mode: p.mode}
 		if sameSlot {
 			k.tag = p.tag
 		}
-		if u, ok := j.open[k]; ok && len(j.units[u].items) < maxBatch {
-			j.units[u].items, j.units[u].parts = append(j.units[u].items, it), append(j.units[u].parts, p)
+		w := weight(p)
+		if u, ok := j.open[k]; ok && j.last[k.tag] == u && j.units[u].weight+w <= maxJoinWeight {
+			uu := &j.units[u]
+			uu.items, uu.parts, uu.weight = append(uu.items, it), append(uu.parts, p), uu.weight+w
 			continue
 		}
-		j.open[k] = len(j.units)
-		j.add(it, p)
+		j.last[k.tag] = len(j.units)
+		if w < maxJoinWeight {
+			j.open[k] = len(j.units)
+		} else {
+			delete(j.open, k)
+		}
+		j.add(it, p, w)
 	}
 	for k := range j.units {
 		u := &j.units[k]
@@ -118,11 +150,20 @@ func (j *joiner) join(items []queued, sameSlot bool) []unit {
 }
 
 // add makes a unit of item it alone, for now.
-func (j *joiner) add(it queued, p evalParts) {
-	j.units = append(j.units, unit{cmd: it.cmd})
+func (j *joiner) add(it queued, p evalParts, w int) {
+	j.units = append(j.units, unit{cmd: it.cmd, weight: w})
 	u := &j.units[len(j.units)-1]
 	u.one[0], u.part[0] = it, p
 	u.items, u.parts = u.one[:], u.part[:]
+}
+
+// reset lets go of the last batch's units (their commands and callers'
+// contexts), keeping the room.
+func (j *joiner) reset() {
+	clear(j.units)
+	j.units = j.units[:0]
+	clear(j.open)
+	clear(j.last)
 }
 
 // batchCmd is the call that decides, in turn, the commands of ps, which

@@ -73,7 +73,8 @@ func NewRedisStore(client redis.UniversalClient, prefix string) (*RedisStore, er
 		return nil, fmt.Errorf("key prefix %q: must not contain { or }", prefix)
 	}
 	_, cluster := client.(*redis.ClusterClient)
-	s := &RedisStore{client: client, prefix: prefix, cluster: cluster, now: time.Now, batch: newBatcher(cluster),
+	_, single := client.(*redis.Client) // standalone or Sentinel: batched calls may join any keys
+	s := &RedisStore{client: client, prefix: prefix, cluster: cluster, now: time.Now, batch: newBatcher(!single),
 		breakers: &nodeBreakers{threshold: BreakerFailures, cooldown: BreakerCooldown, byNode: map[string]*Breaker{}},
 		closed:   make(chan struct{}),
 	}
