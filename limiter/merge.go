@@ -86,6 +86,7 @@ func weight(p evalParts) int {
 // unit is what one command of a pipeline answers: one item, with its own
 // command, or several, with the call that decides them all.
 type unit struct {
+	key    joinKey
 	cmd    onceCmd
 	items  []queued    // more than one: a batched call's
 	parts  []evalParts // of each item, while they may be joined
@@ -99,45 +100,43 @@ type unit struct {
 // flusher keeps one, so that its room serves every batch.
 type joiner struct {
 	units []unit
-	open  map[joinKey]int // the unit that may take more of a key
-	last  map[string]int  // the unit of the latest item of each hash tag
+	last  map[string]int // in a cluster, the unit of the latest item of each hash tag
 }
 
 // join returns the commands for items: those that may be one call (see
 // joinKey) in one call each, within maxJoinWeight, the others alone. No
 // command passes an earlier one that shares its slot (a take must not
-// pass a release of the same client queued before it): an item joins the
-// unit of its key only if that unit took the latest item of its hash tag
-// (outside a cluster, of the batch: a call's keys may have many tags
-// there). The units are j's until reset.
+// pass a release of the same client queued before it): an item joins only
+// the unit that took the latest item of its hash tag in a cluster, and
+// outside a cluster (where a call's keys may have many tags) the unit of
+// the item just before it. The units are j's until reset.
 func (j *joiner) join(items []queued, sameSlot bool) []unit {
-	if j.open == nil {
-		j.open, j.last = map[joinKey]int{}, map[string]int{}
+	if j.last == nil {
+		j.last = map[string]int{}
 	}
 	for _, it := range items {
 		p, ok := parseEval(it.cmd.Args())
 		if !ok { // not ours to read: nothing joins across it
-			clear(j.open)
-			j.add(it, p, 0)
+			clear(j.last)
+			j.add(it, p, joinKey{}, maxJoinWeight)
 			continue
 		}
 		k := joinKey{sha: p.sha, now: p.now, mode: p.mode}
+		u, found := len(j.units)-1, len(j.units) > 0
 		if sameSlot {
 			k.tag = p.tag
+			u, found = j.last[k.tag]
 		}
 		w := weight(p)
-		if u, ok := j.open[k]; ok && j.last[k.tag] == u && j.units[u].weight+w <= maxJoinWeight {
+		if found && j.units[u].key == k && j.units[u].weight+w <= maxJoinWeight {
 			uu := &j.units[u]
 			uu.items, uu.parts, uu.weight = append(uu.items, it), append(uu.parts, p), uu.weight+w
 			continue
 		}
-		j.last[k.tag] = len(j.units)
-		if w < maxJoinWeight {
-			j.open[k] = len(j.units)
-		} else {
-			delete(j.open, k)
+		if sameSlot {
+			j.last[k.tag] = len(j.units)
 		}
-		j.add(it, p, w)
+		j.add(it, p, k, w)
 	}
 	for k := range j.units {
 		u := &j.units[k]
@@ -150,8 +149,8 @@ func (j *joiner) join(items []queued, sameSlot bool) []unit {
 }
 
 // add makes a unit of item it alone, for now.
-func (j *joiner) add(it queued, p evalParts, w int) {
-	j.units = append(j.units, unit{cmd: it.cmd, weight: w})
+func (j *joiner) add(it queued, p evalParts, k joinKey, w int) {
+	j.units = append(j.units, unit{key: k, cmd: it.cmd, weight: w})
 	u := &j.units[len(j.units)-1]
 	u.one[0], u.part[0] = it, p
 	u.items, u.parts = u.one[:], u.part[:]
@@ -162,7 +161,6 @@ func (j *joiner) add(it queued, p evalParts, w int) {
 func (j *joiner) reset() {
 	clear(j.units)
 	j.units = j.units[:0]
-	clear(j.open)
 	clear(j.last)
 }
 

@@ -104,3 +104,37 @@ func TestJoinBounded(t *testing.T) {
 		t.Errorf("the request of cost 10,000 shares a call with %d others", len(last.items)-1)
 	}
 }
+
+// BenchmarkJoin: the flusher's work to join a batch of 64 single-key
+// takes into calls, then split a call's reply, per command: outside a
+// cluster (one call), and in one (64 tags: none joins).
+func BenchmarkJoin(b *testing.B) {
+	s, err := NewRedisStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "j:")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	var reqs []Request
+	for i := range 64 {
+		reqs = append(reqs, Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: Policy{Rate: 1, Period: time.Second, Burst: 1}, Cost: 1})
+	}
+	t := &testing.T{}
+	items := joinItems(t, s, reqs, nil)
+	reply := make([]int64, 1+len(items)*(1+replyPerKey))
+	for _, cluster := range []bool{false, true} {
+		b.Run(fmt.Sprint("cluster=", cluster), func(b *testing.B) {
+			var j joiner
+			b.ReportAllocs()
+			for b.Loop() {
+				for _, u := range j.join(items, cluster) {
+					if u.sizes != nil {
+						u.cmd.SetVal(reply)
+						u.answer()
+					}
+				}
+				j.reset()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(items)), "ns/command")
+		})
+	}
+}
