@@ -45,10 +45,10 @@ var errQueueFull = errors.New("redis node queue full: the node does not keep up"
 
 // batcher holds the queues of a store's nodes, made on first use.
 type batcher struct {
-	mu       sync.Mutex
-	queues   map[string]*nodeQueue // by node address; "" outside a cluster
-	closed   bool
-	sameSlot bool // batched calls join commands of one hash tag only (a cluster)
+	mu     sync.Mutex
+	queues map[string]*nodeQueue // by node address; "" outside a cluster
+	closed bool
+	join   joinMode // which commands batched calls may join (see merge.go)
 }
 
 // call is one decision's commands, which may go to several nodes; done
@@ -88,19 +88,19 @@ type queued struct {
 
 // nodeQueue is the queue of one node and the pipeline that sends it.
 type nodeQueue struct {
-	client   redis.Cmdable   // the node's client
-	pipe     redis.Pipeliner // a pipeline on client, used by the flusher alone
-	sameSlot bool            // see batcher
-	mu       sync.Mutex
-	wake     *sync.Cond
-	items    []queued
-	closed   bool
+	client redis.Cmdable   // the node's client
+	pipe   redis.Pipeliner // a pipeline on client, used by the flusher alone
+	join   joinMode        // see batcher
+	mu     sync.Mutex
+	wake   *sync.Cond
+	items  []queued
+	closed bool
 }
 
-// newBatcher returns the batcher of a store; cluster says whether it is a
-// cluster's (see merge.go).
-func newBatcher(cluster bool) *batcher {
-	return &batcher{queues: map[string]*nodeQueue{}, sameSlot: cluster}
+// newBatcher returns the batcher of a store, whose batched calls join
+// commands as join says (see merge.go).
+func newBatcher(join joinMode) *batcher {
+	return &batcher{queues: map[string]*nodeQueue{}, join: join}
 }
 
 // queue returns the queue of node, whose connections client holds. A node
@@ -119,7 +119,7 @@ func (b *batcher) queue(node string, client redis.Cmdable) (*nodeQueue, error) {
 	if ok {
 		q.close()
 	}
-	q = &nodeQueue{client: client, pipe: client.Pipeline(), sameSlot: b.sameSlot}
+	q = &nodeQueue{client: client, pipe: client.Pipeline(), join: b.join}
 	q.wake = sync.NewCond(&q.mu)
 	b.queues[node] = q
 	go q.flush()
@@ -260,7 +260,7 @@ func (q *nodeQueue) send(s *sender, batch []queued) {
 		live = append(live, it)
 	}
 	if newest != nil {
-		us := s.join(live, q.sameSlot)
+		us := s.join(live, q.join)
 		for _, u := range us {
 			_ = q.pipe.Process(newest, u.cmd)
 		}

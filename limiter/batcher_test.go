@@ -194,7 +194,7 @@ func BenchmarkQueueTake(b *testing.B) {
 func TestEnqueueAfterForget(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
 	t.Cleanup(func() { c.Close() })
-	b := newBatcher(false)
+	b := newBatcher(joinAny)
 	t.Cleanup(b.close)
 	q, err := b.queue("n", c)
 	if err != nil {

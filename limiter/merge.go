@@ -56,6 +56,20 @@ func parseEval(args []any) (evalParts, bool) {
 	return p, true
 }
 
+// joinMode says which commands a store's batched calls may join.
+type joinMode int
+
+const (
+	// joinAny: any adjacent commands (a standalone or Sentinel Redis, where
+	// a call may touch any keys, and a command's keys may have many tags).
+	joinAny joinMode = iota
+	// joinByTag: commands of one hash tag, one slot (a cluster, whose
+	// commands each hold one client's keys).
+	joinByTag
+	// joinNone: none (a client of another kind: a ring of shards).
+	joinNone
+)
+
 // joinKey says which commands may be one call: same script, time and
 // mode, and in a cluster the same hash tag.
 type joinKey struct {
@@ -110,13 +124,14 @@ type joiner struct {
 // the unit that took the latest item of its hash tag in a cluster, and
 // outside a cluster (where a call's keys may have many tags) the unit of
 // the item just before it. The units are j's until reset.
-func (j *joiner) join(items []queued, sameSlot bool) []unit {
+func (j *joiner) join(items []queued, mode joinMode) []unit {
 	if j.last == nil {
 		j.last = map[string]int{}
 	}
+	sameSlot := mode == joinByTag
 	for _, it := range items {
 		p, ok := parseEval(it.cmd.Args())
-		if !ok { // not ours to read: nothing joins across it
+		if !ok || mode == joinNone { // not ours to read: nothing joins across it
 			clear(j.last)
 			j.add(it, p, joinKey{}, maxJoinWeight)
 			continue

@@ -53,7 +53,7 @@ func TestJoinKeepsOrder(t *testing.T) {
 		reqs := []Request{{Zone: "z", Key: "other", Policy: p, Cost: 1, ID: "a"}, {Zone: "z", Key: "X", Policy: p, Cost: 1, ID: "r1"},
 			{Zone: "z", Key: "X", Policy: p, Cost: 1, ID: "r2"}, {Zone: "z", Key: "other", Policy: p, Cost: 1, ID: "b"}}
 		var j joiner
-		at := order(j.join(joinItems(t, s, reqs, []string{"take", "release", "take", "take"}), cluster))
+		at := order(j.join(joinItems(t, s, reqs, []string{"take", "release", "take", "take"}), map[bool]joinMode{false: joinAny, true: joinByTag}[cluster]))
 		if at[2] <= at[1] {
 			t.Errorf("cluster %v: the take of X (unit %d) goes before the release of X queued before it (unit %d)", cluster, at[2], at[1])
 		}
@@ -79,7 +79,7 @@ func TestJoinBounded(t *testing.T) {
 		reqs = append(reqs, Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: Policy{Rate: 1, Period: time.Second, Burst: 1}, Cost: 1})
 	}
 	var j joiner
-	if us := j.join(joinItems(t, s, reqs, nil), false); len(us) != 256/maxJoinWeight {
+	if us := j.join(joinItems(t, s, reqs, nil), joinAny); len(us) != 256/maxJoinWeight {
 		t.Errorf("256 takes in %d calls; want %d", len(us), 256/maxJoinWeight)
 	}
 	j.reset()
@@ -89,7 +89,7 @@ func TestJoinBounded(t *testing.T) {
 		reqs = append(reqs, Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: log, Cost: 10})
 	}
 	reqs = append(reqs, Request{Zone: "z", Key: "huge", Policy: log, Cost: 10_000})
-	us := j.join(joinItems(t, s, reqs, nil), false)
+	us := j.join(joinItems(t, s, reqs, nil), joinAny)
 	for _, u := range us {
 		w := 0
 		for _, it := range u.items {
@@ -126,7 +126,7 @@ func BenchmarkJoin(b *testing.B) {
 			var j joiner
 			b.ReportAllocs()
 			for b.Loop() {
-				for _, u := range j.join(items, cluster) {
+				for _, u := range j.join(items, map[bool]joinMode{false: joinAny, true: joinByTag}[cluster]) {
 					if u.sizes != nil {
 						u.cmd.SetVal(reply)
 						u.answer()
@@ -136,5 +136,37 @@ func BenchmarkJoin(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(items)), "ns/command")
 		})
+	}
+}
+
+// TestJoinModes: a store joins any adjacent commands on a standalone (or
+// Sentinel) client, by hash tag on a cluster client, and none on a client
+// of another kind (a ring of shards, whose commands may hold several
+// shards' keys, each with its own tag).
+func TestJoinModes(t *testing.T) {
+	for _, c := range []struct {
+		client redis.UniversalClient
+		want   joinMode
+	}{
+		{redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), joinAny},
+		{redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}), joinByTag},
+		{redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}}), joinNone},
+	} {
+		s, err := NewRedisStore(c.client, "m:")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.batch.join != c.want {
+			t.Errorf("%T: join mode %d; want %d", c.client, s.batch.join, c.want)
+		}
+		var reqs []Request
+		for i := range 4 {
+			reqs = append(reqs, Request{Zone: "z", Key: "same", Policy: Policy{Rate: 1, Period: time.Second, Burst: 9}, Cost: 1, ID: fmt.Sprint(i)})
+		}
+		var j joiner
+		if us := j.join(joinItems(t, s, reqs, nil), s.batch.join); (len(us) == 1) != (c.want != joinNone) {
+			t.Errorf("%T: 4 takes of one client in %d calls", c.client, len(us))
+		}
+		s.Close()
 	}
 }

@@ -73,8 +73,13 @@ func NewRedisStore(client redis.UniversalClient, prefix string) (*RedisStore, er
 		return nil, fmt.Errorf("key prefix %q: must not contain { or }", prefix)
 	}
 	_, cluster := client.(*redis.ClusterClient)
-	_, single := client.(*redis.Client) // standalone or Sentinel: batched calls may join any keys
-	s := &RedisStore{client: client, prefix: prefix, cluster: cluster, now: time.Now, batch: newBatcher(!single),
+	join := joinNone                                 // a client of another kind (a ring of shards, a wrapper): no batched calls
+	if _, single := client.(*redis.Client); single { // standalone or Sentinel
+		join = joinAny
+	} else if cluster {
+		join = joinByTag
+	}
+	s := &RedisStore{client: client, prefix: prefix, cluster: cluster, now: time.Now, batch: newBatcher(join),
 		breakers: &nodeBreakers{threshold: BreakerFailures, cooldown: BreakerCooldown, byNode: map[string]*Breaker{}},
 		closed:   make(chan struct{}),
 	}

@@ -125,7 +125,6 @@ local function batch_error(err)
   elseif unavailable[code] then
     return nil, redis.error_reply(msg)
   end
-  redis.log(redis.LOG_WARNING, 'rate limit script: a request of a batched call failed: ' .. msg)
   return -2
 end
 
