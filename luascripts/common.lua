@@ -96,36 +96,17 @@ local function decide_request(decide, write, first, last, out)
     state[i] = decide(KEYS[i], args(i))
     all = all and state[i].ok
   end
-  out[#out + 1] = all and 1 or 0
+  local o = #out + 1
+  out[o] = all and 1 or 0
   for i = first, last do
     local s = state[i]
     if all and not peek then
       write(KEYS[i], s)
     end
-    local o = #out
-    out[o + 1], out[o + 2], out[o + 3] = s.ok and 1 or 0, s.remaining, s.reset
-    out[o + 4], out[o + 5] = s.retry or 0, s.delay or 0
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = s.ok and 1 or 0, s.remaining, s.reset,
+      s.retry or 0, s.delay or 0
+    o = o + 5
   end
-end
-
--- Error codes that say the server cannot serve (see Unavailable in Go):
--- one of them fails the whole call, as it would fail any request.
-local unavailable = { LOADING = true, CLUSTERDOWN = true, MASTERDOWN = true, TRYAGAIN = true, READONLY = true,
-  BUSY = true, OOM = true, NOREPLICAS = true, MISCONF = true, NOPERM = true }
-
--- batch_error is the reply of a request of a batch that err made fail: -1
--- for WRONGTYPE, -2 for another error of the script (a stored value it
--- did not expect); nil, and the error as Redis would reply it, for an
--- error that says the server cannot serve
-local function batch_error(err)
-  local msg = type(err) == 'table' and tostring(err.err) or tostring(err)
-  local code = string.match(msg, '^(%u+) ')
-  if code == 'WRONGTYPE' then
-    return -1
-  elseif unavailable[code] then
-    return nil, redis.error_reply(msg)
-  end
-  return -2
 end
 
 -- run decides the call's requests (see decide_request), and returns the
@@ -135,6 +116,24 @@ local function run(decide, write)
   if #ARGV < 3 + 6 * n then -- one request
     decide_request(decide, write, 1, n, out)
     return out
+  end
+  -- batch_error is the reply of a request of a batch that err made fail: -1
+  -- for WRONGTYPE, -2 for another error of the script (a stored value it
+  -- did not expect); nil, and the error as Redis would reply it, for an
+  -- error that says the server cannot serve. (Defined here: a call of one
+  -- request does not pay for it.)
+  local function batch_error(err)
+    local msg = type(err) == 'table' and tostring(err.err) or tostring(err)
+    local code = string.match(msg, '^(%u+) ')
+    -- the codes that say the server cannot serve (see Unavailable in Go)
+    local unavailable = { LOADING = true, CLUSTERDOWN = true, MASTERDOWN = true, TRYAGAIN = true, READONLY = true,
+      BUSY = true, OOM = true, NOREPLICAS = true, MISCONF = true, NOPERM = true }
+    if code == 'WRONGTYPE' then
+      return -1
+    elseif unavailable[code] then
+      return nil, redis.error_reply(msg)
+    end
+    return -2
   end
   local first = 1
   for a = 3 + 6 * n, #ARGV do
