@@ -15,10 +15,12 @@ import (
 // own, and each with its own reply or error (see common.lua). Redis then
 // pays once what every call costs (the call, TIME, the script's set-up:
 // about a third of a decision's time), and go-redis writes and reads one
-// command instead of many. Outside a cluster every such command of a batch
-// can join; in a cluster, those of one hash tag (one slot: a client's
-// zones), since a call may not touch keys of several slots. A call is
-// bounded (maxJoinWeight), and keeps the order of commands on a slot.
+// command instead of many. On a standalone or Sentinel Redis, such
+// commands that follow each other in the batch join; in a cluster, those
+// of one hash tag (one slot: a client's zones), since a call may not touch
+// keys of several slots; on other clients, none (see joinMode). A call is
+// bounded (maxJoinWeight), and no command passes an earlier one of its
+// slot.
 //
 // Nothing else changes: the batch is sent once (at most once), a failed
 // call fails each of its decisions as it would have failed them alone
