@@ -315,3 +315,51 @@ func scriptRunCount(t *testing.T, c redis.UniversalClient) int {
 	}
 	return count(info)
 }
+
+// TestBatchedCallNoScript: a batched call that finds no script cached (a
+// restarted or failed-over node) is sent again once, as EVAL with the
+// script's source, not once per request: 99 requests that queued behind a
+// paused server's first command cost one EVAL, not 99 (each carrying the
+// whole script).
+func TestBatchedCallNoScript(t *testing.T) {
+	srv := redistest.NewServer(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { c.Close() })
+	s := newRedisStore(t, c)
+	if err := c.Ping(t.Context()).Err(); err != nil { // connected before the pause
+		t.Fatal(err)
+	}
+	srv.Pause()
+	p := Policy{Rate: 1, Period: time.Hour, Burst: 1000}
+	var wg sync.WaitGroup
+	errs := make([]error, 100)
+	for i := range 100 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, errs[i] = s.Take(ctx, []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1}})
+		})
+	}
+	time.Sleep(200 * time.Millisecond) // the first command in flight, the others queued
+	srv.Resume()
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("decision %d: %v", i, err)
+		}
+	}
+	d, err := s.Peek(t.Context(), Request{Zone: "z", Key: "k", Policy: p})
+	if err != nil || d.Remaining != 900 {
+		t.Fatalf("remaining %d (%v); want 900: each decision charged once", d.Remaining, err)
+	}
+	info, err := c.Info(t.Context(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := strings.Cut(info, "cmdstat_eval:calls=")
+	var evals int
+	fmt.Sscanf(rest, "%d", &evals)
+	if evals > 3 {
+		t.Fatalf("%d EVALs after NOSCRIPT for 100 decisions in two batches; want at most 3", evals)
+	}
+}

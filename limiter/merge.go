@@ -254,3 +254,30 @@ func (u unit) answer() {
 		pos = end
 	}
 }
+
+// evalAgain sends a batched call that found no script cached (NOSCRIPT: it
+// did not run; a node restarted or promoted) once more on pipe, the node's
+// (idle, its batch answered), as EVAL with the script's source, which
+// caches it: one command for the call, instead of each of its decisions
+// sent again alone with the source (see RedisStore.resend, which a call of
+// one decision still goes through).
+func (u *unit) evalAgain(ctx context.Context, pipe redis.Pipeliner) {
+	if u.sizes == nil || !redis.HasErrorPrefix(u.cmd.Err(), "NOSCRIPT") {
+		return
+	}
+	args := u.cmd.Args()
+	var src any
+	for _, s := range scripts {
+		if s.sha == args[1] {
+			src = s.src
+		}
+	}
+	if src == nil {
+		return
+	}
+	a := append([]any{"eval", src}, args[2:]...)
+	cmd := onceCmd{redis.NewIntSliceCmd(ctx, a...)}
+	_ = pipe.Process(ctx, cmd)
+	_, _ = pipe.Exec(ctx) // cmd holds its reply or error
+	u.cmd = cmd
+}
