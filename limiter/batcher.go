@@ -119,7 +119,11 @@ func (b *batcher) queue(node string, client redis.Cmdable) (*nodeQueue, error) {
 	if ok {
 		q.close()
 	}
-	q = &nodeQueue{client: client, pipe: client.Pipeline(), join: b.join}
+	join := b.join
+	if join == joinByNode && node == "" { // the cluster client's queue: it routes each command by its keys
+		join = joinByTag
+	}
+	q = &nodeQueue{client: client, pipe: client.Pipeline(), join: join}
 	q.wake = sync.NewCond(&q.mu)
 	b.queues[node] = q
 	go q.flush()

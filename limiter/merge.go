@@ -16,11 +16,18 @@ import (
 // pays once what every call costs (the call, TIME, the script's set-up:
 // about a third of a decision's time), and go-redis writes and reads one
 // command instead of many. On a standalone or Sentinel Redis, such
-// commands that follow each other in the batch join; in a cluster, those
-// of one hash tag (one slot: a client's zones), since a call may not touch
-// keys of several slots; on other clients, none (see joinMode). A call is
-// bounded (maxJoinWeight), and no command passes an earlier one of its
-// slot.
+// commands that follow each other in the batch join; in a cluster, any
+// of a node's batch, of one or several slots (see joinMode); on other
+// clients, none. A call is bounded (maxJoinWeight), and no command passes
+// an earlier one of its slot.
+//
+// A call may declare keys of one slot only, so a cluster call of several
+// slots declares none: its keys go in its arguments (see common.lua),
+// which Redis allows of a script without flags, so long as every key is
+// the node's. A request whose keys are not (its slot moved since the
+// client's slot map said where it is, or the node is a replica now) fails
+// alone in the call, before it wrote anything, and is sent again alone
+// with its keys declared, which Redis redirects (errBatchElsewhere).
 //
 // Nothing else changes: the batch is sent once (at most once), a failed
 // call fails each of its decisions as it would have failed them alone
@@ -65,8 +72,13 @@ const (
 	// joinAny: any adjacent commands (a standalone or Sentinel Redis, where
 	// a call may touch any keys, and a command's keys may have many tags).
 	joinAny joinMode = iota
-	// joinByTag: commands of one hash tag, one slot (a cluster, whose
-	// commands each hold one client's keys).
+	// joinByNode: any commands of a cluster node's batch (each holds one
+	// client's keys, of one hash tag), those of several tags in a call
+	// that declares no keys.
+	joinByNode
+	// joinByTag: commands of one hash tag, one slot (in a cluster, the
+	// queue of the commands whose node the slot map did not tell, which
+	// the cluster client routes by their first key).
 	joinByTag
 	// joinNone: none (a client of another kind: a ring of shards).
 	joinNone
@@ -108,6 +120,7 @@ type unit struct {
 	parts  []evalParts // of each item, while they may be joined
 	sizes  []int       // the keys of each item, for a batched call
 	weight int         // see maxJoinWeight
+	tags   bool        // the items are of several hash tags: keys undeclared
 	one    [1]queued   // items, for one item (no allocation)
 	part   [1]evalParts
 }
@@ -116,53 +129,68 @@ type unit struct {
 // flusher keeps one, so that its room serves every batch.
 type joiner struct {
 	units []unit
-	last  map[string]int // in a cluster, the unit of the latest item of each hash tag
+	open  map[joinKey]int // in a cluster, the latest unit of each joinKey
+	last  map[string]int  // in a cluster, the unit of the latest item of each hash tag
 }
 
 // join returns the commands for items: those that may be one call (see
 // joinKey) in one call each, within maxJoinWeight, the others alone. No
 // command passes an earlier one that shares its slot (a take must not
-// pass a release of the same client queued before it): an item joins only
-// the unit that took the latest item of its hash tag in a cluster, and
-// outside a cluster (where a call's keys may have many tags) the unit of
-// the item just before it. The units are j's until reset.
+// pass a release of the same client queued before it): outside a cluster
+// (where a command's keys may have many tags), an item joins only the
+// unit of the item just before it; in a cluster, the latest unit of its
+// joinKey, unless a later one holds an item of its hash tag. The units
+// are j's until reset.
 func (j *joiner) join(items []queued, mode joinMode) []unit {
 	if j.last == nil {
-		j.last = map[string]int{}
+		j.last, j.open = map[string]int{}, map[joinKey]int{}
 	}
-	sameSlot := mode == joinByTag
 	for _, it := range items {
 		p, ok := parseEval(it.cmd.Args())
 		if !ok || mode == joinNone { // not ours to read: nothing joins across it
 			clear(j.last)
+			clear(j.open)
 			j.add(it, p, joinKey{}, maxJoinWeight)
 			continue
 		}
 		k := joinKey{sha: p.sha, now: p.now, mode: p.mode}
-		u, found := len(j.units)-1, len(j.units) > 0
-		if sameSlot {
+		if mode == joinByTag {
 			k.tag = p.tag
-			u, found = j.last[k.tag]
 		}
-		w := weight(p)
-		if found && j.units[u].key == k && j.units[u].weight+w <= maxJoinWeight {
+		u, ok := j.into(k, p, mode)
+		if ok {
 			uu := &j.units[u]
-			uu.items, uu.parts, uu.weight = append(uu.items, it), append(uu.parts, p), uu.weight+w
-			continue
+			uu.items, uu.parts, uu.weight = append(uu.items, it), append(uu.parts, p), uu.weight+weight(p)
+			uu.tags = uu.tags || p.tag != uu.parts[0].tag
+		} else {
+			u = len(j.units)
+			j.add(it, p, k, weight(p))
 		}
-		if sameSlot {
-			j.last[k.tag] = len(j.units)
+		if mode != joinAny {
+			j.open[k], j.last[p.tag] = u, u
 		}
-		j.add(it, p, k, w)
 	}
 	for k := range j.units {
 		u := &j.units[k]
 		if len(u.items) > 1 {
-			u.cmd, u.sizes = batchCmd(u.items[0].ctx, u.parts)
+			u.cmd, u.sizes = batchCmd(u.items[0].ctx, u.parts, u.tags)
 		}
 		u.parts = nil
 	}
 	return j.units
+}
+
+// into returns the unit that a command of joinKey k and parts p may join
+// in mode (see join), and whether there is one.
+func (j *joiner) into(k joinKey, p evalParts, mode joinMode) (int, bool) {
+	u, found := len(j.units)-1, len(j.units) > 0
+	if mode != joinAny {
+		u, found = j.open[k]
+		if last, ok := j.last[p.tag]; ok && last > u {
+			return 0, false
+		}
+	}
+	return u, found && j.units[u].key == k && j.units[u].weight+weight(p) <= maxJoinWeight
 }
 
 // add makes a unit of item it alone, for now.
@@ -179,20 +207,26 @@ func (j *joiner) reset() {
 	clear(j.units)
 	j.units = j.units[:0]
 	clear(j.last)
+	clear(j.open)
 }
 
 // batchCmd is the call that decides, in turn, the commands of ps, which
 // may be one call: their keys, the time and mode, their keys' arguments,
-// then the number of keys of each (see common.lua).
-func batchCmd(ctx context.Context, ps []evalParts) (onceCmd, []int) {
+// then the number of keys of each (see common.lua). Its keys are declared
+// unless undeclared (ps hold several slots' keys: then the call declares
+// none, and its arguments start with the number of keys, then the keys).
+func batchCmd(ctx context.Context, ps []evalParts, undeclared bool) (onceCmd, []int) {
 	sizes := make([]int, len(ps))
 	keys, argv := 0, 0
 	for i, p := range ps {
 		sizes[i] = len(p.keys)
 		keys, argv = keys+len(p.keys), argv+len(p.argv)
 	}
-	a := make([]any, 0, 5+keys+argv+len(ps))
+	a := make([]any, 0, 6+keys+argv+len(ps))
 	a = append(a, "evalsha", ps[0].sha, keys)
+	if undeclared {
+		a = append(a[:2], 0, keys)
+	}
 	for _, p := range ps {
 		a = append(a, p.keys...)
 	}
@@ -219,6 +253,11 @@ func (batchError) RedisError() {}
 const (
 	errBatchWrongType = batchError("WRONGTYPE Operation against a key holding the wrong kind of value (in a batched script call)")
 	errBatchScript    = batchError("ERR the rate limit script failed on this request's keys (in a batched script call)")
+	// errBatchElsewhere: the request's keys are not those of the node its
+	// batched call went to (its slot moved, the node is a replica now, or
+	// the cluster is down); nothing of it ran, and the store sends it
+	// again alone, with its keys declared (see RedisStore.run).
+	errBatchElsewhere = batchError("the keys are not the node's (in a batched script call that declares none)")
 )
 
 // answer gives each item of a call of several its own reply or error,
@@ -246,6 +285,8 @@ func (u unit) answer() {
 			it.cmd.SetErr(errBatchWrongType)
 		case reply[pos] == -2:
 			it.cmd.SetErr(errBatchScript)
+		case reply[pos] == -3:
+			it.cmd.SetErr(errBatchElsewhere)
 		default:
 			own := make([]int64, 1, end-pos+1)
 			own[0] = reply[0]

@@ -41,11 +41,13 @@ func order(us []unit) map[int]int {
 // slot in another call: a take of client X queued after a release of X
 // (its previous request's slot) is decided after it, not joined to an
 // earlier take. Outside a cluster, calls are runs of consecutive
-// commands; in a cluster, of one hash tag, whatever other tags' commands
-// come in between.
+// commands; in a cluster, a command joins the latest call of its kind
+// unless a later one holds its tag: by tag (the cluster client's queue),
+// the second take of another client joins its first; on a node, the
+// latest take call (X's).
 func TestJoinKeepsOrder(t *testing.T) {
 	p := Policy{Algorithm: Concurrency, Burst: 1, Lease: time.Minute}
-	for _, cluster := range []bool{false, true} {
+	for _, mode := range []joinMode{joinAny, joinByTag, joinByNode} {
 		s, err := NewRedisStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "o:")
 		if err != nil {
 			t.Fatal(err)
@@ -53,12 +55,12 @@ func TestJoinKeepsOrder(t *testing.T) {
 		reqs := []Request{{Zone: "z", Key: "other", Policy: p, Cost: 1, ID: "a"}, {Zone: "z", Key: "X", Policy: p, Cost: 1, ID: "r1"},
 			{Zone: "z", Key: "X", Policy: p, Cost: 1, ID: "r2"}, {Zone: "z", Key: "other", Policy: p, Cost: 1, ID: "b"}}
 		var j joiner
-		at := order(j.join(joinItems(t, s, reqs, []string{"take", "release", "take", "take"}), map[bool]joinMode{false: joinAny, true: joinByTag}[cluster]))
+		at := order(j.join(joinItems(t, s, reqs, []string{"take", "release", "take", "take"}), mode))
 		if at[2] <= at[1] {
-			t.Errorf("cluster %v: the take of X (unit %d) goes before the release of X queued before it (unit %d)", cluster, at[2], at[1])
+			t.Errorf("mode %d: the take of X (unit %d) goes before the release of X queued before it (unit %d)", mode, at[2], at[1])
 		}
-		if cluster && at[3] != at[0] { // its own tag's commands since: none
-			t.Errorf("cluster: the second take of another client (unit %d) did not join its first (unit %d)", at[3], at[0])
+		if want := map[joinMode]int{joinAny: at[2], joinByTag: at[0], joinByNode: at[2]}[mode]; at[3] != want {
+			t.Errorf("mode %d: the second take of another client went in unit %d; want %d", mode, at[3], want)
 		}
 		j.reset()
 		s.Close()
@@ -106,8 +108,9 @@ func TestJoinBounded(t *testing.T) {
 }
 
 // BenchmarkJoin: the flusher's work to join a batch of 64 single-key
-// takes into calls, then split a call's reply, per command: outside a
-// cluster (one call), and in one (64 tags: none joins).
+// takes of 64 clients into calls, then split a call's reply, per command:
+// outside a cluster (one call), in the cluster client's queue (64 tags:
+// none joins) and in a node's (one call).
 func BenchmarkJoin(b *testing.B) {
 	s, err := NewRedisStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "j:")
 	if err != nil {
@@ -121,12 +124,12 @@ func BenchmarkJoin(b *testing.B) {
 	t := &testing.T{}
 	items := joinItems(t, s, reqs, nil)
 	reply := make([]int64, 1+len(items)*(1+replyPerKey))
-	for _, cluster := range []bool{false, true} {
-		b.Run(fmt.Sprint("cluster=", cluster), func(b *testing.B) {
+	for _, mode := range []joinMode{joinAny, joinByTag, joinByNode} {
+		b.Run(map[joinMode]string{joinAny: "standalone", joinByTag: "cluster_by_tag", joinByNode: "cluster_node"}[mode], func(b *testing.B) {
 			var j joiner
 			b.ReportAllocs()
 			for b.Loop() {
-				for _, u := range j.join(items, map[bool]joinMode{false: joinAny, true: joinByTag}[cluster]) {
+				for _, u := range j.join(items, mode) {
 					if u.sizes != nil {
 						u.cmd.SetVal(reply)
 						u.answer()
@@ -140,7 +143,8 @@ func BenchmarkJoin(b *testing.B) {
 }
 
 // TestJoinModes: a store joins any adjacent commands on a standalone (or
-// Sentinel) client, by hash tag on a cluster client, and none on a client
+// Sentinel) client, those of a node on a cluster client (by hash tag in
+// the queue of commands the cluster client routes), and none on a client
 // of another kind (a ring of shards, whose commands may hold several
 // shards' keys, each with its own tag).
 func TestJoinModes(t *testing.T) {
@@ -149,7 +153,7 @@ func TestJoinModes(t *testing.T) {
 		want   joinMode
 	}{
 		{redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), joinAny},
-		{redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}), joinByTag},
+		{redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}), joinByNode},
 		{redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}}), joinNone},
 	} {
 		s, err := NewRedisStore(c.client, "m:")
@@ -166,6 +170,9 @@ func TestJoinModes(t *testing.T) {
 		var j joiner
 		if us := j.join(joinItems(t, s, reqs, nil), s.batch.join); (len(us) == 1) != (c.want != joinNone) {
 			t.Errorf("%T: 4 takes of one client in %d calls", c.client, len(us))
+		}
+		if q, err := s.batch.queue("", c.client); c.want == joinByNode && (err != nil || q.join != joinByTag) {
+			t.Errorf("the cluster client's own queue joins in mode %d (%v); want by tag", q.join, err)
 		}
 		s.Close()
 	}

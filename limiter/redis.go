@@ -77,7 +77,7 @@ func NewRedisStore(client redis.UniversalClient, prefix string) (*RedisStore, er
 	if _, single := client.(*redis.Client); single { // standalone or Sentinel
 		join = joinAny
 	} else if cluster {
-		join = joinByTag
+		join = joinByNode
 	}
 	s := &RedisStore{client: client, prefix: prefix, cluster: cluster, now: time.Now, batch: newBatcher(join),
 		breakers: &nodeBreakers{threshold: BreakerFailures, cooldown: BreakerCooldown, byNode: map[string]*Breaker{}},
@@ -250,7 +250,8 @@ func (s *RedisStore) scriptRuns(reqs []Request) []scriptRun {
 // run runs the script runs with EVALSHA, each in its node's next pipeline
 // (see batcher: automatic pipelining), and sets each run's reply.
 // Commands that did not run are sent again alone: after NOSCRIPT as EVAL,
-// after MOVED or ASK through the cluster client, which follows redirects.
+// after MOVED or ASK (or errBatchElsewhere) through the cluster client,
+// which follows redirects.
 // No script is sent twice (see onceCmd). Calls to a node whose breaker is
 // open are not sent, but releases always are; the outcome of every call
 // is recorded by its node's breaker. An error is a *NodeError.
@@ -278,7 +279,7 @@ func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string
 		return s.timedOut(nodes, cmds, answered, err, mode)
 	}
 	for i, cmd := range cmds {
-		if err := cmd.Err(); err != nil && (isRedirect(err) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+		if err := cmd.Err(); err != nil && (isRedirect(err) || redis.HasErrorPrefix(err, "NOSCRIPT") || err == errBatchElsewhere) {
 			cmd = s.resend(ctx, runs[i], cmd, now, mode, reqs)
 			runs[i].reply, errs[i] = cmd.Result()
 			s.breakers.settle(nodes[i:i+1], []error{nil}, s.now(), true) // the node answered
@@ -324,8 +325,9 @@ func (s *RedisStore) timedOut(nodes []string, cmds []onceCmd, answered []bool, e
 
 // resend sends again, alone and through the client (which follows
 // redirects), a command that did not run: one a node redirected (MOVED,
-// ASK: its slot moved), or one that found no script cached (NOSCRIPT:
-// then as EVAL, with the script's source).
+// ASK: its slot moved; or errBatchElsewhere, the same in a batched call),
+// or one that found no script cached (NOSCRIPT: then as EVAL, with the
+// script's source).
 func (s *RedisStore) resend(ctx context.Context, sr scriptRun, cmd onceCmd, now, mode string, reqs []Request) onceCmd {
 	sha := !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT")
 	cmd = evalCmd(ctx, sr, sha, now, mode, reqs, nil)

@@ -15,6 +15,11 @@
 --          one call, as the number of keys of each, in order. Without
 --          them, all the keys are one request's.
 --
+-- A batch of a cluster node's requests whose keys are in several slots
+-- (a call may declare keys of one slot only) declares no keys: ARGV[1] is
+-- then the number of keys n, ARGV[2 .. n + 1] the keys, and the arguments
+-- above follow. Its keys must all be the node's.
+--
 -- Each request's keys are decided all or nothing, then the next
 -- request's (which sees what the first wrote). Returns integers only (the
 -- store reads replies as lists of integers: any other element would fail
@@ -25,7 +30,19 @@
 -- keys make the script fail (a key of another type) shows -1 (WRONGTYPE)
 -- or -2 (another error) instead of all allowed, and zeros for its keys;
 -- the others are decided all the same. An error that says the server
--- cannot serve (OOM, READONLY...) fails the whole call.
+-- cannot serve (OOM, READONLY...) fails the whole call. In a batch that
+-- declares no keys, a request whose keys are not the node's (its slot
+-- moved, or the node is a replica now), or that the cluster being down
+-- stopped, shows -3: nothing of it ran, and the caller sends it again
+-- alone, with its keys declared (then Redis redirects it, or says why it
+-- cannot serve it).
+
+-- the keys and arguments, declared or not (see above)
+local KEYS, ARGV, undeclared = KEYS, ARGV, #KEYS == 0
+if undeclared then
+  local n = tonumber(ARGV[1])
+  KEYS, ARGV = { unpack(ARGV, 2, n + 1) }, { unpack(ARGV, n + 2) }
+end
 
 -- now, in microseconds, is ARGV[1] when the caller gives a time (tests),
 -- else the Redis server's clock, so that gateways whose clocks disagree
@@ -119,7 +136,8 @@ local function run(decide, write)
   end
   -- batch_error is the reply of a request of a batch that err made fail: -1
   -- for WRONGTYPE, -2 for another error of the script (a stored value it
-  -- did not expect); nil, and the error as Redis would reply it, for an
+  -- did not expect), -3 for keys that are not the node's in a batch that
+  -- declares none; nil, and the error as Redis would reply it, for an
   -- error that says the server cannot serve. (Defined here: a call of one
   -- request does not pay for it.)
   local function batch_error(err)
@@ -130,6 +148,9 @@ local function run(decide, write)
       BUSY = true, OOM = true, NOREPLICAS = true, MISCONF = true, NOPERM = true }
     if code == 'WRONGTYPE' then
       return -1
+    elseif undeclared and (code == 'READONLY' or string.find(msg, 'non local key', 1, true)
+        or string.find(msg, 'cluster is down', 1, true)) then
+      return -3
     elseif unavailable[code] then
       return nil, redis.error_reply(msg)
     end

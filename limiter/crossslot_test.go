@@ -1,0 +1,233 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// Batched calls across the slots of a cluster node (see merge.go): a
+// call of several clients' decisions declares no keys.
+
+// loadScripts caches every script on every node of c, replicas too.
+func loadScripts(t *testing.T, c *redis.ClusterClient) {
+	t.Helper()
+	err := c.ForEachShard(t.Context(), func(ctx context.Context, n *redis.Client) error {
+		for _, sc := range scripts {
+			if err := n.ScriptLoad(ctx, sc.src.(string)).Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// keysOn returns n client keys (name and a number) whose state lives on
+// the master at addr, by c's slot map.
+func keysOn(t *testing.T, s *RedisStore, c *redis.ClusterClient, addr, name string, n int) []string {
+	t.Helper()
+	var keys []string
+	for i := 0; len(keys) < n; i++ {
+		k := fmt.Sprint(name, i)
+		m, err := c.MasterForKey(t.Context(), s.key(Request{Zone: "z", Key: k}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Options().Addr == addr {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// sendBatch sends one take of each of keys (in policy p) as one batch on
+// the queue of the node whose client is node, as its flusher does, and
+// returns each take's command (its reply or error).
+func sendBatch(t *testing.T, s *RedisStore, node *redis.Client, keys []string, p Policy) []onceCmd {
+	t.Helper()
+	var reqs []Request
+	for _, k := range keys {
+		reqs = append(reqs, Request{Zone: "z", Key: k, Policy: p, Cost: 1, ID: k})
+	}
+	items := joinItems(t, s, reqs, nil)
+	c := newCall(len(items))
+	cmds := make([]onceCmd, len(items))
+	for i := range items {
+		items[i].call, cmds[i] = c, items[i].cmd
+	}
+	q := &nodeQueue{client: node, pipe: node.Pipeline(), join: joinByNode}
+	q.send(&sender{}, items)
+	return cmds
+}
+
+// TestBatchedCallElsewhere: a batched call of several slots that reaches a
+// node that does not hold them (the client's slot map is out of date: a
+// master that no longer serves the slots, a master that is a replica now)
+// decides none of them, writes nothing, and fails each of its requests
+// with errBatchElsewhere (which the store sends again alone, redirected),
+// not with an error that would fail them as the node's: the first access
+// of a token bucket (a read) fails as not local, the first of a
+// concurrency limit (a write) as READONLY on a replica.
+func TestBatchedCallElsewhere(t *testing.T) {
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t)})
+	t.Cleanup(func() { c.Close() })
+	s := newRedisStore(t, c)
+	loadScripts(t, c)
+	var masters, replicas []*redis.Client
+	var mu sync.Mutex // ForEachShard calls at once
+	err := c.ForEachShard(t.Context(), func(ctx context.Context, n *redis.Client) error {
+		role, err := n.Do(ctx, "ROLE").Slice()
+		mu.Lock()
+		defer mu.Unlock()
+		if err == nil && role[0] == "master" {
+			masters = append(masters, n)
+		} else if err == nil {
+			replicas = append(replicas, n)
+		}
+		return err
+	})
+	if err != nil || len(masters) < 2 || len(replicas) == 0 {
+		t.Fatalf("%d masters, %d replicas (%v)", len(masters), len(replicas), err)
+	}
+	a := masters[0].Options().Addr
+	for _, p := range []Policy{{Rate: 1, Period: time.Hour, Burst: 9}, {Algorithm: Concurrency, Burst: 9, Lease: time.Minute}} {
+		keys := keysOn(t, s, c, a, fmt.Sprint(p.Algorithm, "-client-"), 8) // on a, of 8 slots
+		for _, to := range append(masters[1:], replicas...) {
+			for i, cmd := range sendBatch(t, s, to, keys, p) {
+				if cmd.Err() != errBatchElsewhere {
+					t.Errorf("%s (%v) got take %d of a batch of %s's keys: %v; want errBatchElsewhere", to.Options().Addr, p.Algorithm, i, a, cmd.Err())
+				}
+			}
+		}
+		for i, cmd := range sendBatch(t, s, masters[0], keys, p) { // the first takes: nothing taken before
+			if v, err := cmd.Result(); err != nil || v[1] != 1 || v[3] != 8 {
+				t.Errorf("%v: take %d on its own node: %v, %v; want allowed, 8 remaining", p.Algorithm, i, v, err)
+			}
+		}
+	}
+}
+
+// TestBatchedCallsAcrossSlots: decisions of many clients (each its own
+// slot) that queue for one cluster node leave as a few calls, not one
+// each, and are exact all the same; a request whose slot moved to another
+// node since the client read its slot map, joined with others on the old
+// node, is sent again alone, redirected, and decided once, on the new one;
+// a call that finds no script cached runs as EVAL.
+func TestBatchedCallsAcrossSlots(t *testing.T) {
+	cl := redistest.NewClusterOf(t, 3, 0)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	t.Cleanup(func() { c.Close() })
+	s := newRedisStore(t, c)
+	loadScripts(t, c)
+	p := Policy{Rate: 1, Period: time.Hour, Burst: 1}
+	take := func(key string) (bool, error) {
+		d, err := s.Take(t.Context(), []Request{{Zone: "z", Key: key, Policy: p, Cost: 1}})
+		return err == nil && d[0].Allowed, err
+	}
+	before := scriptRunCount(t, c)
+	for round, want := range []int{300, 0} { // each client once, then refused
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		allowed := 0
+		for i := range 300 {
+			wg.Go(func() {
+				ok, err := take(fmt.Sprint("client-", i))
+				if err != nil {
+					t.Errorf("round %d, client %d: %v", round, i, err)
+				}
+				mu.Lock()
+				allowed += map[bool]int{true: 1}[ok]
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		if allowed != want {
+			t.Fatalf("round %d: %d of 300 clients allowed; want %d", round, allowed, want)
+		}
+	}
+	calls := scriptRunCount(t, c) - before
+	t.Logf("600 decisions of 300 clients in %d script calls", calls)
+	if calls > 300 {
+		t.Errorf("600 decisions of 300 clients made %d script calls; want fewer than one per 2 decisions", calls)
+	}
+	movedSlot(t, s, c, cl)
+	// a call of several slots that finds no script cached is sent again
+	// once as EVAL, its keys undeclared still
+	m := redis.NewClient(&redis.Options{Addr: cl.Addrs()[2]})
+	t.Cleanup(func() { m.Close() })
+	if err := m.ScriptFlush(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i, cmd := range sendBatch(t, s, m, keysOn(t, s, c, cl.Addrs()[2], "noscript-", 8), p) {
+		if v, err := cmd.Result(); err != nil || v[1] != 1 {
+			t.Errorf("take %d of a batch after SCRIPT FLUSH: %v, %v; want allowed", i, v, err)
+		}
+	}
+}
+
+// movedSlot moves the slot of a client that has not been seen from the
+// first master to the second, behind the back of c (whose slot map still says the old
+// one), then has its take queue with 9 other clients' of the old master
+// (paused meanwhile): all are decided once, the moved one on its new node.
+func movedSlot(t *testing.T, s *RedisStore, c *redis.ClusterClient, cl *redistest.Cluster) {
+	var ids [2]string
+	var nodes [2]*redis.Client
+	for i, addr := range cl.Addrs()[:2] {
+		nodes[i] = redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { nodes[i].Close() })
+		ids[i] = nodes[i].ClusterMyID(t.Context()).Val()
+	}
+	from, to := 0, 1
+	keys := keysOn(t, s, c, cl.Addrs()[from], "moved-", 11) // the first in flight, then the moved one, then others
+	moved := s.key(Request{Zone: "z", Key: keys[1]})
+	slot := int(nodes[from].ClusterKeySlot(t.Context(), moved).Val())
+	for _, step := range []struct {
+		node int
+		args []any
+	}{{to, []any{"importing", ids[from]}}, {from, []any{"migrating", ids[to]}}, {to, []any{"node", ids[to]}}, {from, []any{"node", ids[to]}}} {
+		if err := nodes[step.node].Do(t.Context(), append([]any{"cluster", "setslot", slot}, step.args...)...).Err(); err != nil {
+			t.Fatalf("cluster setslot %d %v: %v", slot, step.args, err)
+		}
+	}
+	p := Policy{Rate: 1, Period: time.Hour, Burst: 1}
+	srv := cl.Server(cl.Addrs()[from])
+	srv.Pause()
+	var wg sync.WaitGroup
+	errs := make([]error, len(keys))
+	for i, k := range keys {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			d, err := s.Take(ctx, []Request{{Zone: "z", Key: k, Policy: p, Cost: 1}})
+			if err == nil && !d[0].Allowed {
+				err = fmt.Errorf("refused")
+			}
+			errs[i] = err
+		})
+		if i == 0 {
+			time.Sleep(100 * time.Millisecond) // in flight: the others queue behind it
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	srv.Resume()
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("client %s (moved: %v): %v", keys[i], i == 1, err)
+		}
+	}
+	if n := nodes[to].Exists(t.Context(), moved).Val(); n != 1 {
+		t.Errorf("the moved client's bucket is not on its new node")
+	}
+	if d, err := s.Take(t.Context(), []Request{{Zone: "z", Key: keys[1], Policy: p, Cost: 1}}); err != nil || d[0].Allowed {
+		t.Errorf("the moved client's second take: %v, %v; want refused (decided once)", d, err)
+	}
+}
