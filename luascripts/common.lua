@@ -33,9 +33,10 @@
 -- cannot serve (OOM, READONLY...) fails the whole call. In a batch that
 -- declares no keys, a request whose keys are not the node's (its slot
 -- moved, or the node is a replica now), or that the cluster being down
--- stopped, shows -3: nothing of it ran, and the caller sends it again
--- alone, with its keys declared (then Redis redirects it, or says why it
--- cannot serve it).
+-- stopped (or a server that refuses keys a script did not declare), shows
+-- -3: nothing of it ran (it failed on its first access), and the caller
+-- sends it again alone, with its keys declared (then Redis redirects it,
+-- or says why it cannot serve it).
 
 -- the keys and arguments, declared or not (see above)
 local KEYS, ARGV, undeclared = KEYS, ARGV, #KEYS == 0
@@ -149,7 +150,7 @@ local function run(decide, write)
     if code == 'WRONGTYPE' then
       return -1
     elseif undeclared and (code == 'READONLY' or string.find(msg, 'non local key', 1, true)
-        or string.find(msg, 'cluster is down', 1, true)) then
+        or string.find(msg, 'cluster is down', 1, true) or string.find(msg, 'undeclared', 1, true)) then
       return -3
     elseif unavailable[code] then
       return nil, redis.error_reply(msg)
