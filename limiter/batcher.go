@@ -273,9 +273,7 @@ func (q *nodeQueue) send(s *sender, batch []queued) {
 			ctx, cancel = context.WithDeadline(ctx, latest)
 		}
 		_, _ = q.pipe.Exec(ctx) // each command holds its own reply or error
-		for k := range us {
-			us[k].evalAgain(ctx, q.pipe)
-		}
+		evalAgain(ctx, q.pipe, us)
 		cancel()
 		for _, u := range us {
 			u.answer()

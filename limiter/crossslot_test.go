@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -57,15 +58,24 @@ func sendBatch(t *testing.T, s *RedisStore, node *redis.Client, keys []string, p
 	for _, k := range keys {
 		reqs = append(reqs, Request{Zone: "z", Key: k, Policy: p, Cost: 1, ID: k})
 	}
-	items := joinItems(t, s, reqs, nil)
-	c := newCall(len(items))
-	cmds := make([]onceCmd, len(items))
-	for i := range items {
-		items[i].call, cmds[i] = c, items[i].cmd
+	var cmds []onceCmd
+	for _, it := range joinItems(t, s, reqs, nil) {
+		cmds = append(cmds, it.cmd)
+	}
+	sendCmds(node, cmds)
+	return cmds
+}
+
+// sendCmds sends cmds as one batch on the queue of the node whose client
+// is node, as its flusher does.
+func sendCmds(node *redis.Client, cmds []onceCmd) {
+	c := newCall(len(cmds))
+	items := make([]queued, len(cmds))
+	for i, cmd := range cmds {
+		items[i] = queued{ctx: context.Background(), cmd: cmd, call: c, i: i}
 	}
 	q := &nodeQueue{client: node, pipe: node.Pipeline(), join: joinByNode}
 	q.send(&sender{}, items)
-	return cmds
 }
 
 // TestBatchedCallElsewhere: a batched call of several slots that reaches a
@@ -229,5 +239,116 @@ func movedSlot(t *testing.T, s *RedisStore, c *redis.ClusterClient, cl *redistes
 	}
 	if d, err := s.Take(t.Context(), []Request{{Zone: "z", Key: keys[1], Policy: p, Cost: 1}}); err != nil || d[0].Allowed {
 		t.Errorf("the moved client's second take: %v, %v; want refused (decided once)", d, err)
+	}
+}
+
+// TestBatchedCallMigrating: while a client's slot migrates, the second key
+// of its request may have moved already: a refund (sliding log) or a
+// release (concurrency), which write their first key before they reach
+// the second, then fail in a call of several slots. Such a request must
+// not be sent again (it would give back its first key twice): it fails
+// as in a call of its own (errBatchScript), and only a request that
+// wrote nothing is sent again (errBatchElsewhere). The other client's
+// request in the call is decided all the same.
+func TestBatchedCallMigrating(t *testing.T) {
+	cl := redistest.NewClusterOf(t, 3, 0)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	t.Cleanup(func() { c.Close() })
+	s := newRedisStore(t, c)
+	loadScripts(t, c)
+	ctx := t.Context()
+	var nodes [2]*redis.Client
+	for i := range nodes {
+		nodes[i] = redis.NewClient(&redis.Options{Addr: cl.Addrs()[i]})
+		t.Cleanup(func() { nodes[i].Close() })
+	}
+	a, b := nodes[0], nodes[1]
+	for _, tc := range []struct {
+		p    Policy
+		mode string
+	}{
+		{Policy{Algorithm: SlidingWindowLog, Rate: 10, Period: time.Hour}, "refund"},
+		{Policy{Algorithm: Concurrency, Burst: 10, Lease: time.Hour}, "release"},
+		{Policy{Rate: 10, Period: time.Hour, Burst: 10}, "take"},
+	} {
+		keys := keysOn(t, s, c, cl.Addrs()[0], fmt.Sprint(tc.p.Algorithm, "-migrating-"), 2)
+		reqs := []Request{{Zone: "z1", Key: keys[0], Policy: tc.p, Cost: 3, ID: "r"}, {Zone: "z2", Key: keys[0], Policy: tc.p, Cost: 3, ID: "r"}}
+		other := []Request{{Zone: "z1", Key: keys[1], Policy: tc.p, Cost: 1, ID: "o"}}
+		for _, r := range [][]Request{other, reqs} {
+			if _, err := s.Take(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		k1, k2 := s.key(reqs[0]), s.key(reqs[1])
+		dump := func() string { return a.Dump(ctx, k1).Val() }
+		before := dump()
+		slot := a.ClusterKeySlot(ctx, k1).Val()
+		for _, step := range [][]any{
+			{b, "cluster", "setslot", slot, "importing", a.ClusterMyID(ctx).Val()},
+			{a, "cluster", "setslot", slot, "migrating", b.ClusterMyID(ctx).Val()},
+			{a, "migrate", "127.0.0.1", strings.Split(cl.Addrs()[1], ":")[1], k2, 0, 5000}, // k2 moved, k1 not yet
+		} {
+			if err := step[0].(*redis.Client).Do(ctx, step[1:]...).Err(); err != nil {
+				t.Fatalf("%v: %v", step[1:], err)
+			}
+		}
+		cmd := evalCmd(ctx, s.scriptRuns(reqs)[0], true, "", tc.mode, reqs, nil)
+		cmdO := evalCmd(ctx, s.scriptRuns(other)[0], true, "", tc.mode, other, nil)
+		sendCmds(a, []onceCmd{cmd, cmdO})
+		wrote := dump() != before
+		if cmd.Err() == errBatchElsewhere && wrote {
+			t.Errorf("%v %s: sent again (errBatchElsewhere) after it wrote its first key", tc.p.Algorithm, tc.mode)
+		}
+		if cmd.Err() == nil || (!wrote && cmd.Err() != errBatchElsewhere) {
+			t.Errorf("%v %s: %v (wrote: %v); want errBatchElsewhere when it wrote nothing, else a failure", tc.p.Algorithm, tc.mode, cmd.Err(), wrote)
+		}
+		if err := cmdO.Err(); err != nil {
+			t.Errorf("%v %s: the other client's request in the call: %v", tc.p.Algorithm, tc.mode, err)
+		}
+	}
+}
+
+// TestNoScriptKeepsOrder: on a node that lost its scripts (SCRIPT FLUSH:
+// as after a restart or a promotion), a take of client X joined with
+// another client's, queued after a release of X alone in its call, is
+// decided after the release, not before: the calls that found no script
+// are sent again in their order (a concurrency limit of 1: the take is
+// allowed only once the release ran).
+func TestNoScriptKeepsOrder(t *testing.T) {
+	cl := redistest.NewClusterOf(t, 3, 0)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	t.Cleanup(func() { c.Close() })
+	s := newRedisStore(t, c)
+	addr := cl.Addrs()[0]
+	m := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { m.Close() })
+	p := Policy{Algorithm: Concurrency, Burst: 1, Lease: time.Minute}
+	for round := range 3 {
+		ks := keysOn(t, s, c, addr, fmt.Sprint("order-", round, "-"), 3)
+		req := func(k, id string) []Request { return []Request{{Zone: "z", Key: k, Policy: p, Cost: 1, ID: id}} }
+		if d, err := s.Take(t.Context(), req(ks[0], "a")); err != nil || !d[0].Allowed {
+			t.Fatal(d, err)
+		}
+		if err := m.ScriptFlush(t.Context()).Err(); err != nil {
+			t.Fatal(err)
+		}
+		cl.Server(addr).Pause()
+		var wg sync.WaitGroup
+		var take []Decision
+		var errTake, errRelease error
+		for i, f := range []func(){
+			func() { s.Take(t.Context(), req(ks[2], "z")) }, // in flight: the others queue
+			func() { errRelease = s.Release(t.Context(), req(ks[0], "a")) },
+			func() { take, errTake = s.Take(t.Context(), req(ks[0], "b")) },
+			func() { s.Take(t.Context(), req(ks[1], "y")) }, // joins X's take
+		} {
+			wg.Go(f)
+			time.Sleep(map[bool]time.Duration{true: 100, false: 30}[i == 0] * time.Millisecond)
+		}
+		cl.Server(addr).Resume()
+		wg.Wait()
+		if errRelease != nil || errTake != nil || !take[0].Allowed {
+			t.Fatalf("round %d: release %v; the take queued after it: %v, %v; want allowed", round, errRelease, take, errTake)
+		}
 	}
 }

@@ -296,29 +296,40 @@ func (u unit) answer() {
 	}
 }
 
-// evalAgain sends a batched call that found no script cached (NOSCRIPT: it
-// did not run; a node restarted or promoted) once more on pipe, the node's
-// (idle, its batch answered), as EVAL with the script's source, which
-// caches it: one command for the call, instead of each of its decisions
-// sent again alone with the source (see RedisStore.resend, which a call of
-// one decision still goes through).
-func (u *unit) evalAgain(ctx context.Context, pipe redis.Pipeliner) {
-	if u.sizes == nil || !redis.HasErrorPrefix(u.cmd.Err(), "NOSCRIPT") {
-		return
-	}
-	args := u.cmd.Args()
-	var src any
-	for _, s := range scripts {
-		if s.sha == args[1] {
-			src = s.src
+// evalAgain sends the calls of us that found no script cached (NOSCRIPT:
+// they did not run; a node restarted or was promoted) once more, as EVAL
+// with the script's source, which caches it, on pipe, the node's (idle,
+// its batch answered): all in one pipeline, in their order, so that no
+// call passes an earlier one of its slot (a take joined with others must
+// not pass a release of its client alone in its call). A call of several
+// decisions is one command, instead of each of them sent again alone
+// with the source; a call of one gives its reply to its caller's command.
+func evalAgain(ctx context.Context, pipe redis.Pipeliner, us []unit) {
+	again := 0
+	for k := range us {
+		u := &us[k]
+		if !redis.HasErrorPrefix(u.cmd.Err(), "NOSCRIPT") {
+			continue
+		}
+		args := u.cmd.Args()
+		for _, s := range scripts {
+			if s.sha == args[1] {
+				u.cmd = onceCmd{redis.NewIntSliceCmd(ctx, append([]any{"eval", s.src}, args[2:]...)...)}
+				_ = pipe.Process(ctx, u.cmd)
+				again++
+				break
+			}
 		}
 	}
-	if src == nil {
+	if again == 0 {
 		return
 	}
-	a := append([]any{"eval", src}, args[2:]...)
-	cmd := onceCmd{redis.NewIntSliceCmd(ctx, a...)}
-	_ = pipe.Process(ctx, cmd)
-	_, _ = pipe.Exec(ctx) // cmd holds its reply or error
-	u.cmd = cmd
+	_, _ = pipe.Exec(ctx) // each command holds its own reply or error
+	for _, u := range us {
+		if own := u.items[0].cmd; u.sizes == nil && own.IntSliceCmd != u.cmd.IntSliceCmd {
+			v, err := u.cmd.Result()
+			own.SetVal(v)
+			own.SetErr(err)
+		}
+	}
 }

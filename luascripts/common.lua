@@ -33,16 +33,33 @@
 -- cannot serve (OOM, READONLY...) fails the whole call. In a batch that
 -- declares no keys, a request whose keys are not the node's (its slot
 -- moved, or the node is a replica now), or that the cluster being down
--- stopped (or a server that refuses keys a script did not declare), shows
--- -3: nothing of it ran (it failed on its first access), and the caller
--- sends it again alone, with its keys declared (then Redis redirects it,
--- or says why it cannot serve it).
+-- stopped (or a server that refuses keys a script did not declare), and
+-- that wrote nothing yet, shows -3: the caller sends it again alone, with
+-- its keys declared (then Redis redirects it, or says why it cannot serve
+-- it). One that wrote already (while its slot migrates, a key it reaches
+-- after another may have moved) shows -2, as in a call of its own.
 
 -- the keys and arguments, declared or not (see above)
 local KEYS, ARGV, undeclared = KEYS, ARGV, #KEYS == 0
 if undeclared then
   local n = tonumber(ARGV[1])
   KEYS, ARGV = { unpack(ARGV, 2, n + 1) }, { unpack(ARGV, n + 2) }
+end
+
+-- In a call that declares no keys, dirty says whether the request being
+-- decided wrote anything yet (redis.call is wrapped to tell): only one
+-- that did not may be sent again (-3 above).
+local dirty, redis = false, redis
+if undeclared then
+  local call = redis.call
+  local reads = { GET = true, TIME = true, ZCARD = true, ZCOUNT = true, ZRANGE = true, ZSCORE = true }
+  redis = setmetatable({
+    call = function(cmd, ...)
+      local reply = call(cmd, ...)
+      dirty = dirty or not reads[cmd]
+      return reply
+    end,
+  }, { __index = redis })
 end
 
 -- now, in microseconds, is ARGV[1] when the caller gives a time (tests),
@@ -138,18 +155,20 @@ local function run(decide, write)
   -- batch_error is the reply of a request of a batch that err made fail: -1
   -- for WRONGTYPE, -2 for another error of the script (a stored value it
   -- did not expect), -3 for keys that are not the node's in a batch that
-  -- declares none; nil, and the error as Redis would reply it, for an
+  -- declares none, when the request wrote nothing yet; nil, and the error as Redis would reply it, for an
   -- error that says the server cannot serve. (Defined here: a call of one
   -- request does not pay for it.)
   local function batch_error(err)
     local msg = type(err) == 'table' and tostring(err.err) or tostring(err)
+    -- (Redis 6 puts where the script failed in front: "@user_script: 12: ")
+    msg = string.match(msg, '^@[%w_]+: ?%d+: %-?(.*)$') or msg
     local code = string.match(msg, '^(%u+) ')
     -- the codes that say the server cannot serve (see Unavailable in Go)
     local unavailable = { LOADING = true, CLUSTERDOWN = true, MASTERDOWN = true, TRYAGAIN = true, READONLY = true,
       BUSY = true, OOM = true, NOREPLICAS = true, MISCONF = true, NOPERM = true }
     if code == 'WRONGTYPE' then
       return -1
-    elseif undeclared and (code == 'READONLY' or string.find(msg, 'non local key', 1, true)
+    elseif undeclared and not dirty and (code == 'READONLY' or string.find(msg, 'non local key', 1, true)
         or string.find(msg, 'cluster is down', 1, true) or string.find(msg, 'undeclared', 1, true)) then
       return -3
     elseif unavailable[code] then
@@ -160,6 +179,7 @@ local function run(decide, write)
   local first = 1
   for a = 3 + 6 * n, #ARGV do
     local last, mark = first + tonumber(ARGV[a]) - 1, #out
+    dirty = false
     local ok, err = pcall(decide_request, decide, write, first, last, out)
     if not ok then
       local code, fatal = batch_error(err)
