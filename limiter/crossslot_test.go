@@ -33,7 +33,7 @@ func loadScripts(t *testing.T, c *redis.ClusterClient) {
 
 // keysOn returns n client keys (name and a number) whose state lives on
 // the master at addr, by c's slot map.
-func keysOn(t *testing.T, s *RedisStore, c *redis.ClusterClient, addr, name string, n int) []string {
+func keysOn(t testing.TB, s *RedisStore, c *redis.ClusterClient, addr, name string, n int) []string {
 	t.Helper()
 	var keys []string
 	for i := 0; len(keys) < n; i++ {
@@ -52,29 +52,26 @@ func keysOn(t *testing.T, s *RedisStore, c *redis.ClusterClient, addr, name stri
 // sendBatch sends one take of each of keys (in policy p) as one batch on
 // the queue of the node whose client is node, as its flusher does, and
 // returns each take's command (its reply or error).
-func sendBatch(t *testing.T, s *RedisStore, node *redis.Client, keys []string, p Policy) []onceCmd {
+func sendBatch(t testing.TB, s *RedisStore, node *redis.Client, keys []string, p Policy) []onceCmd {
 	t.Helper()
-	var reqs []Request
-	for _, k := range keys {
-		reqs = append(reqs, Request{Zone: "z", Key: k, Policy: p, Cost: 1, ID: k})
+	cmds := make([]onceCmd, len(keys))
+	for i, k := range keys {
+		r := []Request{{Zone: "z", Key: k, Policy: p, Cost: 1, ID: k}}
+		cmds[i] = evalCmd(context.Background(), s.scriptRuns(r)[0], true, "", "take", r, nil)
 	}
-	var cmds []onceCmd
-	for _, it := range joinItems(t, s, reqs, nil) {
-		cmds = append(cmds, it.cmd)
-	}
-	sendCmds(node, cmds)
+	sendCmds(node, cmds, joinByNode)
 	return cmds
 }
 
 // sendCmds sends cmds as one batch on the queue of the node whose client
-// is node, as its flusher does.
-func sendCmds(node *redis.Client, cmds []onceCmd) {
+// is node, as its flusher does, joined as mode says.
+func sendCmds(node *redis.Client, cmds []onceCmd, mode joinMode) {
 	c := newCall(len(cmds))
 	items := make([]queued, len(cmds))
 	for i, cmd := range cmds {
 		items[i] = queued{ctx: context.Background(), cmd: cmd, call: c, i: i}
 	}
-	q := &nodeQueue{client: node, pipe: node.Pipeline(), join: joinByNode}
+	q := &nodeQueue{client: node, pipe: node.Pipeline(), join: mode}
 	q.send(&sender{}, items)
 }
 
@@ -294,7 +291,7 @@ func TestBatchedCallMigrating(t *testing.T) {
 		}
 		cmd := evalCmd(ctx, s.scriptRuns(reqs)[0], true, "", tc.mode, reqs, nil)
 		cmdO := evalCmd(ctx, s.scriptRuns(other)[0], true, "", tc.mode, other, nil)
-		sendCmds(a, []onceCmd{cmd, cmdO})
+		sendCmds(a, []onceCmd{cmd, cmdO}, joinByNode)
 		wrote := dump() != before
 		if cmd.Err() == errBatchElsewhere && wrote {
 			t.Errorf("%v %s: sent again (errBatchElsewhere) after it wrote its first key", tc.p.Algorithm, tc.mode)
@@ -350,5 +347,42 @@ func TestNoScriptKeepsOrder(t *testing.T) {
 		if errRelease != nil || errTake != nil || !take[0].Allowed {
 			t.Fatalf("round %d: release %v; the take queued after it: %v, %v; want allowed", round, errRelease, take, errTake)
 		}
+	}
+}
+
+// BenchmarkRedisScriptCluster measures what a token-bucket decision costs
+// a cluster master (redis-µs/op, from INFO commandstats), in batches of 8
+// decisions of 8 clients (8 slots): by tag, each its own call (as before
+// batched calls across slots), and by node, one call that declares no keys.
+func BenchmarkRedisScriptCluster(b *testing.B) {
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(b)})
+	b.Cleanup(func() { c.Close() })
+	s := newRedisStore(b, c)
+	m, err := c.MasterForKey(b.Context(), "x")
+	if err != nil {
+		b.Fatal(err)
+	}
+	keys := keysOn(b, s, c, m.Options().Addr, "bench-", 1024)
+	p := Policy{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
+	sendBatch(b, s, m, keys[:8], p) // the script cached
+	for _, mode := range []joinMode{joinByTag, joinByNode} {
+		b.Run(map[joinMode]string{joinByTag: "by_tag", joinByNode: "by_node"}[mode], func(b *testing.B) {
+			before := evalshaUsec(b, m)
+			i := 0
+			for b.Loop() {
+				cmds := make([]onceCmd, 8)
+				for j := range cmds {
+					r := []Request{{Zone: "z", Key: keys[(i+j)%len(keys)], Policy: p, Cost: 1}}
+					cmds[j] = evalCmd(context.Background(), s.scriptRuns(r)[0], true, "", "take", r, nil)
+				}
+				sendCmds(m, cmds, mode)
+				i += 8
+			}
+			after := evalshaUsec(b, m)
+			if calls := after[1] - before[1]; calls > 0 {
+				b.ReportMetric(float64(after[0]-before[0])/float64(b.N*8), "redis-µs/decision")
+				b.ReportMetric(float64(b.N*8)/float64(calls), "decisions/call")
+			}
+		})
 	}
 }
