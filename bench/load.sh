@@ -19,7 +19,7 @@
 # every route once (interleaved: plain, then each route), with
 # `wrk -t2 -c<connections>`; the ratio to plain is computed per rep (against
 # that rep's plain run) and the median is reported. Then a constant-rate
-# run (vegeta) at half and at a quarter of plain's peak gives the p99 of
+# run (vegeta) at a half, a quarter and an eighth of plain's peak gives the p99 of
 # plain and of the cluster route.
 #
 # PROFILE=<route> also takes a CPU profile of Caddy (from its admin
@@ -216,12 +216,12 @@ for r in "${ROUTES[@]:1}"; do
 	printf '%-16s %s  median %s\n' "$r" "${ratios[*]}" "$median"
 done
 
-# Constant rate: half, then a quarter, of plain's peak as vegeta itself
-# measures it (vegeta costs more CPU per request than wrk, and shares the
-# cores), for plain and the cluster route, twice each, interleaved. At half,
-# the cluster route needs most of 2 cores (Caddy, vegeta and 7 Redis
-# processes), so its p99 shows the machine's queueing; at a quarter, what
-# the route itself adds.
+# Constant rate: half, a quarter, then an eighth of plain's peak as vegeta
+# itself measures it (vegeta costs more CPU per request than wrk, and
+# shares the cores), for plain and the cluster route, twice each,
+# interleaved. At half, the cluster route needs most of 2 cores (Caddy,
+# vegeta and 7 Redis processes), so its p99 shows the machine's queueing;
+# the lower the rate, the more it shows what the route itself adds.
 targets() { # route -> a targets file of 64 keys
 	for i in $(seq 0 63); do printf 'GET http://127.0.0.1:%s/\nX-API-Key: key-%s\n\n' "${PORT[$1]}" "$i"; done >"$TMP/targets.$1"
 	echo "$TMP/targets.$1"
@@ -230,7 +230,7 @@ peak=$("$VEGETA" attack -rate=0 -max-workers="$CONNS" -duration="${DURATION}s" -
 	"$VEGETA" report -type=json | sed -E 's/.*"throughput":([0-9.]+).*/\1/')
 echo
 echo "vegeta: plain's peak ${peak%.*} req/s, 64 keys; constant rates for ${DURATION}s"
-for share in 2 4; do # half, then a quarter of plain's peak
+for share in 2 4 8; do # half, a quarter, an eighth of plain's peak
 	rate=$(awk -v p="$peak" -v s="$share" 'BEGIN { printf "%d", p / s }')
 	echo "1/$share of the peak: ${rate} req/s"
 	for r in plain cluster_10k plain cluster_10k; do
