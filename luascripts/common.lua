@@ -34,10 +34,12 @@
 -- declares no keys, a request whose keys are not the node's (its slot
 -- moved, or the node is a replica now), or that the cluster being down
 -- stopped (or a server that refuses keys a script did not declare), and
--- that wrote nothing yet, shows -3: the caller sends it again alone, with
--- its keys declared (then Redis redirects it, or says why it cannot serve
--- it). One that wrote already (while its slot migrates, a key it reaches
--- after another may have moved) shows -2, as in a call of its own.
+-- that did nothing yet that it would do twice if sent again (see dirty),
+-- shows -3: the caller sends it again alone, with its keys declared (then
+-- Redis redirects it, or says why it cannot serve it). One that did (while
+-- its slot migrates, a key it reaches after another may have moved: a
+-- refund without id gave back its first key) shows -2, as in a call of
+-- its own.
 
 -- the keys and arguments, declared or not (see above)
 local KEYS, ARGV, undeclared = KEYS, ARGV, #KEYS == 0
@@ -47,18 +49,27 @@ if undeclared then
 end
 
 -- In a call that declares no keys, dirty says whether the request being
--- decided wrote anything yet (redis.call is wrapped to tell): only one
--- that did not may be sent again (-3 above).
+-- decided did anything yet that sending it again would do twice
+-- (redis.call and redis.pcall are wrapped to tell): only one that did not
+-- may be sent again (-3 above). Reads may run again, and so may removals
+-- of expired entries (ZREMRANGEBYSCORE up to now) and of named members
+-- (ZREM: a lease, a refund by id), which find nothing the second time;
+-- a write of a bucket, an added member or a removal by rank (a refund
+-- without id) may not.
 local dirty, redis = false, redis
 if undeclared then
-  local call = redis.call
-  local reads = { GET = true, TIME = true, ZCARD = true, ZCOUNT = true, ZRANGE = true, ZSCORE = true }
+  local call, pcall_ = redis.call, redis.pcall
+  local again = { GET = true, TIME = true, ZCARD = true, ZCOUNT = true, ZRANGE = true, ZSCORE = true,
+    ZREMRANGEBYSCORE = true, ZREM = true, PEXPIRE = true }
+  local function mark(cmd, reply)
+    if not again[cmd] and not (type(reply) == 'table' and reply.err) then
+      dirty = true
+    end
+    return reply
+  end
   redis = setmetatable({
-    call = function(cmd, ...)
-      local reply = call(cmd, ...)
-      dirty = dirty or not reads[cmd]
-      return reply
-    end,
+    call = function(cmd, ...) return mark(cmd, call(cmd, ...)) end,
+    pcall = function(cmd, ...) return mark(cmd, pcall_(cmd, ...)) end,
   }, { __index = redis })
 end
 
@@ -155,9 +166,10 @@ local function run(decide, write)
   -- batch_error is the reply of a request of a batch that err made fail: -1
   -- for WRONGTYPE, -2 for another error of the script (a stored value it
   -- did not expect), -3 for keys that are not the node's in a batch that
-  -- declares none, when the request wrote nothing yet; nil, and the error as Redis would reply it, for an
-  -- error that says the server cannot serve. (Defined here: a call of one
-  -- request does not pay for it.)
+  -- declares none, when the request may be sent again (see dirty); nil,
+  -- and the error as Redis would reply it, for an error that says the
+  -- server cannot serve. (Defined here: a call of one request does not pay
+  -- for it.)
   local function batch_error(err)
     local msg = type(err) == 'table' and tostring(err.err) or tostring(err)
     -- (Redis 6 puts where the script failed in front: "@user_script: 12: ")
