@@ -363,3 +363,72 @@ func TestBatchedCallNoScript(t *testing.T) {
 		t.Fatalf("%d EVALs after NOSCRIPT for 100 decisions in two batches; want at most 3", evals)
 	}
 }
+
+// TestBatchedCallArgs: each request of a batched call is decided with its
+// own arguments, though the script reuses the previous key's when they
+// are the same: requests of one zone (the same rate, period and burst)
+// with other costs, flags and ids get their own (a cost of 5 leaves 5 of
+// 10; a leaky bucket's no-delay flag sets no delay; a sliding log's
+// members are named by the request's own id).
+func TestBatchedCallArgs(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.NewServer(t).Addr})
+	t.Cleanup(func() { c.Close() })
+	s := newRedisStore(t, c)
+	for _, sc := range scripts {
+		if err := c.ScriptLoad(t.Context(), sc.src.(string)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		p     Policy
+		reqs  []Request // Key and Cost, ID, NoDelay set
+		check func(t *testing.T, i int, reply []int64, r Request)
+	}{
+		{Policy{Rate: 1, Period: time.Hour, Burst: 10}, []Request{{Key: "a", Cost: 1}, {Key: "b", Cost: 5}, {Key: "c", Cost: 5}, {Key: "d", Cost: 2}},
+			func(t *testing.T, i int, reply []int64, r Request) {
+				if reply[3] != 10-r.Cost {
+					t.Errorf("token bucket, cost %d: %d remaining; want %d", r.Cost, reply[3], 10-r.Cost)
+				}
+			}},
+		{Policy{Algorithm: LeakyBucket, Rate: 1, Period: time.Hour, Burst: 10}, []Request{{Key: "a"}, {Key: "b", ID: "1"}, {Key: "c", ID: "1"}, {Key: "d"}},
+			func(t *testing.T, i int, reply []int64, r Request) {
+				if delayed := reply[6] > 0; delayed == r.Policy.NoDelay {
+					t.Errorf("leaky bucket, request %d (no delay: %v): delay %d µs", i, r.Policy.NoDelay, reply[6])
+				}
+			}},
+		{Policy{Algorithm: SlidingWindowLog, Rate: 10, Period: time.Hour}, []Request{{Key: "a", ID: "x"}, {Key: "b", ID: "y"}, {Key: "c", ID: "y"}, {Key: "d", ID: "z"}},
+			func(t *testing.T, i int, reply []int64, r Request) {
+				key := s.key(Request{Zone: "z", Key: r.Key, Policy: r.Policy})
+				if m := c.ZRange(t.Context(), key, 0, -1).Val(); len(m) != 1 || m[0] != r.ID+":1" {
+					t.Errorf("sliding log, request %d (id %s): members %v", i, r.ID, m)
+				}
+			}},
+	} {
+		var cmds []onceCmd
+		for i := range tc.reqs {
+			r := &tc.reqs[i]
+			r.Zone, r.Policy, r.Key = "z", tc.p, fmt.Sprint(tc.p.Algorithm, "-", r.Key)
+			r.Cost = max(r.Cost, 1)
+			if tc.p.Algorithm == LeakyBucket { // a first request, so that the next one waits (or would)
+				if _, err := s.Take(t.Context(), []Request{*r}); err != nil {
+					t.Fatal(err)
+				}
+				r.Policy.NoDelay, r.ID = r.ID == "1", "" // the same id: only the flag differs
+			}
+			one := []Request{*r}
+			cmds = append(cmds, evalCmd(t.Context(), s.scriptRuns(one)[0], true, "", "take", one, nil))
+		}
+		before := scriptRunCount(t, c)
+		sendCmds(c, cmds, joinAny)
+		if calls := scriptRunCount(t, c) - before; calls != 1 {
+			t.Fatalf("%v: 4 requests in %d script calls; want 1", tc.p.Algorithm, calls)
+		}
+		for i, cmd := range cmds {
+			reply, err := cmd.Result()
+			if err != nil || reply[1] != 1 {
+				t.Fatalf("%v request %d: %v, %v; want allowed", tc.p.Algorithm, i, reply, err)
+			}
+			tc.check(t, i, reply, tc.reqs[i])
+		}
+	}
+}

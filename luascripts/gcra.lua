@@ -52,18 +52,17 @@ end
 -- A charge has already added them, whatever the bucket holds: the TAT may
 -- go beyond the burst (debt), up to max_debt beyond it.
 local function gcra(key, k, empty)
-  local g = { interval = k.period / k.rate }
-  g.full = k.burst * g.interval
-  g.room = g.full + tolerance(g.interval)
-  g.offset = empty and g.full or 0
+  local interval = k.period / k.rate
+  local full = k.burst * interval
+  local offset = empty and full or 0
   local t = stored_time(key)
-  g.wait = t and math.max(t + g.offset, 0) or 0
+  local wait = t and math.max(t + offset, 0) or 0
   if refund then
-    g.wait = math.max(g.wait - k.cost * g.interval, 0)
+    wait = math.max(wait - k.cost * interval, 0)
   elseif charge then
-    g.wait = math.min(g.wait + k.cost * g.interval, g.full + max_debt)
+    wait = math.min(wait + k.cost * interval, full + max_debt)
   end
-  return g
+  return { interval = interval, full = full, room = full + tolerance(interval), offset = offset, wait = wait }
 end
 
 -- the state that leaves the TAT wait µs ahead of now: the time to store,
@@ -72,7 +71,7 @@ end
 -- wait that it stands for (0, and nothing to store, when wait is)
 local function settle(g, wait)
   if wait <= 0 then
-    return { wait = 0 }
+    return { wait = 0, ok = false, reset = 0, retry = 0, remaining = 0, delay = 0 }
   end
   local t = wait - g.offset
   local whole = math.floor(t)
@@ -80,7 +79,8 @@ local function settle(g, wait)
   if ns >= 1000 then
     whole, ns = whole + 1, 0
   end
-  return { whole = whole, ns = ns, wait = math.max(whole + ns / 1000 + g.offset, 0) }
+  return { whole = whole, ns = ns, wait = math.max(whole + ns / 1000 + g.offset, 0), ok = false, reset = 0, retry = 0,
+    remaining = 0, delay = 0 }
 end
 
 -- stores the time of the state s, expiring at the TAT; deletes the key
