@@ -26,8 +26,9 @@ import (
 // which Redis allows of a script without flags, so long as every key is
 // the node's. A request whose keys are not (its slot moved since the
 // client's slot map said where it is, or the node is a replica now) fails
-// alone in the call, before it wrote anything, and is sent again alone
-// with its keys declared, which Redis redirects (errBatchElsewhere).
+// alone in the call, and, unless it did something that would count twice
+// (see common.lua's dirty), is sent again alone with its keys declared,
+// which Redis redirects (errBatchElsewhere).
 //
 // Nothing else changes: the batch is sent once (at most once), a failed
 // call fails each of its decisions as it would have failed them alone
@@ -157,14 +158,15 @@ func (j *joiner) join(items []queued, mode joinMode) []unit {
 		if mode == joinByTag {
 			k.tag = p.tag
 		}
-		u, ok := j.into(k, p, mode)
+		w := weight(p)
+		u, ok := j.into(k, p.tag, w, mode)
 		if ok {
 			uu := &j.units[u]
-			uu.items, uu.parts, uu.weight = append(uu.items, it), append(uu.parts, p), uu.weight+weight(p)
+			uu.items, uu.parts, uu.weight = append(uu.items, it), append(uu.parts, p), uu.weight+w
 			uu.tags = uu.tags || p.tag != uu.parts[0].tag
 		} else {
 			u = len(j.units)
-			j.add(it, p, k, weight(p))
+			j.add(it, p, k, w)
 		}
 		if mode != joinAny {
 			j.open[k], j.last[p.tag] = u, u
@@ -180,17 +182,17 @@ func (j *joiner) join(items []queued, mode joinMode) []unit {
 	return j.units
 }
 
-// into returns the unit that a command of joinKey k and parts p may join
-// in mode (see join), and whether there is one.
-func (j *joiner) into(k joinKey, p evalParts, mode joinMode) (int, bool) {
+// into returns the unit that a command of joinKey k, hash tag tag and
+// weight w may join in mode (see join), and whether there is one.
+func (j *joiner) into(k joinKey, tag string, w int, mode joinMode) (int, bool) {
 	u, found := len(j.units)-1, len(j.units) > 0
 	if mode != joinAny {
 		u, found = j.open[k]
-		if last, ok := j.last[p.tag]; ok && last > u {
+		if last, ok := j.last[tag]; ok && last > u {
 			return 0, false
 		}
 	}
-	return u, found && j.units[u].key == k && j.units[u].weight+weight(p) <= maxJoinWeight
+	return u, found && j.units[u].key == k && j.units[u].weight+w <= maxJoinWeight
 }
 
 // add makes a unit of item it alone, for now.
@@ -255,8 +257,9 @@ const (
 	errBatchScript    = batchError("ERR the rate limit script failed on this request's keys (in a batched script call)")
 	// errBatchElsewhere: the request's keys are not those of the node its
 	// batched call went to (its slot moved, the node is a replica now, or
-	// the cluster is down); nothing of it ran, and the store sends it
-	// again alone, with its keys declared (see RedisStore.run).
+	// the cluster is down); nothing of it ran that would count twice, and
+	// the store sends it again alone, with its keys declared (see
+	// RedisStore.run).
 	errBatchElsewhere = batchError("the keys are not the node's (in a batched script call that declares none)")
 )
 
