@@ -31,6 +31,17 @@ func loadScripts(t *testing.T, c *redis.ClusterClient) {
 	}
 }
 
+// ownCluster starts a cluster of 3 masters of the test's own (its script
+// calls and slots are the test's alone), and returns it, a client of it
+// and a store on that client.
+func ownCluster(t *testing.T) (*redistest.Cluster, *redis.ClusterClient, *RedisStore) {
+	t.Helper()
+	cl := redistest.NewClusterOf(t, 3, 0)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	t.Cleanup(func() { c.Close() })
+	return cl, c, newRedisStore(t, c)
+}
+
 // keysOn returns n client keys (name and a number) whose state lives on
 // the master at addr, by c's slot map.
 func keysOn(t testing.TB, s *RedisStore, c *redis.ClusterClient, addr, name string, n int) []string {
@@ -75,6 +86,34 @@ func sendCmds(node *redis.Client, cmds []onceCmd, mode joinMode) {
 	q.send(&sender{}, items)
 }
 
+// shards returns the clients of c's masters and replicas, once c's slot map
+// lists replicas (a cluster just made lists them when they are in sync).
+func shards(t *testing.T, c *redis.ClusterClient) (masters, replicas []*redis.Client) {
+	t.Helper()
+	var mu sync.Mutex // ForEachShard calls at once
+	for range 100 {
+		masters, replicas = nil, nil
+		err := c.ForEachShard(t.Context(), func(ctx context.Context, n *redis.Client) error {
+			role, err := n.Do(ctx, "ROLE").Slice()
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil && role[0] == "master" {
+				masters = append(masters, n)
+			} else if err == nil {
+				replicas = append(replicas, n)
+			}
+			return err
+		})
+		if err == nil && len(masters) >= 2 && len(replicas) > 0 {
+			return masters, replicas
+		}
+		time.Sleep(100 * time.Millisecond)
+		c.ReloadState(t.Context())
+	}
+	t.Fatalf("%d masters, %d replicas", len(masters), len(replicas))
+	return nil, nil
+}
+
 // TestBatchedCallElsewhere: a batched call of several slots that reaches a
 // node that does not hold them (the client's slot map is out of date: a
 // master that no longer serves the slots, a master that is a replica now)
@@ -87,23 +126,8 @@ func TestBatchedCallElsewhere(t *testing.T) {
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t)})
 	t.Cleanup(func() { c.Close() })
 	s := newRedisStore(t, c)
+	masters, replicas := shards(t, c)
 	loadScripts(t, c)
-	var masters, replicas []*redis.Client
-	var mu sync.Mutex // ForEachShard calls at once
-	err := c.ForEachShard(t.Context(), func(ctx context.Context, n *redis.Client) error {
-		role, err := n.Do(ctx, "ROLE").Slice()
-		mu.Lock()
-		defer mu.Unlock()
-		if err == nil && role[0] == "master" {
-			masters = append(masters, n)
-		} else if err == nil {
-			replicas = append(replicas, n)
-		}
-		return err
-	})
-	if err != nil || len(masters) < 2 || len(replicas) == 0 {
-		t.Fatalf("%d masters, %d replicas (%v)", len(masters), len(replicas), err)
-	}
 	a := masters[0].Options().Addr
 	for _, p := range []Policy{{Rate: 1, Period: time.Hour, Burst: 9}, {Algorithm: Concurrency, Burst: 9, Lease: time.Minute}} {
 		keys := keysOn(t, s, c, a, fmt.Sprint(p.Algorithm, "-client-"), 8) // on a, of 8 slots
@@ -129,10 +153,7 @@ func TestBatchedCallElsewhere(t *testing.T) {
 // node, is sent again alone, redirected, and decided once, on the new one;
 // a call that finds no script cached runs as EVAL.
 func TestBatchedCallsAcrossSlots(t *testing.T) {
-	cl := redistest.NewClusterOf(t, 3, 0)
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
-	t.Cleanup(func() { c.Close() })
-	s := newRedisStore(t, c)
+	cl, c, s := ownCluster(t)
 	loadScripts(t, c)
 	p := Policy{Rate: 1, Period: time.Hour, Burst: 1}
 	take := func(key string) (bool, error) {
@@ -250,10 +271,7 @@ func movedSlot(t *testing.T, s *RedisStore, c *redis.ClusterClient, cl *redistes
 // key was charged or given back once, never twice; the other client's
 // request in the call is decided all the same.
 func TestBatchedCallMigrating(t *testing.T) {
-	cl := redistest.NewClusterOf(t, 3, 0)
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
-	t.Cleanup(func() { c.Close() })
-	s := newRedisStore(t, c)
+	cl, c, s := ownCluster(t)
 	loadScripts(t, c)
 	ctx := t.Context()
 	var nodes [2]*redis.Client
@@ -347,10 +365,7 @@ func migrate(t *testing.T, nodes [2]*redis.Client, slot int64, key string) {
 // are sent again in their order (a concurrency limit of 1: the take is
 // allowed only once the release ran).
 func TestNoScriptKeepsOrder(t *testing.T) {
-	cl := redistest.NewClusterOf(t, 3, 0)
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
-	t.Cleanup(func() { c.Close() })
-	s := newRedisStore(t, c)
+	cl, c, s := ownCluster(t)
 	addr := cl.Addrs()[0]
 	m := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { m.Close() })
