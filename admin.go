@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,11 +9,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
-
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
 func init() {
@@ -106,11 +102,8 @@ func listZones() []zoneInfo {
 	for _, r := range registry.zones { // the newest config's last, so it wins
 		p := r.z.policy
 		info := zoneInfo{Name: r.z.name, Key: r.z.Key, Algorithm: p.Algorithm.String(), Rate: r.z.Rate,
-			Limit: p.Limit(), MaxConcurrent: r.z.MaxConcurrent, Policy: p.String(), Store: "memory",
+			Limit: p.Limit(), MaxConcurrent: r.z.MaxConcurrent, Policy: p.String(), Store: r.h.store.Kind(),
 			DryRun: r.z.DryRun || r.h.DryRun}
-		if r.h.backend.redis != nil {
-			info.Store = "redis"
-		}
 		byName[info.Name] = info
 	}
 	list := make([]zoneInfo, 0, len(byName))
@@ -173,16 +166,11 @@ func parseKeyPath(path string) (zone, key string, ok bool) {
 // cache of refused clients; with Redis, other instances forget it within
 // localCacheMaxAge.
 func serveKey(w http.ResponseWriter, r *http.Request, ref zoneRef, key string) error {
-	z, b := ref.z, ref.h.backend
+	z, store := ref.z, ref.h.store
 	req := z.bucket(key)
-	var store limiter.Store = b.memory
-	if b.redis != nil {
-		store = b.redis
-	}
-	// The store's timeout, whatever the admin client does: a caller that
-	// hangs up must not count against a Redis node's breaker.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cmp.Or(ref.h.timeout, time.Second))
-	defer cancel()
+	// The store waits its own timeout, whatever the admin client does: a
+	// caller that hangs up must not count against a Redis node's breaker.
+	ctx := r.Context()
 	switch r.Method {
 	case http.MethodGet:
 		d, err := store.Peek(ctx, req)
@@ -192,9 +180,6 @@ func serveKey(w http.ResponseWriter, r *http.Request, ref zoneRef, key string) e
 		return writeJSON(w, usage{Zone: z.name, Key: req.Key, Limit: d.Limit, Remaining: d.Remaining,
 			Reset: d.ResetUnix(), Algorithm: z.policy.Algorithm.String()})
 	case http.MethodDelete:
-		if b.refused != nil {
-			b.refused.Delete(req)
-		}
 		if err := store.Reset(ctx, req); err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("resetting the bucket: %w", err)}
 		}

@@ -6,16 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-
-	"github.com/caddyserver/caddy/v2/caddyconfig"
-	_ "github.com/caddyserver/caddy/v2/modules/standard"
 )
-
-func adapt(t *testing.T, src string) (string, error) {
-	t.Helper()
-	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": "Caddyfile"})
-	return string(out), err
-}
 
 func TestCaddyfileAdapts(t *testing.T) {
 	out, err := adapt(t, `:8080 {

@@ -3,8 +3,6 @@ package ratelimit
 import (
 	"encoding/json"
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -134,15 +132,4 @@ func (h *Handler) metricsRegistry(ctx caddy.Context) *prometheus.Registry {
 		return nil
 	}
 	return ctx.GetMetricsRegistry()
-}
-
-// withJitter is the wait of a refusal with Jitter's random part: up to
-// Jitter times the wait more (math/rand/v2's generator, safe for
-// concurrent use).
-func (h *Handler) withJitter(wait time.Duration) time.Duration {
-	if h.Jitter <= 0 || wait <= 0 {
-		return wait
-	}
-	extra := rand.Float64() * h.Jitter * float64(wait)
-	return time.Duration(min(float64(wait)+extra, math.MaxInt64/2))
 }

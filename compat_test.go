@@ -2,24 +2,15 @@ package ratelimit
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"math"
-	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyevents"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/crlconfigs"
 )
@@ -161,42 +152,6 @@ func findHandler(t *testing.T, config []byte) json.RawMessage {
 	return raw
 }
 
-// fakeClock is a handler's clock that a test moves.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-// crlRequest is a request to path with a method, from a client address.
-func crlRequest(method, path, remote string) *http.Request {
-	r := httptest.NewRequest(method, path, nil)
-	r.RemoteAddr = remote + ":4321"
-	orig := *r // {http.request.orig_uri.*}, which Caddy's server sets
-	return r.WithContext(context.WithValue(r.Context(), caddyhttp.OriginalRequestCtxKey, orig))
-}
-
-// expectStatus serves r and checks its status and, for a 429,
-// Retry-After.
-func expectStatus(t *testing.T, h *Handler, r *http.Request, status int, retryAfter string) {
-	t.Helper()
-	w := serve(h, r)
-	if w.Code != status || status == http.StatusTooManyRequests && w.Header().Get("Retry-After") != retryAfter {
-		t.Fatalf("%s %s: status %d, Retry-After %q; want %d, %q", r.Method, r.URL.Path, w.Code, w.Header().Get("Retry-After"), status, retryAfter)
-	}
-}
-
 // TestCaddyRateLimitBehaviour runs the request sequences of
 // caddy-ratelimit's TestCaddyfileRateLimits (caddyfile_test.go) and
 // TestRateLimits (handler_test.go) on their configurations, with the
@@ -330,15 +285,6 @@ func TestCaddyRateLimitNetworkPrefix(t *testing.T) {
 	}
 }
 
-// configPrefix is a prefix length as a config gives it: 0 is an
-// explicit 0.
-func configPrefix(n int) PrefixLength {
-	if n == 0 {
-		return noGrouping
-	}
-	return PrefixLength(n)
-}
-
 func TestPrefixLengthJSON(t *testing.T) {
 	for _, c := range []struct {
 		in   string
@@ -468,27 +414,6 @@ func TestHandlerCompatOptions(t *testing.T) {
 	}
 }
 
-// TestDistributedShowsRedis: the error shows the redis block equivalent
-// to a Redis storage (caddy-storage-redis's fields), in the Caddyfile and
-// in JSON, and never the storage's password.
-func TestDistributedShowsRedis(t *testing.T) {
-	storage := json.RawMessage(`{"module": "redis", "host": ["10.0.0.5", "10.0.0.6"], "port": ["6380"],
-		"password": "hunter2", "db": 2, "username": "rl", "tls_enabled": true, "client_type": "cluster"}`)
-	err := refuseDistributed(json.RawMessage(`{"read_interval": "5s"}`), storage)
-	for _, want := range []string{
-		"distributed: caddy-ratelimit's distributed",
-		"\tredis {\n\t\taddresses 10.0.0.5:6380 10.0.0.6:6380\n\t\tcluster\n\t\tusername rl\n\t\tpassword {env.REDIS_PASSWORD}\n\t\tdb 2\n\t\ttls\n\t}",
-		`in JSON: "redis": {"addresses":["10.0.0.5:6380","10.0.0.6:6380"],"cluster":true,"username":"rl","password":"{env.REDIS_PASSWORD}","db":2,"tls":{}}`,
-	} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Fatalf("error = %v\nwant it to contain %q", err, want)
-		}
-	}
-	if strings.Contains(err.Error(), "hunter2") {
-		t.Fatalf("the storage's password is in the error: %v", err)
-	}
-}
-
 // TestCaddyfileCompat: caddy-ratelimit's options in the Caddyfile and
 // the JSON they adapt to.
 func TestCaddyfileCompat(t *testing.T) {
@@ -562,261 +487,6 @@ func TestCaddyfileCompatErrors(t *testing.T) {
 			_, err := adapt(t, c.src)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("error = %v\nwant it to contain %q", err, c.want)
-			}
-		})
-	}
-}
-
-// TestJitterProportional: jitter 0.5 adds 0 to half the wait, at random.
-func TestJitterProportional(t *testing.T) {
-	h := &Handler{Jitter: 0.5, Zones: map[string]*Zone{"j": {Key: "k", MaxEvents: 1, Window: caddy.Duration(time.Minute)}}}
-	clock := &fakeClock{t: time.Now()}
-	h.now = clock.Now
-	if err := provision(t, h); err != nil {
-		t.Fatal(err)
-	}
-	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 200, "")
-	seen := map[int]bool{}
-	for range 200 {
-		w := serve(h, crlRequest("GET", "/", "10.0.0.1"))
-		n, err := strconv.Atoi(w.Header().Get("Retry-After"))
-		if w.Code != 429 || err != nil || n < 60 || n > 90 {
-			t.Fatalf("status %d, Retry-After %q; want 429 and 60 to 90", w.Code, w.Header().Get("Retry-After"))
-		}
-		seen[n] = true
-	}
-	if len(seen) < 10 {
-		t.Fatalf("Retry-After took %d values in 200 refusals: %v", len(seen), seen)
-	}
-}
-
-// TestExceededNamePlaceholder: {http.rate_limit.exceeded.name} names the
-// refusing zone, as in caddy-ratelimit, and is not set when allowed.
-func TestExceededNamePlaceholder(t *testing.T) {
-	h := &Handler{Zones: map[string]*Zone{"tight": {Key: "k", MaxEvents: 1, Window: caddy.Duration(time.Minute)}}}
-	if err := provision(t, h); err != nil {
-		t.Fatal(err)
-	}
-	for i, want := range []string{"", "tight"} {
-		r := crlRequest("GET", "/", "10.0.0.1")
-		repl := caddyhttp.NewTestReplacer(r)
-		_ = h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
-		if got, _ := repl.GetString("http.rate_limit.exceeded.name"); got != want {
-			t.Fatalf("request %d: {http.rate_limit.exceeded.name} = %q; want %q", i, got, want)
-		}
-	}
-}
-
-// eventRecorder is an events handler that keeps what it is given.
-type eventRecorder struct {
-	mu     sync.Mutex
-	events []caddy.Event
-}
-
-func (e *eventRecorder) Handle(_ context.Context, ev caddy.Event) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.events = append(e.events, ev)
-	return nil
-}
-
-// withEvents gives h a running events app on which sub listens to
-// rate_limit_exceeded.
-func withEvents(t testing.TB, h *Handler, sub caddyevents.Handler) {
-	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	app := new(caddyevents.App)
-	if err := app.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := app.On(exceededEvent, sub); err != nil {
-		t.Fatal(err)
-	}
-	if err := app.Start(); err != nil {
-		t.Fatal(err)
-	}
-	h.events, h.eventCtx = app, ctx
-}
-
-func TestExceededEvent(t *testing.T) {
-	h := &Handler{Zones: map[string]*Zone{"login": {Key: "{http.request.remote.host}", MaxEvents: 1, Window: caddy.Duration(time.Minute)}}}
-	if err := provision(t, h); err != nil {
-		t.Fatal(err)
-	}
-	rec := new(eventRecorder)
-	withEvents(t, h, rec)
-	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 200, "")
-	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 429, "60")
-	if len(rec.events) != 1 {
-		t.Fatalf("%d events; want 1, for the refusal only", len(rec.events))
-	}
-	ev := rec.events[0]
-	wait, _ := ev.Data["wait"].(time.Duration)
-	if ev.Name() != "rate_limit_exceeded" || ev.Data["zone"] != "login" || ev.Data["remote_ip"] != "10.0.0.1" ||
-		ev.Data["client_ip"] != "10.0.0.1" || ev.Data["retry_after"] != int64(60) || wait <= 59*time.Second || wait > time.Minute {
-		t.Fatalf("event %s %v", ev.Name(), ev.Data)
-	}
-}
-
-// refusalLogHandler is a handler with log_refusals whose info logs a
-// test reads; zones a and b (on /b) allow one request a minute per
-// client address, keyed by an API key.
-func refusalLogHandler(t *testing.T, logKeys bool) (*Handler, *observer.ObservedLogs, *fakeClock) {
-	t.Helper()
-	zone := func() *Zone {
-		return &Zone{Key: "{http.request.header.X-API-Key}", MaxEvents: 1, Window: caddy.Duration(time.Minute)}
-	}
-	h := &Handler{LogRefusals: &RefusalLog{}, LogKeys: logKeys, Zones: map[string]*Zone{"a": zone(), "b": zone()}}
-	h.Zones["a"].MatcherSetsRaw = caddyhttp.RawMatcherSets{{"path": json.RawMessage(`["/a"]`)}}
-	h.Zones["b"].MatcherSetsRaw = caddyhttp.RawMatcherSets{{"path": json.RawMessage(`["/b"]`)}}
-	clock := &fakeClock{t: time.Now()}
-	h.now = clock.Now
-	if err := provision(t, h); err != nil {
-		t.Fatal(err)
-	}
-	core, logs := observer.New(zap.InfoLevel)
-	h.logger = zap.New(core)
-	return h, logs, clock
-}
-
-func TestRefusalLog(t *testing.T) {
-	h, logs, clock := refusalLogHandler(t, false)
-	send := func(path, client string) {
-		r := crlRequest("GET", path, client)
-		r.Header.Set("X-API-Key", "secret-key-"+client)
-		serve(h, r)
-	}
-	for range 5 {
-		send("/a", "10.0.0.1") // 1 allowed, 4 refused: one line
-	}
-	send("/b", "10.0.0.1")
-	send("/b", "10.0.0.1") // another zone: a line
-	send("/a", "10.0.0.2")
-	send("/a", "10.0.0.2") // another client: a line
-	clock.Advance(59 * time.Second)
-	send("/a", "10.0.0.1") // within the interval: none
-	if n := logs.Len(); n != 3 {
-		t.Fatalf("%d lines; want 3: %v", n, logs.All())
-	}
-	clock.Advance(time.Second)
-	send("/a", "10.0.0.1") // allowed again (the window passed)
-	send("/a", "10.0.0.1") // refused, the interval passed: a line
-	lines := logs.All()
-	if len(lines) != 4 {
-		t.Fatalf("%d lines; want 4", len(lines))
-	}
-	want := map[string]any{"zone": "a", "client_ip": "10.0.0.1", "remote_ip": "10.0.0.1", "host": "example.com",
-		"method": "GET", "path": "/a", "retry_after": int64(60), "wait": time.Minute}
-	got := lines[0].ContextMap()
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("field %s = %v; want %v", k, got[k], v)
-		}
-	}
-	for _, l := range lines {
-		if l.Level != zap.InfoLevel || l.Message != "rate limit exceeded" {
-			t.Errorf("line %v %q; want info \"rate limit exceeded\"", l.Level, l.Message)
-		}
-		if _, ok := l.ContextMap()["key"]; ok || strings.Contains(fmt.Sprint(l.ContextMap()), "secret-key") {
-			t.Errorf("a key is logged without log_keys: %v", l.ContextMap())
-		}
-	}
-	h, logs, _ = refusalLogHandler(t, true)
-	for range 2 {
-		r := crlRequest("GET", "/a", "10.0.0.9")
-		r.Header.Set("X-API-Key", "k-9")
-		serve(h, r)
-	}
-	if lines := logs.All(); len(lines) != 1 || lines[0].ContextMap()["key"] != "k-9" {
-		t.Fatalf("with log_keys: %v; want one line with key k-9", lines)
-	}
-}
-
-// TestRefusalThrottleBounded: a flood of distinct clients is remembered
-// in at most two generations of the limit, and each of them logged once.
-func TestRefusalThrottleBounded(t *testing.T) {
-	th := newRefusalThrottle(time.Hour, 100)
-	now := time.Now().UnixNano()
-	for i := range 1000 {
-		if !th.allow("z", "10.0."+strconv.Itoa(i/256)+"."+strconv.Itoa(i%256), now) {
-			t.Fatalf("client %d not logged", i)
-		}
-		th.mu.Lock()
-		n := len(th.cur) + len(th.prev)
-		th.mu.Unlock()
-		if n > 200 {
-			t.Fatalf("%d digests remembered; want at most 200", n)
-		}
-	}
-	if th.allow("z", "10.0.3.231", now) { // the last one: remembered
-		t.Fatal("a client was logged twice within the interval")
-	}
-	if !th.allow("z", "10.0.3.231", now+int64(time.Hour)) {
-		t.Fatal("a client was not logged again after the interval")
-	}
-}
-
-// TestDisableMetrics: a handler with disable_metrics counts no decisions.
-func TestDisableMetrics(t *testing.T) {
-	h := &Handler{DisableMetrics: true, Zones: map[string]*Zone{"quiet_zone": {Key: "k", Rate: "1r/m"}}}
-	if err := provision(t, h); err != nil {
-		t.Fatal(err)
-	}
-	before := metricCount(t, "quiet_zone")
-	serve(h, crlRequest("GET", "/", "10.0.0.1"))
-	serve(h, crlRequest("GET", "/", "10.0.0.1"))
-	if after := metricCount(t, "quiet_zone"); after != before {
-		t.Fatalf("decisions of quiet_zone went from %v to %v", before, after)
-	}
-	h2 := &Handler{Zones: map[string]*Zone{"loud_zone": {Key: "k", Rate: "1r/m"}}}
-	if err := provision(t, h2); err != nil {
-		t.Fatal(err)
-	}
-	serve(h2, crlRequest("GET", "/", "10.0.0.1"))
-	if metricCount(t, "loud_zone") == 0 {
-		t.Fatal("a handler without disable_metrics counted nothing")
-	}
-}
-
-// metricCount sums caddy_rate_limit_decisions_total of a zone.
-func metricCount(t *testing.T, zone string) float64 {
-	t.Helper()
-	var sum float64
-	for _, result := range []string{resultAllowed, resultDenied} {
-		c, err := metrics.decisions.GetMetricWithLabelValues(zone, result)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sum += testutil.ToFloat64(c)
-	}
-	return sum
-}
-
-// BenchmarkServeHTTPRefused: the refusal path, the handler alone (see
-// benchServer), its logger at info level (Caddy's default): as it is by
-// default (no events app), with an event subscriber (whose events app
-// logs each event with the debug logger Caddy gives tests), and with
-// log_refusals (throttled: no line written).
-func BenchmarkServeHTTPRefused(b *testing.B) {
-	for _, c := range []string{"default", "event_subscriber", "log_refusals"} {
-		b.Run(c, func(b *testing.B) {
-			h := &Handler{Zones: map[string]*Zone{"a": {Key: "{http.request.header.X-Key}", Rate: "1r/h"}}}
-			if c == "log_refusals" {
-				h.LogRefusals = &RefusalLog{}
-			}
-			if err := provision(b, h); err != nil {
-				b.Fatal(err)
-			}
-			h.logger = infoLogger()
-			if c == "event_subscriber" {
-				withEvents(b, h, new(eventRecorder))
-			}
-			serve(h, benchRequest()) // the one request allowed
-			s := newBenchServer(b, h, http.StatusTooManyRequests)
-			b.ReportAllocs()
-			for b.Loop() {
-				s.serve(b)
 			}
 		})
 	}

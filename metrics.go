@@ -6,6 +6,9 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
 // metrics are the limiter's Prometheus collectors. They live as long as
@@ -25,15 +28,6 @@ var metrics = struct {
 	jwksFetches  *prometheus.CounterVec
 	jwksAge      prometheus.Collector
 }{}
-
-// Decision results, the values of the "result" label.
-const (
-	resultAllowed    = "allowed"
-	resultDenied     = "denied"
-	resultDryRun     = "dry_run"     // a dry-run zone would have refused
-	resultStoreError = "store_error" // decided by on_store_error
-	resultBanned     = "banned"      // refused by a ban
-)
 
 // The namespace and subsystem of every metric: caddy_rate_limit_*.
 const metricsNamespace, metricsSubsystem = "caddy", "rate_limit"
@@ -89,41 +83,81 @@ func registerMetrics(reg *prometheus.Registry) error {
 	return nil
 }
 
-// recordDecisions adds the decisions of a verdict to the metrics, a
-// result per zone asked; dryRun means that refusals were not enforced.
-func recordDecisions(zones []*Zone, v verdict, dryRun bool) {
+// record adds a verdict to the metrics: its store calls, a result per
+// zone asked, the refusals answered from the cache of refused clients and
+// the bans started; and logs the bans started and the refusals of dry-run
+// zones.
+func (h *Handler) record(zones []*Zone, v *limiter.Verdict) {
+	for i := range v.Calls {
+		recordCall(&v.Calls[i])
+	}
 	for i, z := range zones {
-		var result int
-		switch {
-		case z.noMetrics: // disable_metrics
-			continue
-		case v.storeFailed:
-			result = storeErrorIndex
-		case v.decisions[i].Limit == 0: // not asked: another zone refused first
-			continue
-		case v.decisions[i].Banned:
-			result = bannedIndex
-		case !v.decisions[i].Allowed && dryRun:
-			result = dryRunIndex
-		case v.decisions[i].Allowed:
-			result = allowedIndex
-		default:
-			result = deniedIndex
+		state, d := v.States[i], v.Decisions
+		if state.Decided() && d[i].Cached {
+			metrics.cacheHits.WithLabelValues(z.name).Inc()
 		}
-		z.counters.get(z.name, result).Inc()
+		switch state {
+		case limiter.BanStarted:
+			metrics.bans.WithLabelValues(z.name).Inc()
+			h.logger.Info("client banned", zap.String("zone", z.name), zap.Duration("for", d[i].RetryAfter))
+		case limiter.WouldRefuse:
+			h.logger.Debug("dry run: would be rate limited", zap.String("zone", z.name),
+				zap.Int64("retry_after", d[i].RetryAfterSeconds()))
+		}
+		if result := resultOf(state, v.CallOf(i)); result >= 0 && !z.noMetrics {
+			z.counters.get(z.name, result).Inc()
+		}
 	}
 }
 
-// The results of decisions, as indexes of resultNames.
+// recordCall adds a store call to the latency and error metrics.
+func recordCall(c *limiter.Call) {
+	switch c.Store {
+	case "":
+		return
+	case "memory":
+		memoryLatency().Observe(c.Took.Seconds())
+	default:
+		metrics.storeLatency.WithLabelValues(c.Store).Observe(c.Took.Seconds())
+	}
+	if c.Failure != limiter.NoFailure {
+		metrics.storeErrors.WithLabelValues(c.Store).Inc()
+	}
+	if c.Failure == limiter.ScriptFailed {
+		metrics.scriptErrors.Inc()
+	}
+}
+
+// resultOf is the index of the result of a zone in state, decided by
+// call; -1 for a zone not asked.
+func resultOf(state limiter.State, call *limiter.Call) int {
+	switch {
+	case call.Failure != limiter.NoFailure:
+		return storeErrorIndex
+	case state == limiter.NotAsked:
+		return -1
+	case state == limiter.Banned:
+		return bannedIndex
+	case state == limiter.WouldRefuse:
+		return dryRunIndex
+	case state == limiter.Allowed:
+		return allowedIndex
+	}
+	return deniedIndex // Refused, BanStarted
+}
+
+// The results of decisions, the values of the "result" label, as indexes
+// of resultNames.
 const (
-	allowedIndex = iota
-	deniedIndex
-	dryRunIndex
-	storeErrorIndex
-	bannedIndex
+	allowedIndex    = iota
+	deniedIndex     // refused by a zone
+	dryRunIndex     // a dry-run zone would have refused
+	storeErrorIndex // decided by on_store_error
+	bannedIndex     // refused by a ban
 )
 
-var resultNames = [...]string{resultAllowed, resultDenied, resultDryRun, resultStoreError, resultBanned}
+var resultNames = [...]string{allowedIndex: "allowed", deniedIndex: "denied", dryRunIndex: "dry_run",
+	storeErrorIndex: "store_error", bannedIndex: "banned"}
 
 // decisionCounters are a zone's series of decisions_total, by result, each
 // looked up in the vector when first counted (as WithLabelValues would

@@ -6,26 +6,33 @@
 // each by a key template (an address, an API key, a JWT claim), and
 // counts per key with an algorithm: a token bucket (the default), a fixed
 // window, a sliding log, a sliding window counter, a leaky bucket, or a
-// limit of requests in flight. A request goes through three steps, each in
-// its own file:
+// limit of requests in flight. ServeHTTP (this file) takes a request
+// through three steps:
 //
-//   - identify (zone.go, claims.go): every zone whose matchers match gives
-//     a limiter.Request: the bucket of the client's key and the policy and
-//     cost for this request, which may come from placeholders;
-//   - decide (backend.go, bans.go, storeerror.go, dryrun.go): the store
-//     (memory, or Redis with a circuit breaker and a cache of refused
-//     clients) charges every zone, all or nothing, unless a ban or
-//     on_store_error decides first;
-//   - respond (response.go): the most restrictive decision sets the headers
-//     and placeholders; a refusal is answered 429 with a body, an allowed
-//     request goes on to the next handler.
+//   - identify: every zone whose matchers match gives a limiter.Request:
+//     the bucket of the client's key (zonekey.go) and the policy and cost
+//     for this request, which may come from placeholders (zone.go) or
+//     verified JWT claims (claims.go);
+//   - decide: the store (a limiter.Limiter, shared across reloads:
+//     store.go) gives one verdict, a state per zone, all or nothing;
+//     metrics.go records it in the metrics and logs;
+//   - respond (response.go): the most restrictive zone sets the headers
+//     and placeholders, once; a refusal is answered 429 and reported
+//     (refusallog.go, events.go), an allowed request goes on to the next
+//     handler, and a zone that counts what the response says settles its
+//     charge when the response's status is written (responsecount.go).
 //
-// Redis connections and memory buckets are kept across config reloads in
-// a pool (backend.go). caddyfile.go parses the rate_limit directive,
-// admin.go serves the admin API, metrics.go the Prometheus collectors.
+// The configuration: caddyfile.go, caddyfile_zone.go and caddyfile_args.go
+// parse the rate_limit directive; each config type is provisioned in the
+// file that carries it out (Zone in zone.go, RedisConfig in
+// redisconfig.go, StoreErrorPolicy in storeerror.go, JWTConfig in
+// claims.go, with its key fetchers in jwtkeys.go); compat.go and
+// distributed.go give caddy-ratelimit's spellings their meaning here;
+// options.go lists the allowed values. admin.go serves the admin API.
 package ratelimit
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
@@ -174,10 +181,10 @@ type Handler struct {
 	zones    []*Zone             // Zones, sorted by name
 	verifier *clientkey.Verifier // JWT's keys; nil without JWT
 	jwksKey  string              // JWT's key fetcher in jwksFetchers; "" without one, or once released
-	backend  *backend            // the stores, shared through backends
-	poolKey  string              // backend's key in backends; "" once released
-	timeout  time.Duration       // Redis's timeout; 0 without Redis
+	store    *sharedStore        // what decides, shared through stores
+	poolKey  string              // store's key in stores; "" once released
 	onError  StoreErrorPolicy    // OnStoreError with its defaults
+	fallback limiter.Fallback    // onError for the store
 	now      func() time.Time    // the clock; time.Now unless a test sets it
 	wallNow  bool                // now is time.Now: the memory store's time is its latency's start
 	logger   *zap.Logger
@@ -202,6 +209,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.onError, err = h.OnStoreError.resolve(h.Redis != nil); err != nil {
 		return err
 	}
+	h.fallback = h.onError.fallback()
 	if err = h.checkResponseOptions(); err != nil {
 		return err
 	}
@@ -220,7 +228,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err = h.provisionZones(ctx); err != nil {
 		return err
 	}
-	if err = h.provisionBackend(); err != nil {
+	if err = h.provisionStore(); err != nil {
 		return err
 	}
 	registerZones(h)
@@ -240,11 +248,11 @@ func (h *Handler) Validate() error {
 func (h *Handler) Cleanup() error {
 	unregisterZones(h)
 	h.releaseJWKS()
-	return h.releaseBackend()
+	return h.releaseStore()
 }
 
 // ServeHTTP identifies the client in each zone that applies to r, decides
-// with the stores, and responds: 429 if a zone refuses, else r goes on to
+// with the store, and responds: 429 if a zone refuses, else r goes on to
 // next with the limit headers set.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
@@ -254,37 +262,35 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
-	reqs, zones, dry := h.dryRun(r.Context(), reqs, zones)
-	defer dry.release.call()
-	if dry.shown != nil {
-		f := h.fields(w.Header(), false)
-		h.setLimitHeaders(&f, *dry.shown)
-	}
 	if len(reqs) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	return h.respond(w, r, next, repl, h.decide(r.Context(), reqs, zones), dry.shown)
+	v := &s.verdict
+	h.decide(r.Context(), reqs, zones, v)
+	defer v.Release()
+	return h.respond(w, r, next, repl, zones, v)
 }
 
-// scratch is where a request's zones and store requests are listed,
-// reused from one request to the next (scratches).
+// scratch is where a request's zones, store requests and verdict are
+// kept, reused from one request to the next (scratches).
 type scratch struct {
-	reqs  []limiter.Request
-	zones []*Zone
+	reqs    []limiter.Request
+	zones   []*Zone
+	verdict limiter.Verdict
 }
 
 var scratches = sync.Pool{New: func() any { return new(scratch) }}
 
-// recycle gives s back for another request, emptied, once the memory store
-// decided: nothing keeps the lists then (slots and caches copy what they
-// keep), whereas with Redis, a release retried in the background may.
+// recycle gives s back for another request, emptied, unless the store may
+// still read its requests (a release retried in the background).
 func (h *Handler) recycle(s *scratch) {
-	if h.backend.redis != nil {
+	if h.store.KeepsRequests() {
 		return
 	}
 	clear(s.reqs)
 	clear(s.zones)
 	s.reqs, s.zones = s.reqs[:0], s.zones[:0]
+	s.verdict = limiter.Verdict{States: s.verdict.States[:0]}
 	scratches.Put(s)
 }
 
@@ -305,6 +311,7 @@ func (h *Handler) identify(r *http.Request, repl *caddy.Replacer, s *scratch) ([
 		if !ok {
 			continue
 		}
+		req.DryRun = h.DryRun || z.DryRun
 		if a := req.Policy.Algorithm; a == limiter.Concurrency || a == limiter.SlidingWindowLog {
 			if id == "" {
 				id = rand.Text() // names this request's slot or log entries
@@ -315,6 +322,17 @@ func (h *Handler) identify(r *http.Request, repl *caddy.Replacer, s *scratch) ([
 	}
 	s.reqs, s.zones = reqs, zones
 	return reqs, zones, nil
+}
+
+// decide asks the store for the verdict on reqs, the requests of zones,
+// and records it in the metrics and logs.
+func (h *Handler) decide(ctx context.Context, reqs []limiter.Request, zones []*Zone, v *limiter.Verdict) {
+	var now time.Time // the store reads the wall clock once
+	if !h.wallNow {
+		now = h.now()
+	}
+	h.store.Decide(ctx, now, reqs, h.fallback, v)
+	h.record(zones, v)
 }
 
 // Interface guards.

@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -71,17 +70,6 @@ func FuzzServeHTTP(f *testing.F) {
 	})
 }
 
-// provision provisions h as Caddy would, releasing it when the test ends.
-func provision(t testing.TB, h *Handler) error {
-	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(func() { h.Cleanup(); cancel() })
-	if err := h.Provision(ctx); err != nil {
-		return err
-	}
-	return h.Validate()
-}
-
 func TestProvisionErrors(t *testing.T) {
 	cases := map[string]struct {
 		zones map[string]*Zone
@@ -103,25 +91,6 @@ func TestProvisionErrors(t *testing.T) {
 			}
 		})
 	}
-}
-
-// serve runs one request through h and returns the recorder.
-func serve(h *Handler, r *http.Request) *httptest.ResponseRecorder {
-	w := httptest.NewRecorder()
-	r = r.Clone(r.Context())
-	caddyhttp.NewTestReplacer(r) // the request placeholders, as Caddy's server sets them
-	ok := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		w.WriteHeader(http.StatusOK)
-		return nil
-	})
-	if err := h.ServeHTTP(w, r, ok); err != nil {
-		w.Code = http.StatusInternalServerError
-		var he caddyhttp.HandlerError
-		if errors.As(err, &he) {
-			w.Code = he.StatusCode
-		}
-	}
-	return w
 }
 
 // BenchmarkServeHTTP: an allowed request on the memory store, through one
@@ -278,3 +247,32 @@ func caddyhttpTestReplacer(r *http.Request, vars map[string]string) *caddy.Repla
 }
 
 func testLogger(t testing.TB) *zap.Logger { return zap.NewNop() }
+
+// BenchmarkServeHTTPRefused: the refusal path, the handler alone (see
+// benchServer), its logger at info level (Caddy's default): as it is by
+// default (no events app), with an event subscriber (whose events app
+// logs each event with the debug logger Caddy gives tests), and with
+// log_refusals (throttled: no line written).
+func BenchmarkServeHTTPRefused(b *testing.B) {
+	for _, c := range []string{"default", "event_subscriber", "log_refusals"} {
+		b.Run(c, func(b *testing.B) {
+			h := &Handler{Zones: map[string]*Zone{"a": {Key: "{http.request.header.X-Key}", Rate: "1r/h"}}}
+			if c == "log_refusals" {
+				h.LogRefusals = &RefusalLog{}
+			}
+			if err := provision(b, h); err != nil {
+				b.Fatal(err)
+			}
+			h.logger = infoLogger()
+			if c == "event_subscriber" {
+				withEvents(b, h, new(eventRecorder))
+			}
+			serve(h, benchRequest()) // the one request allowed
+			s := newBenchServer(b, h, http.StatusTooManyRequests)
+			b.ReportAllocs()
+			for b.Loop() {
+				s.serve(b)
+			}
+		})
+	}
+}

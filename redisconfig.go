@@ -136,14 +136,13 @@ func (c *RedisConfig) keyHasher() (*limiter.KeyHasher, error) {
 // defaultRedisTimeout is RedisConfig.Timeout when unset.
 const defaultRedisTimeout = 100 * time.Millisecond
 
-// provisionRedis acquires the Redis backend of h.Redis, shared by every
+// provisionRedis acquires the Redis store of h.Redis, shared by every
 // handler with the same configuration.
 func (h *Handler) provisionRedis() error {
 	cfg, err := h.Redis.resolve()
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	h.timeout = time.Duration(cfg.Timeout)
 	files, err := cfg.TLS.read()
 	if err != nil {
 		return fmt.Errorf("redis: tls: %w", err)
@@ -157,55 +156,37 @@ func (h *Handler) provisionRedis() error {
 		return err
 	}
 	created := false
-	err = h.loadBackend(key, func() (caddy.Destructor, error) {
+	err = h.loadStore(key, func() (caddy.Destructor, error) {
 		created = true
-		return newRedisBackend(cfg, opts)
+		return newRedisStore(cfg, opts)
 	})
 	if err == nil && created {
-		h.checkRedis()
+		h.checkRedis(time.Duration(cfg.Timeout))
 	}
 	return err
 }
 
-// newRedisBackend makes the backend of cfg: its Redis store, whose node
-// breakers show in the metrics and logs, and the memory store and caches
-// around it.
-func newRedisBackend(cfg RedisConfig, opts *redis.UniversalOptions) (*backend, error) {
-	store, err := limiter.NewRedisStore(redis.NewUniversalClient(opts), cfg.KeyPrefix)
+// newRedisStore makes the store of cfg: Redis, whose node breakers show
+// in the metrics and logs, with the cache of refused clients.
+func newRedisStore(cfg RedisConfig, opts *redis.UniversalOptions) (*sharedStore, error) {
+	s := newSharedStore(strings.Join(cfg.Addresses, ",")) // the label outside a cluster
+	l, err := limiter.NewRedisLimiter(redis.NewUniversalClient(opts), limiter.RedisOptions{
+		KeyPrefix: cfg.KeyPrefix, Timeout: time.Duration(cfg.Timeout),
+		LocalCache: localCacheSize(cfg.LocalCache), LocalCacheMaxAge: localCacheMaxAge,
+	}, s)
 	if err != nil {
 		return nil, err
 	}
-	b := &backend{redis: store, memory: limiter.NewMemoryStore(0),
-		refused: limiter.NewDenyCache(localCacheSize(cfg.LocalCache), localCacheMaxAge),
-		retries: newReleaseRetries(store, max(time.Duration(cfg.Timeout), time.Second))}
-	logger := caddy.Log().Named("http.handlers.rate_limit")
-	whole := strings.Join(cfg.Addresses, ",") // the label outside a cluster
-	store.OnBreaker(func(node string, open bool) {
-		label := cmp.Or(node, whole)
-		b.nodes.Store(label, true)
-		if !open {
-			metrics.breakerOpen.WithLabelValues(label).Set(0)
-			logger.Info("redis circuit breaker closed: the node decides again", zap.String("node", label))
-			return
-		}
-		metrics.breakerOpen.WithLabelValues(label).Set(1)
-		logger.Warn("redis circuit breaker open: skipping the node; its keys use on_store_error",
-			zap.String("node", label), zap.Duration("cooldown", limiter.BreakerCooldown))
-	})
-	store.OnForget(func(node string) { // a cluster node that no longer serves slots
-		if _, shown := b.nodes.LoadAndDelete(node); shown {
-			metrics.breakerOpen.DeleteLabelValues(node)
-		}
-	})
-	return b, nil
+	s.Limiter = l
+	return s, nil
 }
 
 // checkRedis warns when Redis does not answer at start; Caddy starts
 // anyway and on_store_error applies until Redis answers.
-func (h *Handler) checkRedis() {
-	ctx, cancel := context.WithTimeout(context.Background(), max(h.timeout, time.Second))
+func (h *Handler) checkRedis(timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(timeout, time.Second))
 	defer cancel()
-	if err := h.backend.redis.Ping(ctx); err != nil {
+	if err := h.store.Ping(ctx); err != nil {
 		h.logger.Warn("redis not reachable at start; on_store_error applies until it is",
 			zap.Strings("addresses", h.Redis.Addresses), zap.String("on_store_error", h.onError.Mode), zap.Error(err))
 	}

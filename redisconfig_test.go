@@ -122,14 +122,14 @@ func TestRedisTLSRotation(t *testing.T) {
 	}
 	reloaded := handler()
 	oldKey := old.poolKey
-	if reloaded.poolKey == oldKey || reloaded.backend == old.backend {
+	if reloaded.poolKey == oldKey || reloaded.store == old.store {
 		t.Error("the handler provisioned after the rotation shares the pool built from the old files")
 	}
 	expect(reloaded, "after the rotation", "4")
 	if err := old.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
-	if refs, ok := backends.References(oldKey); ok {
+	if refs, ok := stores.References(oldKey); ok {
 		t.Fatalf("the old pool still has %d references after its handler's Cleanup", refs)
 	}
 	expect(reloaded, "after the old handler's Cleanup", "3")

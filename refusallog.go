@@ -52,11 +52,19 @@ func (h *Handler) provisionRefusals(ctx caddy.Context) error {
 	return nil
 }
 
-// refused is called once for each request refused: it sets
-// {http.rate_limit.exceeded.name} (caddy-ratelimit's placeholder), emits
-// rate_limit_exceeded when something can observe it, and writes the info
-// line of LogRefusals. Without either, it costs one placeholder.
-func (h *Handler) refused(r *http.Request, repl *caddy.Replacer, o outcome) {
+// reportRefusal is called once for each request refused: it logs it at
+// debug level, sets {http.rate_limit.exceeded.name} (caddy-ratelimit's
+// placeholder), emits rate_limit_exceeded when something can observe it,
+// and writes the info line of LogRefusals. Without either, it costs one
+// placeholder.
+func (h *Handler) reportRefusal(r *http.Request, repl *caddy.Replacer, o outcome) {
+	if ce := h.logger.Check(zap.DebugLevel, "rate limited"); ce != nil {
+		zf := []zap.Field{zap.String("zone", o.zone), zap.Int64("retry_after", o.retry)}
+		if h.LogKeys {
+			zf = append(zf, zap.String("key", o.req.Key))
+		}
+		ce.Write(zf...)
+	}
 	repl.Set("http.rate_limit.exceeded.name", o.z.shown.name) // o.zone, boxed once
 	emit := h.events != nil && h.events.ShouldEmit(exceededEvent)
 	if !emit && h.refusals == nil {
@@ -74,7 +82,7 @@ func (h *Handler) refused(r *http.Request, repl *caddy.Replacer, o outcome) {
 // logRefusalInfo writes LogRefusals' line: caddy-ratelimit's message
 // and fields (zone, wait, remote_ip, and key with LogKeys), with the
 // client address first so that a filter can match it right after the
-// zone (see the README's fail2ban filter).
+// zone (see the fail2ban filter in docs/operations.md).
 func (h *Handler) logRefusalInfo(r *http.Request, o outcome, remote, client string) {
 	fields := []zap.Field{zap.String("zone", o.zone), zap.String("client_ip", client), zap.String("remote_ip", remote),
 		zap.String("host", r.Host), zap.String("method", r.Method), zap.String("path", r.URL.Path),

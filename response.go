@@ -17,7 +17,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
@@ -39,39 +38,67 @@ func (h *Handler) checkResponseOptions() error {
 	return nil
 }
 
-// respond answers a request as its verdict says: on_store_error's refusal
-// or pass; else the most restrictive decision sets the placeholders and
-// headers, and refuses the request or lets it go on to next (after a
-// leaky bucket's wait), giving back its concurrency slots when next is done.
-// shown is what dry-run zones show in the headers, or nil.
-func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, v verdict, shown *outcome) error {
-	switch {
-	case v.err != nil: // Redis failed, on_store_error deny
-		w.Header().Set("Retry-After", strconv.FormatInt(int64(limiter.BreakerCooldown/time.Second), 10))
-		return v.err
-	case v.unlimited: // Redis failed, on_store_error allow
+// respond answers a request as its verdict says: the most restrictive
+// zone sets the placeholders and headers (a dry-run zone may, with
+// DryRunHeaders), and refuses the request or lets it go on to next (after
+// a leaky bucket's wait); on_store_error's deny refuses it, its allow
+// lets it pass.
+func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, zones []*Zone, v *limiter.Verdict) error {
+	dry := h.dryRunOutcome(zones, v)
+	i := v.Shown(false)
+	if i < 0 { // no enforced zone decided: only dry-run ones, or on_store_error allow or deny
+		if dry != nil {
+			f := h.headerFields(w.Header(), false)
+			h.setLimitHeaders(&f, *dry)
+		}
+		if v.Refused() { // deny
+			w.Header().Set("Retry-After", strconv.FormatInt(int64(limiter.BreakerCooldown/time.Second), 10))
+			return caddyhttp.Error(h.onError.Status, fmt.Errorf("rate limit store: %w", v.Calls[0].Err))
+		}
 		return next.ServeHTTP(w, r)
 	}
-	i := mostRestrictive(v.decisions)
-	o := h.outcome(v.zones[i], v.reqs[i], v.decisions[i])
-	o.setPlaceholders(repl)
-	f := h.fields(w.Header(), !o.d.Allowed)
-	if shown == nil || !o.d.Allowed || o.d.Remaining <= shown.d.Remaining {
-		h.setLimitHeaders(&f, o)
-	}
+	o := h.outcome(zones[i], v.Requests[i], v.Decisions[i])
+	f := h.show(w.Header(), repl, o, dry)
 	if !o.d.Allowed {
-		h.logRefusal(o)
-		h.refused(r, repl, o) // refusallog.go: placeholder, event, info log
+		h.reportRefusal(r, repl, o) // refusallog.go: placeholder, event, logs
 		return h.refuse(w, &f, o)
 	}
-	defer v.release.call()
-	if err := wait(r.Context(), maxDelay(v.decisions)); err != nil {
+	if err := wait(r.Context(), v.MaxDelay()); err != nil {
 		return caddyhttp.Error(499, fmt.Errorf("client left while its request waited its turn: %w", err))
 	}
-	if s := h.settlement(v, repl, shown); s != nil { // settle.go: count_status, cost_from_response
+	if s := h.settlement(zones, v, repl, dry); s != nil { // settle.go: count_status, cost_from_response
 		return s.serve(w, r, next)
 	}
 	return next.ServeHTTP(w, r)
+}
+
+// show sets the placeholders of o, and the limit headers in hdr: o's, or
+// dry's when a dry-run zone shows less left to an allowed request. It
+// returns the fields, with room for a refusal's.
+func (h *Handler) show(hdr http.Header, repl *caddy.Replacer, o outcome, dry *outcome) headerFields {
+	o.setPlaceholders(repl)
+	f := h.headerFields(hdr, !o.d.Allowed)
+	if dry != nil && o.d.Allowed && dry.d.Remaining < o.d.Remaining {
+		o = *dry
+	}
+	h.setLimitHeaders(&f, o)
+	return f
+}
+
+// dryRunOutcome is what the dry-run zones would show in the headers, as
+// an allowance, with DryRunHeaders; else nil.
+func (h *Handler) dryRunOutcome(zones []*Zone, v *limiter.Verdict) *outcome {
+	if !h.DryRunHeaders {
+		return nil
+	}
+	i := v.Shown(true)
+	if i < 0 {
+		return nil
+	}
+	d := v.Decisions[i]
+	d.Allowed, d.RetryAfter = true, 0
+	o := h.outcome(zones[i], v.Requests[i], d)
+	return &o
 }
 
 // outcome is what a request is told: the deciding zone's decision.
@@ -97,6 +124,17 @@ func (h *Handler) outcome(z *Zone, req limiter.Request, d limiter.Decision) outc
 	return o
 }
 
+// withJitter is the wait of a refusal with Jitter's random part: up to
+// Jitter times the wait more (math/rand/v2's generator, safe for
+// concurrent use).
+func (h *Handler) withJitter(wait time.Duration) time.Duration {
+	if h.Jitter <= 0 || wait <= 0 {
+		return wait
+	}
+	extra := rand.Float64() * h.Jitter * float64(wait)
+	return time.Duration(min(float64(wait)+extra, math.MaxInt64/2))
+}
+
 // setPlaceholders sets the {http.rate_limit.*} placeholders; the zone's
 // name and its policy's limit are given as values made once (int64 and
 // string, as ever), so as not to allocate them per request.
@@ -116,7 +154,7 @@ func (o outcome) setPlaceholders(repl *caddy.Replacer) {
 // setLimitHeaders sets the headers that the Headers option chooses: what
 // the policy fixes as written once (policyText), the numbers of the
 // decision written together into one string.
-func (h *Handler) setLimitHeaders(f *fields, o outcome) {
+func (h *Handler) setLimitHeaders(f *headerFields, o outcome) {
 	x := h.Headers == "" || h.Headers == "x_ratelimit" || h.Headers == "both"
 	ietf := h.Headers == "ietf" || h.Headers == "both"
 	if !x && !ietf {
@@ -199,20 +237,10 @@ func quotaWindow(p limiter.Policy, q int64) int64 {
 	return int64(max(s, 1)) // s <= 2^64/1e9: an int64
 }
 
-func (h *Handler) logRefusal(o outcome) {
-	if ce := h.logger.Check(zap.DebugLevel, "rate limited"); ce != nil {
-		fields := []zap.Field{zap.String("zone", o.zone), zap.Int64("retry_after", o.retry)}
-		if h.LogKeys {
-			fields = append(fields, zap.String("key", o.req.Key))
-		}
-		ce.Write(fields...)
-	}
-}
-
 // refuse answers 429 as the Response option says: the body is the
 // policy's start (policyText), the wait, the zone's end, written into a
 // pooled buffer.
-func (h *Handler) refuse(w http.ResponseWriter, f *fields, o outcome) error {
+func (h *Handler) refuse(w http.ResponseWriter, f *headerFields, o outcome) error {
 	if h.Response == "handle_errors" {
 		f.set(hdrRetryAfter, strconv.FormatInt(o.retry, 10))
 		return caddyhttp.Error(http.StatusTooManyRequests, o.z.shown.exceeded)
@@ -263,18 +291,19 @@ const (
 	hdrContentLength = "Content-Length"
 )
 
-// fields sets header fields whose values share one array, made at the
+// headerFields sets header fields whose values share one array, made at the
 // first, as http.Header.Clone makes them: each value is a slice of its own
 // capacity, so that appending to one (Header.Add) leaves the others be.
-type fields struct {
+type headerFields struct {
 	hdr  http.Header
 	room int // the values to come
 	vals []string
 }
 
-// fields is room for a response's limit headers and, refused, three more.
-func (h *Handler) fields(hdr http.Header, refused bool) fields {
-	f := fields{hdr: hdr}
+// headerFields is room for a response's limit headers and, refused,
+// three more.
+func (h *Handler) headerFields(hdr http.Header, refused bool) headerFields {
+	f := headerFields{hdr: hdr}
 	switch h.Headers {
 	case "", "x_ratelimit":
 		f.room = 3
@@ -289,7 +318,7 @@ func (h *Handler) fields(hdr http.Header, refused bool) fields {
 	return f
 }
 
-func (f *fields) set(key, value string) {
+func (f *headerFields) set(key, value string) {
 	if len(f.vals) == cap(f.vals) {
 		f.vals = make([]string, 0, max(f.room-len(f.vals), 1))
 	}
@@ -379,26 +408,6 @@ func (t *policyText) limitField(n int64) string {
 		return t.limitText
 	}
 	return strconv.FormatInt(n, 10)
-}
-
-// mostRestrictive is the index of the decision the client is shown.
-func mostRestrictive(decisions []limiter.Decision) int {
-	best := 0
-	for i, d := range decisions[1:] {
-		if d.MoreRestrictive(decisions[best]) {
-			best = i + 1
-		}
-	}
-	return best
-}
-
-// maxDelay is the longest wait a leaky bucket asks of the request.
-func maxDelay(decisions []limiter.Decision) time.Duration {
-	var d time.Duration
-	for _, x := range decisions {
-		d = max(d, x.Delay)
-	}
-	return d
 }
 
 // wait sleeps for d, or until the client goes away.

@@ -343,7 +343,7 @@ func TestResponsesAsReference(t *testing.T) {
 				o := outcome{zone: name, req: limiter.Request{Policy: p}, d: d, z: z, text: z.shown.text(p)}
 				for _, headers := range []string{"", "x_ratelimit", "ietf", "both", "none"} {
 					h := &Handler{Headers: headers}
-					f := h.fields(http.Header{}, false)
+					f := h.headerFields(http.Header{}, false)
 					h.setLimitHeaders(&f, o)
 					if want := referenceLimitHeaders(headers, o); !maps.EqualFunc(f.hdr, want, slices.Equal) {
 						t.Fatalf("zone %q, %s, limit %d, headers %q:\n%v\nwant\n%v", name, p, limit, headers, f.hdr, want)
@@ -363,7 +363,7 @@ func TestResponsesAsReference(t *testing.T) {
 func checkRefusal(t *testing.T, h *Handler, o outcome) {
 	t.Helper()
 	w := httptest.NewRecorder()
-	f := h.fields(w.Header(), true)
+	f := h.headerFields(w.Header(), true)
 	if err := h.refuse(w, &f, o); err != nil {
 		t.Fatal(err)
 	}
@@ -381,5 +381,28 @@ func TestHeaderNamesCanonical(t *testing.T) {
 		if c := http.CanonicalHeaderKey(k); c != k {
 			t.Errorf("%q is written %q", k, c)
 		}
+	}
+}
+
+// TestJitterProportional: jitter 0.5 adds 0 to half the wait, at random.
+func TestJitterProportional(t *testing.T) {
+	h := &Handler{Jitter: 0.5, Zones: map[string]*Zone{"j": {Key: "k", MaxEvents: 1, Window: caddy.Duration(time.Minute)}}}
+	clock := &fakeClock{t: time.Now()}
+	h.now = clock.Now
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 200, "")
+	seen := map[int]bool{}
+	for range 200 {
+		w := serve(h, crlRequest("GET", "/", "10.0.0.1"))
+		n, err := strconv.Atoi(w.Header().Get("Retry-After"))
+		if w.Code != 429 || err != nil || n < 60 || n > 90 {
+			t.Fatalf("status %d, Retry-After %q; want 429 and 60 to 90", w.Code, w.Header().Get("Retry-After"))
+		}
+		seen[n] = true
+	}
+	if len(seen) < 10 {
+		t.Fatalf("Retry-After took %d values in 200 refusals: %v", len(seen), seen)
 	}
 }

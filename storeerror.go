@@ -3,10 +3,6 @@ package ratelimit
 import (
 	"fmt"
 	"net/http"
-	"time"
-
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
@@ -75,78 +71,9 @@ func (p *StoreErrorPolicy) resolve(withRedis bool) (StoreErrorPolicy, error) {
 	return r, nil
 }
 
-// storeFailed applies on_store_error to a request that Redis could not
-// decide (unreachable, timed out, or a node's breaker open). Entering the
-// failure mode is logged once, leaving it once (in takeRedis).
-func (h *Handler) storeFailed(reqs []limiter.Request, err error) verdict {
-	if h.backend.failing.CompareAndSwap(false, true) {
-		h.logger.Error("redis store failing; on_store_error applies until it answers again",
-			zap.String("on_store_error", h.onError.Mode), zap.Error(err))
-	} else {
-		h.logger.Debug("redis store failed", zap.Error(err))
-	}
-	return h.failureMode(reqs, err)
-}
-
-// scriptFailed applies on_store_error to a request whose script failed in
-// a Redis that answered: an error caused by its data, which is its own
-// problem and no sign that Redis is down (it counts toward no breaker). It
-// is counted, and logged at error level at most once per scriptErrorLogEvery
-// per Redis configuration (else at debug), since a client may cause it at will.
-func (h *Handler) scriptFailed(reqs []limiter.Request, err error) verdict {
-	metrics.scriptErrors.Inc()
-	now := h.now()
-	logged := &h.backend.scriptErrorLogged
-	last := logged.Load()
-	if now.UnixNano()-last >= int64(scriptErrorLogEvery) && logged.CompareAndSwap(last, now.UnixNano()) {
-		h.logger.Error("rate limit script failed for a request; on_store_error applies to it alone (logged at most every 10s)",
-			zap.String("on_store_error", h.onError.Mode), zap.Error(err))
-	} else {
-		h.logger.Debug("rate limit script failed for a request", zap.Error(err))
-	}
-	return h.failureMode(reqs, err)
-}
-
-// scriptErrorLogEvery throttles the error logs of failed scripts.
-const scriptErrorLogEvery = 10 * time.Second
-
-// failureMode decides reqs as on_store_error says.
-func (h *Handler) failureMode(reqs []limiter.Request, err error) verdict {
-	switch h.onError.Mode {
-	case storeErrorAllow:
-		return verdict{storeFailed: true, unlimited: true}
-	case storeErrorDeny:
-		return verdict{storeFailed: true, err: caddyhttp.Error(h.onError.Status, fmt.Errorf("rate limit store: %w", err))}
-	}
-	local := make([]limiter.Request, len(reqs))
-	for i, r := range reqs {
-		if p, err := localPolicy(r.Policy, h.onError.Instances); err == nil {
-			r.Policy = p
-		}
-		local[i] = r
-	}
-	m := h.backend.memory
-	d := m.TakeAt(h.now(), local)
-	return verdict{decisions: d, release: h.holdSlots(m, local, d), storeFailed: true}
-}
-
-// localPolicy is a zone's share of its limit on one of n instances: the
-// rate divided by n (windows keep their length, buckets refill n times
-// slower), and the burst or the slots divided by n, at least 1.
-func localPolicy(p limiter.Policy, n int) (limiter.Policy, error) {
-	local := p
-	switch {
-	case p.Algorithm == limiter.Concurrency:
-	case p.Algorithm.Windowed():
-		local.Rate = max(p.Rate/int64(n), 1)
-	case float64(p.Period)*float64(n) > float64(limiter.MaxPeriod):
-		return p, fmt.Errorf("period %s times %d is longer than %s", p.Period, n, limiter.MaxPeriod)
-	default:
-		local.Period = p.Period * time.Duration(n)
-	}
-	local.Burst = max(p.Burst/int64(n), min(p.Burst, 1))
-	if p.Algorithm.Windowed() {
-		local.Burst = local.Rate
-	}
-	return local, local.Validate()
+// fallback is p as the store's fallback.
+func (p StoreErrorPolicy) fallback() limiter.Fallback {
+	mode := map[string]limiter.FallbackMode{storeErrorLocal: limiter.FallbackLocal,
+		storeErrorAllow: limiter.FallbackAllow, storeErrorDeny: limiter.FallbackDeny}[p.Mode]
+	return limiter.Fallback{Mode: mode, Instances: p.Instances}
 }

@@ -207,7 +207,7 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 		if err := z.provision(ctx, name); err != nil {
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
-		if _, err := localPolicy(z.policy, h.onError.Instances); err != nil {
+		if _, err := limiter.LocalPolicy(z.policy, h.onError.Instances); err != nil {
 			return fmt.Errorf("zone %q: on_store_error local instances %d: %w", name, h.onError.Instances, err)
 		}
 		h.zones = append(h.zones, z)
@@ -459,4 +459,26 @@ func (z *Zone) warn(f dynamicField, logger *zap.Logger, err error) {
 		logger.Warn("placeholder gave no valid value; using the zone's default (logged once)",
 			zap.String("zone", z.name), zap.String("field", f.String()), zap.Error(err))
 	}
+}
+
+// BanConfig bans a zone's repeat offenders.
+type BanConfig struct {
+	// After is how many refusals ban a client.
+	After int64 `json:"after,omitempty"`
+	// Within is the window the refusals are counted in.
+	Within caddy.Duration `json:"within,omitempty"`
+	// For is how long a ban lasts.
+	For caddy.Duration `json:"for,omitempty"`
+}
+
+// policy is b as the limiter's ban; a nil b bans nobody.
+func (b *BanConfig) policy() (limiter.Ban, error) {
+	if b == nil {
+		return limiter.Ban{}, nil
+	}
+	ban := limiter.Ban{After: b.After, Within: time.Duration(b.Within), For: time.Duration(b.For)}
+	if b.After < 1 {
+		return ban, fmt.Errorf("ban: after %d: want at least 1 refusal", b.After)
+	}
+	return ban, ban.Validate()
 }

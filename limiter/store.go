@@ -30,6 +30,10 @@ type Request struct {
 	// request holds until Release, and, in Redis, the entries of a sliding
 	// log, so that a refund removes exactly them. Other algorithms ignore it.
 	ID string
+	// DryRun is set for a zone in dry run: a Limiter decides and charges
+	// it apart from the others, and it never refuses (its refusal is the
+	// state WouldRefuse). Stores ignore it.
+	DryRun bool
 }
 
 // Store keeps the state of every bucket.

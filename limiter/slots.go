@@ -1,15 +1,10 @@
-package ratelimit
+package limiter
 
 import (
-	"cmp"
 	"context"
 	"slices"
 	"sync"
 	"time"
-
-	"go.uber.org/zap"
-
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
 // Concurrency slots (max_concurrent): a request that a concurrency zone
@@ -18,16 +13,6 @@ import (
 // back later when Redis did not answer, until the lease would have expired
 // by itself.
 
-// release gives back, when called, the concurrency slots a store took
-// for a request. Calling a nil release does nothing.
-type release func()
-
-func (r release) call() {
-	if r != nil {
-		r()
-	}
-}
-
 // holdSlots returns the release of the concurrency slots that store took
 // for reqs, decided as decisions say; nil when reqs hold none, as when a
 // zone refused (the store took nothing: a refusal has nothing to give
@@ -35,7 +20,7 @@ func (r release) call() {
 // leases are renewed every third of their lifetime until the release, so
 // that a request that outlives its lease (a websocket, a long download)
 // keeps counting, as it does in memory.
-func (h *Handler) holdSlots(store limiter.Store, reqs []limiter.Request, decisions []limiter.Decision) release {
+func (l *Limiter) holdSlots(store Store, reqs []Request, decisions []Decision) func() {
 	for _, d := range decisions {
 		if !d.Allowed {
 			return nil
@@ -45,56 +30,58 @@ func (h *Handler) holdSlots(store limiter.Store, reqs []limiter.Request, decisio
 	if len(held) == 0 {
 		return nil
 	}
-	var stopRenewing func()
-	if rs, ok := store.(*limiter.RedisStore); ok {
-		stopRenewing = h.renewLeases(rs, held)
+	if store == Store(l.memory) {
+		return func() { l.releaseSlots(store, held) }
 	}
+	stopRenewing := l.renewLeases(held)
 	return func() {
-		if stopRenewing != nil {
-			stopRenewing()
-		}
-		h.releaseSlots(store, held)
+		stopRenewing()
+		l.releaseSlots(store, held)
 	}
 }
 
 // concurrencyRequests are the requests of reqs that hold a concurrency slot.
-func concurrencyRequests(reqs []limiter.Request) []limiter.Request {
-	var held []limiter.Request
+func concurrencyRequests(reqs []Request) []Request {
+	var held []Request
 	for _, r := range reqs {
-		if r.Policy.Algorithm == limiter.Concurrency {
+		if r.Policy.Algorithm == Concurrency {
 			held = append(held, r)
 		}
 	}
 	return held
 }
 
-// releaseSlots gives back the concurrency slots of reqs, always: with a
+// releaseSlots gives back the concurrency slots held, always: with a
 // short timeout, even while a breaker is open. A release that Redis did not
 // take is tried again in the background until its leases expire.
-func (h *Handler) releaseSlots(store limiter.Store, reqs []limiter.Request) {
-	held := concurrencyRequests(reqs)
-	if len(held) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(h.timeout, time.Second))
+func (l *Limiter) releaseSlots(store Store, held []Request) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 	err := store.Release(ctx, held)
 	cancel()
 	if err == nil {
 		return
 	}
-	if b := h.backend; b.retries != nil && store != limiter.Store(b.memory) {
-		b.retries.add(held)
-		h.logger.Debug("concurrency slots not released yet; trying again", zap.Error(err))
+	if l.retries != nil && store != Store(l.memory) {
+		l.retries.add(held)
+		l.events.Debug("concurrency slots not released yet; trying again", err)
 		return
 	}
-	h.logger.Debug("concurrency slots not released; their leases will expire", zap.Error(err))
+	l.events.Debug("concurrency slots not released; their leases will expire", err)
+}
+
+// releaseLater gives back, in the background, the concurrency slots that
+// Redis may have taken for reqs in a call that failed.
+func (l *Limiter) releaseLater(reqs []Request) {
+	if held := concurrencyRequests(reqs); len(held) > 0 {
+		go l.releaseSlots(l.redis, held)
+	}
 }
 
 // renewLeases renews the leases of held in Redis every third of the
 // shortest lease, until the returned stop is called. A renewal that fails
 // is tried again at the next tick; a lease that is gone (expired, reset)
 // is not made again.
-func (h *Handler) renewLeases(store *limiter.RedisStore, held []limiter.Request) (stop func()) {
+func (l *Limiter) renewLeases(held []Request) (stop func()) {
 	every := held[0].Policy.Lease
 	for _, r := range held[1:] {
 		every = min(every, r.Policy.Lease)
@@ -110,9 +97,9 @@ func (h *Handler) renewLeases(store *limiter.RedisStore, held []limiter.Request)
 				return
 			case <-t.C:
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(h.timeout, time.Second))
-			if err := store.Renew(ctx, held); err != nil {
-				h.logger.Debug("concurrency leases not renewed; trying again", zap.Error(err))
+			ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+			if err := l.redis.Renew(ctx, held); err != nil {
+				l.events.Debug("concurrency leases not renewed; trying again", err)
 			}
 			cancel()
 		}
@@ -147,7 +134,7 @@ const releaseRetryEvery = 250 * time.Millisecond
 // one round (the timeout) and releaseRetryEvery after its node answers
 // again.
 type releaseRetries struct {
-	store   *limiter.RedisStore
+	store   *RedisStore
 	timeout time.Duration
 	now     func() time.Time
 	pending chan pendingRelease // the releases that failed, not yet tried again
@@ -157,11 +144,11 @@ type releaseRetries struct {
 
 // pendingRelease is the release of one request's slots in one zone.
 type pendingRelease struct {
-	req   limiter.Request
+	req   Request
 	until time.Time // when its lease expires by itself
 }
 
-func newReleaseRetries(store *limiter.RedisStore, timeout time.Duration) *releaseRetries {
+func newReleaseRetries(store *RedisStore, timeout time.Duration) *releaseRetries {
 	r := &releaseRetries{store: store, timeout: timeout, now: time.Now,
 		pending: make(chan pendingRelease, maxReleaseRetries), done: make(chan struct{})}
 	go r.loop()
@@ -170,7 +157,7 @@ func newReleaseRetries(store *limiter.RedisStore, timeout time.Duration) *releas
 
 // add queues the release of reqs, which just failed; when the queue is
 // full, the leases are left to expire.
-func (r *releaseRetries) add(reqs []limiter.Request) {
+func (r *releaseRetries) add(reqs []Request) {
 	now := r.now()
 	for _, q := range reqs {
 		select {
@@ -244,7 +231,7 @@ func (r *releaseRetries) round(ps []pendingRelease) []pendingRelease {
 	var left []pendingRelease
 	for _, ps := range chunks {
 		wg.Go(func() {
-			reqs := make([]limiter.Request, len(ps))
+			reqs := make([]Request, len(ps))
 			for i, p := range ps {
 				reqs[i] = p.req
 			}

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 
@@ -159,27 +158,5 @@ func TestSettleCostHeader(t *testing.T) {
 	}
 	if !h.Zones["llm"].warned[fieldResponseCost].Load() {
 		t.Fatal("no warning for a missing cost header")
-	}
-}
-
-// TestReadmeSettleExamplesAdapt: the Caddyfiles of the README's section
-// on counting what the response says adapt.
-func TestReadmeSettleExamplesAdapt(t *testing.T) {
-	src, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, _ := strings.Cut(string(src), "\n## Counting what the response says\n")
-	section, _, _ = strings.Cut(section, "\n## ")
-	blocks := strings.Split(section, "```caddyfile\n")[1:]
-	if len(blocks) != 2 {
-		t.Fatalf("%d Caddyfiles in the section; want 2 (login, LLM proxy)", len(blocks))
-	}
-	for _, b := range blocks {
-		b, _, _ = strings.Cut(b, "```")
-		out, err := adapt(t, b)
-		if err != nil || !strings.Contains(out, `"count_status":[401,403]`) && !strings.Contains(out, `"cost_from_response":"X-Tokens-Used"`) {
-			t.Fatalf("%v\n%s\nadapted to\n%s", err, b, out)
-		}
 	}
 }

@@ -19,6 +19,97 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
+func TestCleanupReleasesStore(t *testing.T) {
+	h := &Handler{Zones: map[string]*Zone{"a": {Key: "k", Rate: "1r/s"}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if refs, ok := stores.References(memoryPoolKey); ok {
+		t.Fatalf("store still has %d references after Cleanup", refs)
+	}
+}
+
+// TestClockSkew: two instances whose clocks differ by ten minutes share
+// one limit through Redis, and tell clients the same reset time, since
+// decisions use the Redis server's clock.
+func TestClockSkew(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	prefix := fmt.Sprintf("skew%x:", rand.Uint64())
+	instance := func(skew time.Duration, poolSize int) *Handler {
+		h := &Handler{
+			Zones: map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Burst: "5"}},
+			// Distinct pool sizes: distinct clients, as on two machines.
+			Redis: &RedisConfig{Addresses: addrs, KeyPrefix: prefix, PoolSize: poolSize},
+			now:   func() time.Time { return time.Now().Add(skew) },
+		}
+		if err := provision(t, h); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	fleet := []*Handler{instance(-5*time.Minute, 3), instance(5*time.Minute, 4)}
+	if fleet[0].store == fleet[1].store {
+		t.Fatal("the two instances share a store")
+	}
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-Key", "client")
+	allowed := 0
+	resets := map[string]bool{}
+	for i := range 12 {
+		w := serve(fleet[i%2], r)
+		if w.Code == http.StatusOK {
+			allowed++
+		} else { // the bucket is empty and unchanged: one reset time
+			resets[w.Header().Get("X-RateLimit-Reset")] = true
+		}
+	}
+	if allowed != 5 {
+		t.Fatalf("%d allowed across skewed instances; want the burst, 5", allowed)
+	}
+	if len(resets) > 2 { // the second may tick between requests
+		t.Fatalf("instances disagree on X-RateLimit-Reset: %v", resets)
+	}
+}
+
+// TestBreakerProbeOfALeavingClient: a probe whose client has gone still
+// completes, so the breaker closes and Redis decides again.
+func TestBreakerProbeOfALeavingClient(t *testing.T) {
+	h := &Handler{
+		Zones: map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Burst: "5"}},
+		Redis: &RedisConfig{Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: fmt.Sprintf("probe%x:", rand.Uint64())},
+	}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	b := h.store.Breaker("") // standalone: one breaker
+	past := time.Now().Add(-time.Minute)
+	for range limiter.BreakerFailures {
+		b.Failure(past)
+	}
+	if !b.Open() {
+		t.Fatal("breaker not open")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := httptest.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
+	r.Header.Set("X-Key", "k")
+	serve(h, r) // the probe, for a client that left
+	if b.Open() {
+		t.Fatal("the breaker stayed open after a probe whose client left")
+	}
+	r = httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-Key", "k")
+	w := serve(h, r)
+	if w.Code != http.StatusOK || w.Header().Get("X-RateLimit-Remaining") != "3" {
+		t.Fatalf("after the probe: status %d, remaining %q; want a Redis decision", w.Code, w.Header().Get("X-RateLimit-Remaining"))
+	}
+}
+
+// Concurrency slots held in Redis, through the handler.
+
 // concurrencyHandler provisions a handler with one max_concurrent 1 zone
 // of the given lease on Redis, failing closed.
 func concurrencyHandler(t *testing.T, addrs []string, lease time.Duration) *Handler {
@@ -83,7 +174,7 @@ func TestReleaseWhileBreakerOpen(t *testing.T) {
 	if w := serve(h, keyRequest("k")); w.Code != http.StatusTooManyRequests {
 		t.Fatalf("a second request in flight: status %d; want 429", w.Code)
 	}
-	b := h.backend.redis.Breaker("")
+	b := h.store.Breaker("")
 	for range limiter.BreakerFailures {
 		b.Failure(time.Now())
 	}
@@ -123,29 +214,6 @@ func TestLeaseRenewed(t *testing.T) {
 
 func caddyDuration(d time.Duration) caddy.Duration { return caddy.Duration(d) }
 
-// TestRefusalHoldsNoSlots: a request that a zone refused took no slot, so
-// its verdict has nothing to release; the allowed one's has.
-func TestRefusalHoldsNoSlots(t *testing.T) {
-	h := &Handler{Zones: map[string]*Zone{"refusal_slots": {Key: "k", MaxConcurrent: 2}, "refusal_tight": {Key: "k", Rate: "1r/h"}}}
-	if err := provision(t, h); err != nil {
-		t.Fatal(err)
-	}
-	reqs := func(id string) []limiter.Request {
-		rs := []limiter.Request{h.zones[0].bucket("k"), h.zones[1].bucket("k")}
-		rs[0].ID, rs[1].ID = id, id
-		return rs
-	}
-	allowed := h.take(t.Context(), reqs("first"))
-	if !allowed.decisions[0].Allowed || allowed.release == nil {
-		t.Fatalf("first request: %+v, release %v; want allowed, with a slot to release", allowed.decisions, allowed.release != nil)
-	}
-	refused := h.take(t.Context(), reqs("second"))
-	if refused.decisions[1].Allowed || refused.release != nil {
-		t.Fatalf("second request: %+v, release %v; want refused, nothing to release", refused.decisions, refused.release != nil)
-	}
-	allowed.release.call()
-}
-
 // TestRefusedRenewsNoLeases: with Redis, a refused request renews no
 // lease: before, each refusal left a goroutine renewing, for ever, the
 // leases of slots it never took.
@@ -174,10 +242,10 @@ func TestReleaseRetriesPerNode(t *testing.T) {
 	c := redistest.NewClusterOf(t, 3, 0)
 	h := concurrencyHandler(t, c.Addrs(), 5*time.Minute)
 	byNode := map[string][]string{} // client keys by the master that holds their slots
-	dead := h.backend.redis.Node(t.Context(), h.zones[0].bucket("k0"))
+	dead := h.store.Node(t.Context(), h.zones[0].bucket("k0"))
 	for i := 0; len(byNode) < 3 || len(byNode[dead]) < 4; i++ {
 		key := fmt.Sprint("k", i)
-		node := h.backend.redis.Node(t.Context(), h.zones[0].bucket(key))
+		node := h.store.Node(t.Context(), h.zones[0].bucket(key))
 		byNode[node] = append(byNode[node], key)
 	}
 	var back string // a node that comes back
@@ -246,35 +314,4 @@ func endAll(t *testing.T, ends []func() int) {
 			t.Fatalf("held request: status %d", code)
 		}
 	}
-}
-
-// TestReleaseRetriesChunked: a round sends many pending releases in small
-// calls (or small requests of a batched call), each all or nothing on its
-// own, not as one script run over every key: one release that fails (a
-// key of another type) holds back its chunk, not every other client's.
-func TestReleaseRetriesChunked(t *testing.T) {
-	srv := redistest.NewServer(t)
-	h := concurrencyHandler(t, []string{srv.Addr}, 5*time.Minute)
-	var pending []pendingRelease
-	for i := range 100 {
-		req := h.zones[0].bucket(fmt.Sprint("client-", i))
-		req.ID = fmt.Sprint("request-", i)
-		pending = append(pending, pendingRelease{req: req, until: time.Now().Add(time.Minute)})
-	}
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	defer c.Close()
-	bad := limiter.RedisKey(h.Redis.KeyPrefix, "slots", pending[50].req.Digest()) + ":m"
-	if err := c.Set(t.Context(), bad, "not a set of leases", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	left := h.backend.retries.round(pending)
-	if len(left) == 0 || len(left) > 20 {
-		t.Fatalf("%d releases left after a round where one key is of another type; want that one's chunk, at most 20", len(left))
-	}
-	for _, p := range left {
-		if p.req.Key == pending[50].req.Key {
-			return
-		}
-	}
-	t.Fatal("the failing release is not among those left to try again")
 }

@@ -1,8 +1,6 @@
 package ratelimit
 
 import (
-	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -85,35 +83,33 @@ func (z *Zone) settledCost(status int, hdr http.Header, reserved int64, logger *
 // returns without writing them).
 type settlement struct {
 	h     *Handler
-	store limiter.Store
-	v     verdict // the request's verdict; settled zones' decisions are replaced
-	idx   []int   // the zones of v that settle
+	zones []*Zone
+	v     limiter.Verdict // the request's, its decisions copied: settled zones' are replaced
+	idx   []int           // the zones that settle
 	repl  *caddy.Replacer
-	shown *outcome // what dry-run zones show in the headers, or nil
+	dry   *outcome // what dry-run zones show in the headers, or nil
 	done  bool
 }
 
-// settlement is the settlement of v's zones that settle; nil when none do,
-// or when on_store_error decided (then every request counts, at its cost).
-func (h *Handler) settlement(v verdict, repl *caddy.Replacer, shown *outcome) *settlement {
-	if v.storeFailed || v.unlimited {
+// settlement is the settlement of v's enforced zones that settle; nil
+// when none do, or when on_store_error decided (then every request counts,
+// at its cost).
+func (h *Handler) settlement(zones []*Zone, v *limiter.Verdict, repl *caddy.Replacer, dry *outcome) *settlement {
+	if v.Calls[0].Failure != limiter.NoFailure {
 		return nil
 	}
 	var idx []int
-	for i, z := range v.zones {
-		if z.settles() && v.decisions[i].Limit != 0 {
+	for i, z := range zones {
+		if z.settles() && v.States[i] == limiter.Allowed && !v.Requests[i].DryRun {
 			idx = append(idx, i)
 		}
 	}
 	if len(idx) == 0 {
 		return nil
 	}
-	var store limiter.Store = h.backend.memory
-	if h.backend.redis != nil {
-		store = h.backend.redis
-	}
-	v.decisions = slices.Clone(v.decisions)
-	return &settlement{h: h, store: store, v: v, idx: idx, repl: repl, shown: shown}
+	s := &settlement{h: h, zones: zones, v: *v, idx: idx, repl: repl, dry: dry}
+	s.v.Decisions = slices.Clone(v.Decisions)
+	return s
 }
 
 // serve runs next with a response writer that settles when the headers
@@ -151,58 +147,46 @@ func (s *settlement) settle(status int, hdr http.Header) {
 	var refundAt []time.Time
 	var refundIdx, chargeIdx []int
 	for _, i := range s.idx {
-		r := s.v.reqs[i]
-		cost := s.v.zones[i].settledCost(status, hdr, r.Cost, s.h.logger)
+		r := s.v.Requests[i]
+		cost := s.zones[i].settledCost(status, hdr, r.Cost, s.h.logger)
 		switch {
 		case cost < r.Cost:
 			r.Cost -= cost
-			refund, refundAt, refundIdx = append(refund, r), append(refundAt, s.v.decisions[i].At), append(refundIdx, i)
+			refund, refundAt, refundIdx = append(refund, r), append(refundAt, s.v.Decisions[i].At), append(refundIdx, i)
 		case cost > r.Cost:
 			r.Cost = cost - r.Cost
 			charge, chargeIdx = append(charge, r), append(chargeIdx, i)
 		}
 	}
 	for _, i := range s.idx {
-		if z := s.v.zones[i]; z.StripCostHeader {
+		if z := s.zones[i]; z.StripCostHeader {
 			hdr.Del(z.CostFromResponse)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(s.h.timeout, time.Second))
-	defer cancel()
 	if len(refund) > 0 {
-		d, err := s.store.Refund(ctx, refund, refundAt)
+		d, err := s.h.store.Refund(refund, refundAt)
 		s.apply("refund", refundIdx, d, err)
 	}
 	if len(charge) > 0 {
-		d, err := s.store.Charge(ctx, charge)
+		d, err := s.h.store.Charge(charge)
 		s.apply("charge", chargeIdx, d, err)
 	}
 	if len(refund)+len(charge) > 0 {
-		s.show(hdr)
+		i := s.v.Shown(false)
+		s.h.show(hdr, s.repl, s.h.outcome(s.zones[i], s.v.Requests[i], s.v.Decisions[i]), s.dry)
 	}
 }
 
 // apply takes the decisions of a refund or charge of the zones idx.
 func (s *settlement) apply(what string, idx []int, d []limiter.Decision, err error) {
 	if err != nil {
-		metrics.storeErrors.WithLabelValues("redis").Inc() // the memory store never fails
+		metrics.storeErrors.WithLabelValues(s.h.store.Kind()).Inc()
 		s.h.logger.Debug("settling charges after the response failed", zap.String("op", what), zap.Error(err))
 	}
 	for j, i := range idx {
-		if j < len(d) && d[j].Limit != 0 {
-			s.v.decisions[i] = d[j]
+		if j < len(d) && d[j].Limit != 0 { // answered
+			s.v.Decisions[i] = d[j]
 		}
-	}
-}
-
-// show sets the limit headers and placeholders from the settled state.
-func (s *settlement) show(hdr http.Header) {
-	i := mostRestrictive(s.v.decisions)
-	o := s.h.outcome(s.v.zones[i], s.v.reqs[i], s.v.decisions[i])
-	o.setPlaceholders(s.repl)
-	if s.shown == nil || o.d.Remaining <= s.shown.d.Remaining {
-		f := s.h.fields(hdr, false)
-		s.h.setLimitHeaders(&f, o)
 	}
 }
 

@@ -1,0 +1,227 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Call is one store call of a Verdict: the enforced zones' or the dry-run
+// zones'.
+type Call struct {
+	// Store is where it was decided ("memory" or "redis"); "" when no
+	// store was called (a ban, the cache of refused clients).
+	Store string
+	// Took is how long the store call took.
+	Took time.Duration
+	// Failure is why the store did not decide, and Err its error; the
+	// fallback decided then.
+	Failure Failure
+	Err     error
+}
+
+// Decide decides reqs at now into v, whose slices it reuses: a ban
+// refuses at once; else the store charges every enforced zone, all or
+// nothing, and the dry-run zones apart. When the store fails, fallback
+// decides. The zero now is the wall clock, read once.
+func (l *Limiter) Decide(ctx context.Context, now time.Time, reqs []Request, fallback Fallback, v *Verdict) {
+	v.States = v.States[:0]
+	for range reqs {
+		v.States = append(v.States, NotAsked)
+	}
+	v.Requests, v.Decisions, v.Calls, v.release = reqs, nil, [2]Call{}, nil
+	dry := 0
+	for _, r := range reqs {
+		if r.DryRun {
+			dry++
+		}
+	}
+	if dry == 0 {
+		v.Decisions, v.release = l.decidePart(ctx, now, reqs, fallback, v.States, &v.Calls[0])
+		return
+	}
+	l.decideApart(ctx, now, reqs, dry, fallback, v)
+}
+
+// decideApart decides the dry-run requests of reqs (dry of them) first,
+// then the others, each as one Decide, and puts their states and
+// decisions back in the order of reqs.
+func (l *Limiter) decideApart(ctx context.Context, now time.Time, reqs []Request, dry int, fallback Fallback, v *Verdict) {
+	parts := [2][]Request{make([]Request, 0, len(reqs)-dry), make([]Request, 0, dry)}
+	at := [2][]int{}
+	for i, r := range reqs {
+		p := 0
+		if r.DryRun {
+			p = 1
+		}
+		parts[p], at[p] = append(parts[p], r), append(at[p], i)
+	}
+	v.Decisions = make([]Decision, len(reqs))
+	var releases [2]func()
+	for _, p := range [2]int{1, 0} { // the dry-run zones first
+		if len(parts[p]) == 0 {
+			continue
+		}
+		states := make([]State, len(parts[p]))
+		var d []Decision
+		d, releases[p] = l.decidePart(ctx, now, parts[p], fallback, states, &v.Calls[p])
+		for j, i := range at[p] {
+			v.States[i] = states[j]
+			if j < len(d) {
+				v.Decisions[i] = d[j]
+			}
+		}
+	}
+	if releases[0] != nil || releases[1] != nil {
+		v.release = func() {
+			for _, r := range releases {
+				if r != nil {
+					r()
+				}
+			}
+		}
+	}
+}
+
+// decidePart decides reqs, all enforced or all dry-run, setting states and
+// call; it returns the decisions and the release of the slots taken.
+func (l *Limiter) decidePart(ctx context.Context, now time.Time, reqs []Request, fallback Fallback, states []State, call *Call) ([]Decision, func()) {
+	dryRun := reqs[0].DryRun
+	if !dryRun {
+		if d, banned := l.banned(ctx, now, reqs); banned {
+			stateOf(d, states)
+			return d, nil
+		}
+	}
+	d, release := l.take(ctx, now, reqs, fallback, call)
+	switch {
+	case call.Failure != NoFailure && fallback.Mode == FallbackAllow:
+		fill(states, Unlimited)
+	case call.Failure != NoFailure && fallback.Mode == FallbackDeny:
+		fill(states, Denied)
+	default:
+		stateOf(d, states)
+	}
+	if dryRun {
+		for i, s := range states {
+			switch s {
+			case Refused, Banned:
+				states[i] = WouldRefuse
+			case Denied:
+				states[i] = Unlimited
+			}
+		}
+		return d, release
+	}
+	l.countRefusals(ctx, now, reqs, d, states)
+	return d, release
+}
+
+// stateOf sets the state of each decision of d: a zero one (Limit 0) was
+// not asked.
+func stateOf(d []Decision, states []State) {
+	for i, x := range d {
+		switch {
+		case x.Limit == 0:
+			states[i] = NotAsked
+		case x.Banned:
+			states[i] = Banned
+		case x.Allowed:
+			states[i] = Allowed
+		default:
+			states[i] = Refused
+		}
+	}
+}
+
+func fill(states []State, s State) {
+	for i := range states {
+		states[i] = s
+	}
+}
+
+// take decides reqs with Redis when configured, else in memory. When
+// Redis cannot decide, the fallback decides.
+func (l *Limiter) take(ctx context.Context, now time.Time, reqs []Request, fallback Fallback, call *Call) ([]Decision, func()) {
+	if l.redis == nil {
+		start := time.Now()
+		if now.IsZero() {
+			now = start // one clock reading
+		}
+		d := l.memory.TakeAt(now, reqs)
+		call.Store, call.Took = "memory", time.Since(start)
+		return d, l.holdSlots(l.memory, reqs, d)
+	}
+	if now.IsZero() {
+		now = time.Now()
+	}
+	d, err := l.takeRedis(ctx, now, reqs, call)
+	switch {
+	case err == nil:
+		return d, l.holdSlots(l.redis, reqs, d)
+	case Unavailable(err):
+		call.Failure, call.Err = StoreUnavailable, err
+		if l.failing.CompareAndSwap(false, true) {
+			l.events.StoreFailing(err, fallback)
+		} else {
+			l.events.Debug("redis store failed", err)
+		}
+	default:
+		call.Failure, call.Err = ScriptFailed, err
+		last := l.scriptErrorLogged.Load()
+		loud := now.UnixNano()-last >= int64(ScriptErrorReportEvery) && l.scriptErrorLogged.CompareAndSwap(last, now.UnixNano())
+		l.events.ScriptFailed(err, fallback, loud)
+	}
+	return l.fallBack(now, reqs, fallback)
+}
+
+// takeRedis asks Redis, within the timeout, unless the cache of refused
+// clients answers, or a node's breaker is open (the store keeps one per
+// node). A client that leaves does not cut the call short: every call that
+// starts ends as a success or a failure of its node's breaker (a probe
+// included), and a script is sent at most once.
+func (l *Limiter) takeRedis(ctx context.Context, now time.Time, reqs []Request, call *Call) ([]Decision, error) {
+	if d, hit := l.cachedRefusal(reqs, now); hit {
+		return d, nil
+	}
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
+	start := time.Now()
+	decisions, err := l.redis.Take(tctx, reqs)
+	call.Store, call.Took = "redis", time.Since(start)
+	cancel()
+	var refund *RefundError
+	if errors.As(err, &refund) { // the request is refused either way
+		l.events.Debug("refund of a refused request failed; its tokens stay taken", err)
+		l.releaseLater(reqs) // its concurrency slots, at least
+		err = nil
+	}
+	if err != nil {
+		if MayHaveRun(err) { // a script may have taken slots before the error
+			l.releaseLater(reqs)
+		}
+		return nil, err
+	}
+	for i, d := range decisions {
+		l.refused.Put(reqs[i], d, now)
+	}
+	if l.failing.Load() && l.failing.CompareAndSwap(true, false) {
+		l.events.StoreRecovered()
+	}
+	return decisions, nil
+}
+
+// cachedRefusal answers a request that a zone refused lately from the
+// cache of refused clients, without Redis: the refusing zone's decision,
+// and zero decisions (not asked) for the others.
+func (l *Limiter) cachedRefusal(reqs []Request, now time.Time) ([]Decision, bool) {
+	for i, r := range reqs {
+		d, hit := l.refused.Get(r, now)
+		if !hit {
+			continue
+		}
+		decisions := make([]Decision, len(reqs))
+		decisions[i] = d
+		return decisions, true
+	}
+	return nil, false
+}

@@ -1,0 +1,195 @@
+package limiter
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Limiter decides the zones of HTTP requests against one store: this
+// process's memory, or Redis with its circuit breakers (one per node), a
+// cache of the clients Redis refused (refused here without a round trip
+// until they could pass), the bans of repeat offenders, and this process's
+// memory to fall back on when Redis fails. It is the one thing a handler
+// asks: Decide gives a Verdict, with a State per zone; Settle, Peek and
+// Reset do the rest.
+//
+// A Verdict is all or nothing: when one zone refuses, no zone is charged.
+// Dry-run requests (Request.DryRun) are decided apart, charged as any, and
+// never refuse: their State is WouldRefuse instead.
+//
+// Time is a parameter: the clock of memory decisions, of the cache of
+// refused clients and of bans; Redis decides on its server's clock. Safe for
+// concurrent use; one Limiter serves every handler that shares its store.
+type Limiter struct {
+	redis   *RedisStore // nil: the memory store decides
+	memory  *MemoryStore
+	refused *DenyCache      // clients Redis refused; nil without Redis
+	retries *releaseRetries // releases of slots to try again; nil without Redis
+	timeout time.Duration   // the longest a store call waits
+	events  Events
+
+	failing           atomic.Bool  // Redis failed last time: the fallback applies
+	scriptErrorLogged atomic.Int64 // when a failed script was last reported loudly (Unix ns)
+}
+
+// Events are told what a Limiter does that a Verdict does not say: the
+// store's failures and recoveries, and the states of Redis's breakers.
+// Their methods must not block.
+type Events interface {
+	// StoreFailing: Redis began to fail (err); fallback decides until it
+	// answers again.
+	StoreFailing(err error, fallback Fallback)
+	// StoreRecovered: Redis answered again after StoreFailing.
+	StoreRecovered()
+	// ScriptFailed: a script failed in a Redis that answered; loud is true
+	// at most once per ScriptErrorReportEvery.
+	ScriptFailed(err error, fallback Fallback, loud bool)
+	// BreakerChanged: the breaker of node ("" outside a cluster) opened or
+	// closed.
+	BreakerChanged(node string, open bool)
+	// NodeGone: a cluster node no longer serves slots.
+	NodeGone(node string)
+	// Debug reports something that needs no action.
+	Debug(msg string, err error)
+}
+
+// ScriptErrorReportEvery throttles the loud reports of failed scripts: a
+// client may cause them at will.
+const ScriptErrorReportEvery = 10 * time.Second
+
+// RedisOptions configure NewRedisLimiter.
+type RedisOptions struct {
+	// KeyPrefix starts every key; DefaultKeyPrefix when empty.
+	KeyPrefix string
+	// Timeout is the longest a call waits on Redis (a decision, a ban, a
+	// settlement, a release); releases tried again wait at least a second.
+	// Default: 1s.
+	Timeout time.Duration
+	// LocalCache is how many refused clients are remembered; 0: none.
+	LocalCache int
+	// LocalCacheMaxAge is the longest a refusal is remembered, so that a
+	// reset through another instance reaches this one.
+	LocalCacheMaxAge time.Duration
+}
+
+// NewMemoryLimiter returns a Limiter that decides in this process's
+// memory.
+func NewMemoryLimiter(events Events) *Limiter {
+	return &Limiter{memory: NewMemoryStore(0), timeout: time.Second, events: events}
+}
+
+// NewRedisLimiter returns a Limiter that decides in the Redis of client,
+// which Close closes.
+func NewRedisLimiter(client redis.UniversalClient, o RedisOptions, events Events) (*Limiter, error) {
+	store, err := NewRedisStore(client, o.KeyPrefix)
+	if err != nil {
+		return nil, err
+	}
+	l := &Limiter{redis: store, memory: NewMemoryStore(0), timeout: cmp.Or(o.Timeout, time.Second), events: events,
+		refused: NewDenyCache(o.LocalCache, o.LocalCacheMaxAge)}
+	l.retries = newReleaseRetries(store, max(l.timeout, time.Second))
+	store.OnBreaker(events.BreakerChanged)
+	store.OnForget(events.NodeGone)
+	return l, nil
+}
+
+// Close stops the Limiter's background work and closes its stores.
+func (l *Limiter) Close() error {
+	if l.retries != nil {
+		l.retries.stop()
+	}
+	err := l.memory.Close()
+	if l.redis != nil {
+		err = errors.Join(err, l.redis.Close())
+	}
+	return err
+}
+
+// KeepsRequests reports whether the Limiter may still read the requests
+// of a Decide after it returns (a release tried again in the background):
+// the caller must not reuse their slice then.
+func (l *Limiter) KeepsRequests() bool { return l.redis != nil }
+
+// Ping tells whether the store answers.
+func (l *Limiter) Ping(ctx context.Context) error {
+	if l.redis == nil {
+		return nil
+	}
+	return l.redis.Ping(ctx)
+}
+
+// store is the store that decides: Redis, or else memory.
+func (l *Limiter) store() Store {
+	if l.redis != nil {
+		return l.redis
+	}
+	return l.memory
+}
+
+// Peek tells the state of req's bucket without changing it.
+func (l *Limiter) Peek(ctx context.Context, req Request) (Decision, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
+	defer cancel()
+	return l.store().Peek(ctx, req)
+}
+
+// Reset drops req's bucket and its client's ban, and forgets the client
+// in this process's cache of refused clients; other processes forget it
+// within their cache's MaxAge.
+func (l *Limiter) Reset(ctx context.Context, req Request) error {
+	if l.refused != nil {
+		l.refused.Delete(req)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
+	defer cancel()
+	return l.store().Reset(ctx, req)
+}
+
+// Refund gives back what allowed requests were charged after all: each
+// request's Cost, at the time of its take, at[i]. decisions[i] tells
+// reqs[i]'s bucket after; a request the store did not answer has a zero
+// Decision.
+func (l *Limiter) Refund(reqs []Request, at []time.Time) ([]Decision, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+	defer cancel()
+	return l.store().Refund(ctx, reqs, at)
+}
+
+// Charge charges allowed requests their Cost more, now, into debt if need
+// be (see Store.Charge).
+func (l *Limiter) Charge(reqs []Request) ([]Decision, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+	defer cancel()
+	return l.store().Charge(ctx, reqs)
+}
+
+// Kind names the store that decides: "redis" or "memory".
+func (l *Limiter) Kind() string {
+	if l.redis != nil {
+		return "redis"
+	}
+	return "memory"
+}
+
+// Breaker is the circuit breaker of a Redis node ("" outside a cluster);
+// nil without Redis.
+func (l *Limiter) Breaker(node string) *Breaker {
+	if l.redis == nil {
+		return nil
+	}
+	return l.redis.Breaker(node)
+}
+
+// Node is the address of the Redis node that holds req's bucket ("" outside
+// a cluster, or without Redis).
+func (l *Limiter) Node(ctx context.Context, req Request) string {
+	if l.redis == nil {
+		return ""
+	}
+	return l.redis.Node(ctx, req)
+}

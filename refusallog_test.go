@@ -1,0 +1,132 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// TestExceededNamePlaceholder: {http.rate_limit.exceeded.name} names the
+// refusing zone, as in caddy-ratelimit, and is not set when allowed.
+func TestExceededNamePlaceholder(t *testing.T) {
+	h := &Handler{Zones: map[string]*Zone{"tight": {Key: "k", MaxEvents: 1, Window: caddy.Duration(time.Minute)}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"", "tight"} {
+		r := crlRequest("GET", "/", "10.0.0.1")
+		repl := caddyhttp.NewTestReplacer(r)
+		_ = h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+		if got, _ := repl.GetString("http.rate_limit.exceeded.name"); got != want {
+			t.Fatalf("request %d: {http.rate_limit.exceeded.name} = %q; want %q", i, got, want)
+		}
+	}
+}
+
+// refusalLogHandler is a handler with log_refusals whose info logs a
+// test reads; zones a and b (on /b) allow one request a minute per
+// client address, keyed by an API key.
+func refusalLogHandler(t *testing.T, logKeys bool) (*Handler, *observer.ObservedLogs, *fakeClock) {
+	t.Helper()
+	zone := func() *Zone {
+		return &Zone{Key: "{http.request.header.X-API-Key}", MaxEvents: 1, Window: caddy.Duration(time.Minute)}
+	}
+	h := &Handler{LogRefusals: &RefusalLog{}, LogKeys: logKeys, Zones: map[string]*Zone{"a": zone(), "b": zone()}}
+	h.Zones["a"].MatcherSetsRaw = caddyhttp.RawMatcherSets{{"path": json.RawMessage(`["/a"]`)}}
+	h.Zones["b"].MatcherSetsRaw = caddyhttp.RawMatcherSets{{"path": json.RawMessage(`["/b"]`)}}
+	clock := &fakeClock{t: time.Now()}
+	h.now = clock.Now
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	h.logger = zap.New(core)
+	return h, logs, clock
+}
+
+func TestRefusalLog(t *testing.T) {
+	h, logs, clock := refusalLogHandler(t, false)
+	send := func(path, client string) {
+		r := crlRequest("GET", path, client)
+		r.Header.Set("X-API-Key", "secret-key-"+client)
+		serve(h, r)
+	}
+	for range 5 {
+		send("/a", "10.0.0.1") // 1 allowed, 4 refused: one line
+	}
+	send("/b", "10.0.0.1")
+	send("/b", "10.0.0.1") // another zone: a line
+	send("/a", "10.0.0.2")
+	send("/a", "10.0.0.2") // another client: a line
+	clock.Advance(59 * time.Second)
+	send("/a", "10.0.0.1") // within the interval: none
+	if n := logs.Len(); n != 3 {
+		t.Fatalf("%d lines; want 3: %v", n, logs.All())
+	}
+	clock.Advance(time.Second)
+	send("/a", "10.0.0.1") // allowed again (the window passed)
+	send("/a", "10.0.0.1") // refused, the interval passed: a line
+	lines := logs.All()
+	if len(lines) != 4 {
+		t.Fatalf("%d lines; want 4", len(lines))
+	}
+	want := map[string]any{"zone": "a", "client_ip": "10.0.0.1", "remote_ip": "10.0.0.1", "host": "example.com",
+		"method": "GET", "path": "/a", "retry_after": int64(60), "wait": time.Minute}
+	got := lines[0].ContextMap()
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("field %s = %v; want %v", k, got[k], v)
+		}
+	}
+	for _, l := range lines {
+		if l.Level != zap.InfoLevel || l.Message != "rate limit exceeded" {
+			t.Errorf("line %v %q; want info \"rate limit exceeded\"", l.Level, l.Message)
+		}
+		if _, ok := l.ContextMap()["key"]; ok || strings.Contains(fmt.Sprint(l.ContextMap()), "secret-key") {
+			t.Errorf("a key is logged without log_keys: %v", l.ContextMap())
+		}
+	}
+	h, logs, _ = refusalLogHandler(t, true)
+	for range 2 {
+		r := crlRequest("GET", "/a", "10.0.0.9")
+		r.Header.Set("X-API-Key", "k-9")
+		serve(h, r)
+	}
+	if lines := logs.All(); len(lines) != 1 || lines[0].ContextMap()["key"] != "k-9" {
+		t.Fatalf("with log_keys: %v; want one line with key k-9", lines)
+	}
+}
+
+// TestRefusalThrottleBounded: a flood of distinct clients is remembered
+// in at most two generations of the limit, and each of them logged once.
+func TestRefusalThrottleBounded(t *testing.T) {
+	th := newRefusalThrottle(time.Hour, 100)
+	now := time.Now().UnixNano()
+	for i := range 1000 {
+		if !th.allow("z", "10.0."+strconv.Itoa(i/256)+"."+strconv.Itoa(i%256), now) {
+			t.Fatalf("client %d not logged", i)
+		}
+		th.mu.Lock()
+		n := len(th.cur) + len(th.prev)
+		th.mu.Unlock()
+		if n > 200 {
+			t.Fatalf("%d digests remembered; want at most 200", n)
+		}
+	}
+	if th.allow("z", "10.0.3.231", now) { // the last one: remembered
+		t.Fatal("a client was logged twice within the interval")
+	}
+	if !th.allow("z", "10.0.3.231", now+int64(time.Hour)) {
+		t.Fatal("a client was not logged again after the interval")
+	}
+}
