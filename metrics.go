@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -84,9 +85,9 @@ func registerMetrics(reg *prometheus.Registry) error {
 }
 
 // record adds a verdict to the metrics: its store calls, a result per
-// zone asked, the refusals answered from the cache of refused clients and
-// the bans started; and logs the bans started and the refusals of dry-run
-// zones.
+// zone asked, the refusals answered from the cache of refused clients;
+// and logs the refusals of dry-run zones. (What the verdict does not
+// say, the store tells decisionEvents.)
 func (h *Handler) record(zones []*Zone, v *limiter.Verdict) {
 	for i := range v.Calls {
 		recordCall(&v.Calls[i])
@@ -96,11 +97,7 @@ func (h *Handler) record(zones []*Zone, v *limiter.Verdict) {
 		if state.Decided() && d[i].Cached {
 			metrics.cacheHits.WithLabelValues(z.name).Inc()
 		}
-		switch state {
-		case limiter.BanStarted:
-			metrics.bans.WithLabelValues(z.name).Inc()
-			h.logger.Info("client banned", zap.String("zone", z.name), zap.Duration("for", d[i].RetryAfter))
-		case limiter.WouldRefuse:
+		if state == limiter.WouldRefuse {
 			h.logger.Debug("dry run: would be rate limited", zap.String("zone", z.name),
 				zap.Int64("retry_after", d[i].RetryAfterSeconds()))
 		}
@@ -177,3 +174,42 @@ func (c *decisionCounters) get(zone string, result int) prometheus.Counter {
 var memoryLatency = sync.OnceValue(func() prometheus.Observer {
 	return metrics.storeLatency.WithLabelValues("memory")
 })
+
+// decisionEvents are what a handler's decisions tell besides their
+// verdicts (limiter.Events): logged with the handler's logger, the bans
+// counted in the metrics.
+type decisionEvents struct {
+	logger *zap.Logger
+	mode   string // on_store_error's mode
+}
+
+// StoreFailing logs, once, that Redis began to fail.
+func (e decisionEvents) StoreFailing(err error) {
+	e.logger.Error("redis store failing; on_store_error applies until it answers again",
+		zap.String("on_store_error", e.mode), zap.Error(err))
+}
+
+// StoreRecovered logs, once, that Redis answers again.
+func (e decisionEvents) StoreRecovered() {
+	e.logger.Info("redis store available again; decisions are shared again")
+}
+
+// ScriptFailed logs a failed script: at error level when loud (at most
+// every limiter.ScriptErrorReportEvery), else at debug.
+func (e decisionEvents) ScriptFailed(err error, loud bool) {
+	if loud {
+		e.logger.Error("rate limit script failed for a request; on_store_error applies to it alone (logged at most every 10s)",
+			zap.String("on_store_error", e.mode), zap.Error(err))
+		return
+	}
+	e.logger.Debug("rate limit script failed for a request", zap.Error(err))
+}
+
+// BanStarted counts and logs a ban.
+func (e decisionEvents) BanStarted(zone string, left time.Duration) {
+	metrics.bans.WithLabelValues(zone).Inc()
+	e.logger.Info("client banned", zap.String("zone", zone), zap.Duration("for", left))
+}
+
+// Debug logs at debug level.
+func (e decisionEvents) Debug(msg string, err error) { e.logger.Debug(msg, zap.Error(err)) }

@@ -178,13 +178,13 @@ type Handler struct {
 	events   *caddyevents.App    // Caddy's events app, for rate_limit_exceeded; nil in tests without one
 	eventCtx caddy.Context       // the context events are emitted in: this handler's
 	refusals *refusalThrottle    // LogRefusals' memory of clients logged; nil without LogRefusals
-	zones    []*Zone             // Zones, sorted by name
+	zones    []*Zone             // Zones, sorted by name, the dry-run ones last
 	verifier *clientkey.Verifier // JWT's keys; nil without JWT
 	jwksKey  string              // JWT's key fetcher in jwksFetchers; "" without one, or once released
 	store    *sharedStore        // what decides, shared through stores
 	poolKey  string              // store's key in stores; "" once released
 	onError  StoreErrorPolicy    // OnStoreError with its defaults
-	fallback limiter.Fallback    // onError for the store
+	caller   limiter.Caller      // onError and the events of decisions, for the store
 	now      func() time.Time    // the clock; time.Now unless a test sets it
 	wallNow  bool                // now is time.Now: the memory store's time is its latency's start
 	logger   *zap.Logger
@@ -209,7 +209,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.onError, err = h.OnStoreError.resolve(h.Redis != nil); err != nil {
 		return err
 	}
-	h.fallback = h.onError.fallback()
+	h.caller = limiter.Caller{Fallback: h.onError.fallback(), Events: decisionEvents{logger: h.logger, mode: h.onError.Mode}}
 	if err = h.checkResponseOptions(); err != nil {
 		return err
 	}
@@ -281,12 +281,9 @@ type scratch struct {
 
 var scratches = sync.Pool{New: func() any { return new(scratch) }}
 
-// recycle gives s back for another request, emptied, unless the store may
-// still read its requests (a release retried in the background).
+// recycle gives s back for another request, emptied: the store keeps
+// copies of what it keeps past the request (slots to release or renew).
 func (h *Handler) recycle(s *scratch) {
-	if h.store.KeepsRequests() {
-		return
-	}
 	clear(s.reqs)
 	clear(s.zones)
 	s.reqs, s.zones = s.reqs[:0], s.zones[:0]
@@ -331,7 +328,7 @@ func (h *Handler) decide(ctx context.Context, reqs []limiter.Request, zones []*Z
 	if !h.wallNow {
 		now = h.now()
 	}
-	h.store.Decide(ctx, now, reqs, h.fallback, v)
+	h.store.Decide(ctx, now, reqs, h.caller, v)
 	h.record(zones, v)
 }
 

@@ -52,14 +52,29 @@ func (z *Zone) checkSettle() error {
 }
 
 // settledCost is what a request charged reserved costs after all, by
-// its response's status and headers: 0 when the status does not count;
-// the cost header's amount, bounded (reserved when it is missing or
-// malformed: logged once per zone); else reserved.
+// its response's status and headers: 0 when the status does not count
+// (a request whose client went away always counts); the cost header's
+// amount, bounded (reserved when it is missing or malformed: logged once
+// per zone); else reserved.
 func (z *Zone) settledCost(status int, hdr http.Header, reserved int64, logger *zap.Logger) int64 {
 	counts := func(c int) bool { return caddyhttp.StatusCodeMatches(status, c) }
+	if status == statusClientClosed { // the work may be done: the client cannot undo its charge
+		return z.costFromHeader(hdr, reserved, logger)
+	}
 	if len(z.CountStatus) > 0 && !slices.ContainsFunc(z.CountStatus, counts) {
 		return 0
 	}
+	return z.costFromHeader(hdr, reserved, logger)
+}
+
+// statusClientClosed is the status Caddy gives a request whose client
+// went away (reverse_proxy's 499).
+const statusClientClosed = 499
+
+// costFromHeader is the cost the response's cost header says, bounded,
+// or reserved without cost_from_response, or when the header is missing
+// or malformed (logged once per zone).
+func (z *Zone) costFromHeader(hdr http.Header, reserved int64, logger *zap.Logger) int64 {
 	if z.CostFromResponse == "" {
 		return reserved
 	}
@@ -163,13 +178,10 @@ func (s *settlement) settle(status int, hdr http.Header) {
 			hdr.Del(z.CostFromResponse)
 		}
 	}
-	if len(refund) > 0 {
-		d, err := s.h.store.Refund(refund, refundAt)
-		s.apply("refund", refundIdx, d, err)
-	}
-	if len(charge) > 0 {
-		d, err := s.h.store.Charge(charge)
-		s.apply("charge", chargeIdx, d, err)
+	if len(refund)+len(charge) > 0 {
+		refunded, charged, refundErr, chargeErr := s.h.store.Settle(refund, refundAt, charge)
+		s.apply("refund", refundIdx, refunded, refundErr)
+		s.apply("charge", chargeIdx, charged, chargeErr)
 	}
 	if len(refund)+len(charge) > 0 {
 		i := s.v.Shown(false)

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -158,5 +159,48 @@ func TestSettleCostHeader(t *testing.T) {
 	}
 	if !h.Zones["llm"].warned[fieldResponseCost].Load() {
 		t.Fatal("no warning for a missing cost header")
+	}
+}
+
+// TestSettleClientGone: a request whose client hung up keeps its charge,
+// whatever the zone counts: reverse_proxy answers it 499 once the
+// upstream may already have done the work.
+func TestSettleClientGone(t *testing.T) {
+	h := &Handler{Zones: map[string]*Zone{"sms": {Rate: "3r/h", CountStatus: []int{2}}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	hangUp := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+		return caddyhttp.Error(499, context.Canceled) // as reverse_proxy, the client gone
+	})
+	for range 3 {
+		serveWith(h, httptest.NewRequest(http.MethodPost, "/sms", nil), hangUp)
+	}
+	if w := serve(h, httptest.NewRequest(http.MethodPost, "/sms", nil)); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("after 3 requests whose clients left: status %d, remaining %q; want 429", w.Code, w.Header().Get("X-RateLimit-Remaining"))
+	}
+}
+
+// TestSettlePanic: a request whose next handler panics keeps its charge
+// and gives its concurrency slot back.
+func TestSettlePanic(t *testing.T) {
+	h := &Handler{Zones: map[string]*Zone{
+		"ok":    {Rate: "2r/h", CountStatus: []int{2}},
+		"slots": {MaxConcurrent: 1},
+	}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	boom := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { panic("boom") })
+	func() {
+		defer func() { _ = recover() }()
+		serveWith(h, httptest.NewRequest(http.MethodGet, "/", nil), boom)
+	}()
+	w := serve(h, httptest.NewRequest(http.MethodGet, "/", nil)) // its slot is free, its charge stays
+	if w.Code != http.StatusOK {
+		t.Fatalf("after a panic: status %d; want 200 (the slot given back)", w.Code)
+	}
+	if w := serve(h, httptest.NewRequest(http.MethodGet, "/", nil)); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("third request: status %d; want 429 (the panicking request kept its charge)", w.Code)
 	}
 }

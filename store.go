@@ -21,7 +21,7 @@ var stores = caddy.NewUsagePool()
 const memoryPoolKey = "memory"
 
 // sharedStore is a store in stores: the limiter the handlers decide with,
-// and what it reports to the logs and metrics (limiter.Events).
+// and the metrics and logs of its Redis nodes (limiter.NodeEvents).
 type sharedStore struct {
 	*limiter.Limiter
 	logger *zap.Logger
@@ -35,7 +35,7 @@ func newSharedStore(whole string) *sharedStore {
 
 func newMemoryStore() (caddy.Destructor, error) {
 	s := newSharedStore("")
-	s.Limiter = limiter.NewMemoryLimiter(s)
+	s.Limiter = limiter.NewMemoryLimiter()
 	return s, nil
 }
 
@@ -77,28 +77,6 @@ func (h *Handler) releaseStore() error {
 	return err
 }
 
-// StoreFailing logs, once, that Redis began to fail.
-func (s *sharedStore) StoreFailing(err error, fallback limiter.Fallback) {
-	s.logger.Error("redis store failing; on_store_error applies until it answers again",
-		zap.String("on_store_error", fallback.Mode.String()), zap.Error(err))
-}
-
-// StoreRecovered logs, once, that Redis answers again.
-func (s *sharedStore) StoreRecovered() {
-	s.logger.Info("redis store available again; decisions are shared again")
-}
-
-// ScriptFailed logs a failed script: at error level when loud (at most
-// every limiter.ScriptErrorReportEvery), else at debug.
-func (s *sharedStore) ScriptFailed(err error, fallback limiter.Fallback, loud bool) {
-	if loud {
-		s.logger.Error("rate limit script failed for a request; on_store_error applies to it alone (logged at most every 10s)",
-			zap.String("on_store_error", fallback.Mode.String()), zap.Error(err))
-		return
-	}
-	s.logger.Debug("rate limit script failed for a request", zap.Error(err))
-}
-
 // BreakerChanged shows a Redis node's breaker in the metrics and logs.
 func (s *sharedStore) BreakerChanged(node string, open bool) {
 	label := cmp.Or(node, s.whole)
@@ -120,6 +98,3 @@ func (s *sharedStore) NodeGone(node string) {
 		metrics.breakerOpen.DeleteLabelValues(node)
 	}
 }
-
-// Debug logs at debug level.
-func (s *sharedStore) Debug(msg string, err error) { s.logger.Debug(msg, zap.Error(err)) }

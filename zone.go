@@ -212,7 +212,17 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 		}
 		h.zones = append(h.zones, z)
 	}
+	// The dry-run zones last: the store decides them apart, without copies
+	// (limiter.Limiter.Decide).
+	slices.SortStableFunc(h.zones, func(a, b *Zone) int { return cmp.Compare(btoi(h.DryRun || a.DryRun), btoi(h.DryRun || b.DryRun)) })
 	return nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func sortedNames(zones map[string]*Zone) []string {

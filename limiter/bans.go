@@ -164,7 +164,7 @@ func (l *Limiter) banStore(ctx context.Context, reqs []Request) Store {
 // cache of refused clients already refuses). When the client is banned,
 // the decisions hold the refusal of the longest ban, and zero decisions
 // (not asked) for the other zones.
-func (l *Limiter) banned(ctx context.Context, now time.Time, reqs []Request) ([]Decision, bool) {
+func (l *Limiter) banned(ctx context.Context, now time.Time, reqs []Request, ev Events) ([]Decision, bool) {
 	var look []Request
 	var at []int
 	for i, r := range reqs {
@@ -188,7 +188,7 @@ func (l *Limiter) banned(ctx context.Context, now time.Time, reqs []Request) ([]
 	left, err := l.banStore(tctx, look).Banned(tctx, look)
 	cancel()
 	if err != nil {
-		l.events.Debug("looking up bans", err)
+		ev.Debug("looking up bans", err)
 		return nil, false
 	}
 	best := -1
@@ -219,7 +219,7 @@ func (l *Limiter) banDecision(r Request, left time.Duration, now time.Time) Deci
 // countRefusals counts, for the zones that ban, the refusals among
 // decisions, and turns a refusal that starts (or meets) a ban into the
 // ban's refusal; one that starts a ban is in state BanStarted.
-func (l *Limiter) countRefusals(ctx context.Context, now time.Time, reqs []Request, decisions []Decision, states []State) {
+func (l *Limiter) countRefusals(ctx context.Context, now time.Time, reqs []Request, decisions []Decision, states []State, ev Events) {
 	for i, d := range decisions {
 		r := reqs[i]
 		if states[i] != Refused || r.Policy.Ban.After == 0 {
@@ -229,11 +229,12 @@ func (l *Limiter) countRefusals(ctx context.Context, now time.Time, reqs []Reque
 		left, started, err := l.banStore(tctx, reqs[i:i+1]).Refused(tctx, r)
 		cancel()
 		if err != nil {
-			l.events.Debug("counting a refusal for bans", err)
+			ev.Debug("counting a refusal for bans", err)
 			continue
 		}
 		if started {
 			states[i] = BanStarted
+			ev.BanStarted(r.Zone, left)
 		}
 		if left > d.RetryAfter {
 			if now.IsZero() {

@@ -22,33 +22,49 @@ type Call struct {
 
 // Decide decides reqs at now into v, whose slices it reuses: a ban
 // refuses at once; else the store charges every enforced zone, all or
-// nothing, and the dry-run zones apart. When the store fails, fallback
-// decides. The zero now is the wall clock, read once.
-func (l *Limiter) Decide(ctx context.Context, now time.Time, reqs []Request, fallback Fallback, v *Verdict) {
+// nothing, and the dry-run zones apart (before them). When the store
+// fails, c's fallback decides. The zero now is the wall clock. Decide
+// keeps no reference to reqs once it returns, but in v.Requests: what
+// outlives it (slots to renew or release) is copied, so the caller may
+// reuse reqs as soon as it is done with v. Requests whose dry-run ones
+// come last are decided without copies.
+func (l *Limiter) Decide(ctx context.Context, now time.Time, reqs []Request, c Caller, v *Verdict) {
 	v.States = v.States[:0]
 	for range reqs {
 		v.States = append(v.States, NotAsked)
 	}
 	v.Requests, v.Decisions, v.Calls, v.release = reqs, nil, [2]Call{}, nil
-	dry := 0
-	for _, r := range reqs {
-		if r.DryRun {
-			dry++
+	n := 0 // the enforced requests before the first dry-run one
+	for n < len(reqs) && !reqs[n].DryRun {
+		n++
+	}
+	for _, r := range reqs[n:] {
+		if !r.DryRun {
+			l.decideApart(ctx, now, reqs, c, v)
+			return
 		}
 	}
-	if dry == 0 {
-		v.Decisions, v.release = l.decidePart(ctx, now, reqs, fallback, v.States, &v.Calls[0])
-		return
+	switch n {
+	case len(reqs):
+		v.Decisions, v.release = l.decidePart(ctx, now, reqs, c, v.States, &v.Calls[0])
+	case 0:
+		v.Decisions, v.release = l.decidePart(ctx, now, reqs, c, v.States, &v.Calls[1])
+	default:
+		dry, dryRelease := l.decidePart(ctx, now, reqs[n:], c, v.States[n:], &v.Calls[1])
+		enforced, release := l.decidePart(ctx, now, reqs[:n], c, v.States[:n], &v.Calls[0])
+		v.Decisions = make([]Decision, len(reqs))
+		copy(v.Decisions, enforced)
+		copy(v.Decisions[n:], dry)
+		v.release = both(release, dryRelease)
 	}
-	l.decideApart(ctx, now, reqs, dry, fallback, v)
 }
 
-// decideApart decides the dry-run requests of reqs (dry of them) first,
-// then the others, each as one Decide, and puts their states and
+// decideApart is Decide for requests whose dry-run ones are anywhere: it
+// decides the dry-run ones, then the others, and puts their states and
 // decisions back in the order of reqs.
-func (l *Limiter) decideApart(ctx context.Context, now time.Time, reqs []Request, dry int, fallback Fallback, v *Verdict) {
-	parts := [2][]Request{make([]Request, 0, len(reqs)-dry), make([]Request, 0, dry)}
-	at := [2][]int{}
+func (l *Limiter) decideApart(ctx context.Context, now time.Time, reqs []Request, c Caller, v *Verdict) {
+	var parts [2][]Request
+	var at [2][]int
 	for i, r := range reqs {
 		p := 0
 		if r.DryRun {
@@ -59,12 +75,9 @@ func (l *Limiter) decideApart(ctx context.Context, now time.Time, reqs []Request
 	v.Decisions = make([]Decision, len(reqs))
 	var releases [2]func()
 	for _, p := range [2]int{1, 0} { // the dry-run zones first
-		if len(parts[p]) == 0 {
-			continue
-		}
 		states := make([]State, len(parts[p]))
 		var d []Decision
-		d, releases[p] = l.decidePart(ctx, now, parts[p], fallback, states, &v.Calls[p])
+		d, releases[p] = l.decidePart(ctx, now, parts[p], c, states, &v.Calls[p])
 		for j, i := range at[p] {
 			v.States[i] = states[j]
 			if j < len(d) {
@@ -72,32 +85,35 @@ func (l *Limiter) decideApart(ctx context.Context, now time.Time, reqs []Request
 			}
 		}
 	}
-	if releases[0] != nil || releases[1] != nil {
-		v.release = func() {
-			for _, r := range releases {
-				if r != nil {
-					r()
-				}
-			}
-		}
+	v.release = both(releases[0], releases[1])
+}
+
+// both is a release that calls a and b; nil when both are.
+func both(a, b func()) func() {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
 	}
+	return func() { a(); b() }
 }
 
 // decidePart decides reqs, all enforced or all dry-run, setting states and
 // call; it returns the decisions and the release of the slots taken.
-func (l *Limiter) decidePart(ctx context.Context, now time.Time, reqs []Request, fallback Fallback, states []State, call *Call) ([]Decision, func()) {
+func (l *Limiter) decidePart(ctx context.Context, now time.Time, reqs []Request, c Caller, states []State, call *Call) ([]Decision, func()) {
 	dryRun := reqs[0].DryRun
 	if !dryRun {
-		if d, banned := l.banned(ctx, now, reqs); banned {
+		if d, banned := l.banned(ctx, now, reqs, c.Events); banned {
 			stateOf(d, states)
 			return d, nil
 		}
 	}
-	d, release := l.take(ctx, now, reqs, fallback, call)
+	d, release := l.take(ctx, now, reqs, c, call)
 	switch {
-	case call.Failure != NoFailure && fallback.Mode == FallbackAllow:
+	case call.Failure != NoFailure && c.Fallback.Mode == FallbackAllow:
 		fill(states, Unlimited)
-	case call.Failure != NoFailure && fallback.Mode == FallbackDeny:
+	case call.Failure != NoFailure && c.Fallback.Mode == FallbackDeny:
 		fill(states, Denied)
 	default:
 		stateOf(d, states)
@@ -113,7 +129,7 @@ func (l *Limiter) decidePart(ctx context.Context, now time.Time, reqs []Request,
 		}
 		return d, release
 	}
-	l.countRefusals(ctx, now, reqs, d, states)
+	l.countRefusals(ctx, now, reqs, d, states, c.Events)
 	return d, release
 }
 
@@ -141,8 +157,8 @@ func fill(states []State, s State) {
 }
 
 // take decides reqs with Redis when configured, else in memory. When
-// Redis cannot decide, the fallback decides.
-func (l *Limiter) take(ctx context.Context, now time.Time, reqs []Request, fallback Fallback, call *Call) ([]Decision, func()) {
+// Redis cannot decide, c's fallback decides.
+func (l *Limiter) take(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call) ([]Decision, func()) {
 	if l.redis == nil {
 		start := time.Now()
 		if now.IsZero() {
@@ -150,29 +166,33 @@ func (l *Limiter) take(ctx context.Context, now time.Time, reqs []Request, fallb
 		}
 		d := l.memory.TakeAt(now, reqs)
 		call.Store, call.Took = "memory", time.Since(start)
-		return d, l.holdSlots(l.memory, reqs, d)
+		return d, l.holdSlots(l.memory, reqs, d, c.Events)
 	}
-	if now.IsZero() {
+	wall := now.IsZero()
+	if wall {
 		now = time.Now()
 	}
-	d, err := l.takeRedis(ctx, now, reqs, call)
+	d, err := l.takeRedis(ctx, now, reqs, c.Events, call)
 	switch {
 	case err == nil:
-		return d, l.holdSlots(l.redis, reqs, d)
+		return d, l.holdSlots(l.redis, reqs, d, c.Events)
 	case Unavailable(err):
 		call.Failure, call.Err = StoreUnavailable, err
 		if l.failing.CompareAndSwap(false, true) {
-			l.events.StoreFailing(err, fallback)
+			c.Events.StoreFailing(err)
 		} else {
-			l.events.Debug("redis store failed", err)
+			c.Events.Debug("redis store failed", err)
 		}
 	default:
 		call.Failure, call.Err = ScriptFailed, err
 		last := l.scriptErrorLogged.Load()
 		loud := now.UnixNano()-last >= int64(ScriptErrorReportEvery) && l.scriptErrorLogged.CompareAndSwap(last, now.UnixNano())
-		l.events.ScriptFailed(err, fallback, loud)
+		c.Events.ScriptFailed(err, loud)
 	}
-	return l.fallBack(now, reqs, fallback)
+	if wall {
+		now = time.Now() // after the call that failed, which may have waited its timeout
+	}
+	return l.fallBack(now, reqs, c)
 }
 
 // takeRedis asks Redis, within the timeout, unless the cache of refused
@@ -180,7 +200,7 @@ func (l *Limiter) take(ctx context.Context, now time.Time, reqs []Request, fallb
 // node). A client that leaves does not cut the call short: every call that
 // starts ends as a success or a failure of its node's breaker (a probe
 // included), and a script is sent at most once.
-func (l *Limiter) takeRedis(ctx context.Context, now time.Time, reqs []Request, call *Call) ([]Decision, error) {
+func (l *Limiter) takeRedis(ctx context.Context, now time.Time, reqs []Request, ev Events, call *Call) ([]Decision, error) {
 	if d, hit := l.cachedRefusal(reqs, now); hit {
 		return d, nil
 	}
@@ -191,13 +211,13 @@ func (l *Limiter) takeRedis(ctx context.Context, now time.Time, reqs []Request, 
 	cancel()
 	var refund *RefundError
 	if errors.As(err, &refund) { // the request is refused either way
-		l.events.Debug("refund of a refused request failed; its tokens stay taken", err)
-		l.releaseLater(reqs) // its concurrency slots, at least
+		ev.Debug("refund of a refused request failed; its tokens stay taken", err)
+		l.releaseLater(reqs, ev) // its concurrency slots, at least
 		err = nil
 	}
 	if err != nil {
 		if MayHaveRun(err) { // a script may have taken slots before the error
-			l.releaseLater(reqs)
+			l.releaseLater(reqs, ev)
 		}
 		return nil, err
 	}
@@ -205,7 +225,7 @@ func (l *Limiter) takeRedis(ctx context.Context, now time.Time, reqs []Request, 
 		l.refused.Put(reqs[i], d, now)
 	}
 	if l.failing.Load() && l.failing.CompareAndSwap(true, false) {
-		l.events.StoreRecovered()
+		ev.StoreRecovered()
 	}
 	return decisions, nil
 }

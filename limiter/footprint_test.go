@@ -18,7 +18,8 @@ import (
 // named as in production (MEMORY USAGE, after 1 and after 100 requests of
 // a 100r/m limit) and the Redis commands one decision runs inside its
 // script (INFO commandstats).
-// The README's table comes from its output:
+// The table of commands per decision in BENCHMARKS.md comes from its
+// output:
 //
 //	go test -run TestRedisFootprint -v ./limiter
 func TestRedisFootprint(t *testing.T) {
@@ -85,7 +86,8 @@ const memoryKeys = 100_000
 // expiries included, in a standalone Redis and a cluster of 3 masters of
 // its own (a cluster keeps more per key: the slot of each). It holds the
 // token bucket to its targets in standalone Redis: 72 and 150 bytes. The
-// README's table of Redis memory per active key comes from its output:
+// tables of Redis memory per active key (docs/redis.md, BENCHMARKS.md)
+// come from its output:
 //
 //	go test -run TestRedisMemoryPerKey -v ./limiter
 func TestRedisMemoryPerKey(t *testing.T) {

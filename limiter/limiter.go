@@ -31,31 +31,45 @@ type Limiter struct {
 	refused *DenyCache      // clients Redis refused; nil without Redis
 	retries *releaseRetries // releases of slots to try again; nil without Redis
 	timeout time.Duration   // the longest a store call waits
-	events  Events
 
 	failing           atomic.Bool  // Redis failed last time: the fallback applies
 	scriptErrorLogged atomic.Int64 // when a failed script was last reported loudly (Unix ns)
 }
 
-// Events are told what a Limiter does that a Verdict does not say: the
-// store's failures and recoveries, and the states of Redis's breakers.
-// Their methods must not block.
+// Caller is who asks a Decide: what its requests fall back on when the
+// store fails, and where the events of its decisions go.
+type Caller struct {
+	Fallback Fallback
+	Events   Events
+}
+
+// Events are told what a decision does that its Verdict does not say: the
+// store's failures and recoveries, the bans started, and what needs no
+// action. Their methods must not block; they may be called after Decide
+// returns (a release of slots that failed).
 type Events interface {
-	// StoreFailing: Redis began to fail (err); fallback decides until it
-	// answers again.
-	StoreFailing(err error, fallback Fallback)
+	// StoreFailing: Redis began to fail (err); the fallback decides until
+	// it answers again. Called once per failure, whichever caller sees it.
+	StoreFailing(err error)
 	// StoreRecovered: Redis answered again after StoreFailing.
 	StoreRecovered()
 	// ScriptFailed: a script failed in a Redis that answered; loud is true
 	// at most once per ScriptErrorReportEvery.
-	ScriptFailed(err error, fallback Fallback, loud bool)
+	ScriptFailed(err error, loud bool)
+	// BanStarted: a refusal in zone banned its client for left.
+	BanStarted(zone string, left time.Duration)
+	// Debug reports something that needs no action.
+	Debug(msg string, err error)
+}
+
+// NodeEvents are told of the Redis nodes: their breakers, and the cluster
+// nodes that no longer serve slots. Their methods must not block.
+type NodeEvents interface {
 	// BreakerChanged: the breaker of node ("" outside a cluster) opened or
 	// closed.
 	BreakerChanged(node string, open bool)
 	// NodeGone: a cluster node no longer serves slots.
 	NodeGone(node string)
-	// Debug reports something that needs no action.
-	Debug(msg string, err error)
 }
 
 // ScriptErrorReportEvery throttles the loud reports of failed scripts: a
@@ -79,22 +93,22 @@ type RedisOptions struct {
 
 // NewMemoryLimiter returns a Limiter that decides in this process's
 // memory.
-func NewMemoryLimiter(events Events) *Limiter {
-	return &Limiter{memory: NewMemoryStore(0), timeout: time.Second, events: events}
+func NewMemoryLimiter() *Limiter {
+	return &Limiter{memory: NewMemoryStore(0), timeout: time.Second}
 }
 
 // NewRedisLimiter returns a Limiter that decides in the Redis of client,
-// which Close closes.
-func NewRedisLimiter(client redis.UniversalClient, o RedisOptions, events Events) (*Limiter, error) {
+// which Close closes; nodes are told of its nodes' breakers.
+func NewRedisLimiter(client redis.UniversalClient, o RedisOptions, nodes NodeEvents) (*Limiter, error) {
 	store, err := NewRedisStore(client, o.KeyPrefix)
 	if err != nil {
 		return nil, err
 	}
-	l := &Limiter{redis: store, memory: NewMemoryStore(0), timeout: cmp.Or(o.Timeout, time.Second), events: events,
+	l := &Limiter{redis: store, memory: NewMemoryStore(0), timeout: cmp.Or(o.Timeout, time.Second),
 		refused: NewDenyCache(o.LocalCache, o.LocalCacheMaxAge)}
 	l.retries = newReleaseRetries(store, max(l.timeout, time.Second))
-	store.OnBreaker(events.BreakerChanged)
-	store.OnForget(events.NodeGone)
+	store.OnBreaker(nodes.BreakerChanged)
+	store.OnForget(nodes.NodeGone)
 	return l, nil
 }
 
@@ -109,11 +123,6 @@ func (l *Limiter) Close() error {
 	}
 	return err
 }
-
-// KeepsRequests reports whether the Limiter may still read the requests
-// of a Decide after it returns (a release tried again in the background):
-// the caller must not reuse their slice then.
-func (l *Limiter) KeepsRequests() bool { return l.redis != nil }
 
 // Ping tells whether the store answers.
 func (l *Limiter) Ping(ctx context.Context) error {
@@ -150,22 +159,22 @@ func (l *Limiter) Reset(ctx context.Context, req Request) error {
 	return l.store().Reset(ctx, req)
 }
 
-// Refund gives back what allowed requests were charged after all: each
-// request's Cost, at the time of its take, at[i]. decisions[i] tells
-// reqs[i]'s bucket after; a request the store did not answer has a zero
-// Decision.
-func (l *Limiter) Refund(reqs []Request, at []time.Time) ([]Decision, error) {
+// Settle brings the charges of allowed requests to what their responses
+// say, within one timeout: refund gives back each request's Cost, at the
+// time of its take, refundAt[i]; charge charges each its Cost now, into
+// debt if need be (see Store.Refund and Store.Charge). refunded and
+// charged tell the buckets after, in the order of refund and charge; a
+// request the store did not answer has a zero Decision.
+func (l *Limiter) Settle(refund []Request, refundAt []time.Time, charge []Request) (refunded, charged []Decision, refundErr, chargeErr error) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 	defer cancel()
-	return l.store().Refund(ctx, reqs, at)
-}
-
-// Charge charges allowed requests their Cost more, now, into debt if need
-// be (see Store.Charge).
-func (l *Limiter) Charge(reqs []Request) ([]Decision, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
-	defer cancel()
-	return l.store().Charge(ctx, reqs)
+	if len(refund) > 0 {
+		refunded, refundErr = l.store().Refund(ctx, refund, refundAt)
+	}
+	if len(charge) > 0 {
+		charged, chargeErr = l.store().Charge(ctx, charge)
+	}
+	return refunded, charged, refundErr, chargeErr
 }
 
 // Kind names the store that decides: "redis" or "memory".

@@ -20,7 +20,7 @@ import (
 // leases are renewed every third of their lifetime until the release, so
 // that a request that outlives its lease (a websocket, a long download)
 // keeps counting, as it does in memory.
-func (l *Limiter) holdSlots(store Store, reqs []Request, decisions []Decision) func() {
+func (l *Limiter) holdSlots(store Store, reqs []Request, decisions []Decision, ev Events) func() {
 	for _, d := range decisions {
 		if !d.Allowed {
 			return nil
@@ -31,12 +31,12 @@ func (l *Limiter) holdSlots(store Store, reqs []Request, decisions []Decision) f
 		return nil
 	}
 	if store == Store(l.memory) {
-		return func() { l.releaseSlots(store, held) }
+		return func() { l.releaseSlots(store, held, ev) }
 	}
-	stopRenewing := l.renewLeases(held)
+	stopRenewing := l.renewLeases(held, ev)
 	return func() {
 		stopRenewing()
-		l.releaseSlots(store, held)
+		l.releaseSlots(store, held, ev)
 	}
 }
 
@@ -54,7 +54,7 @@ func concurrencyRequests(reqs []Request) []Request {
 // releaseSlots gives back the concurrency slots held, always: with a
 // short timeout, even while a breaker is open. A release that Redis did not
 // take is tried again in the background until its leases expire.
-func (l *Limiter) releaseSlots(store Store, held []Request) {
+func (l *Limiter) releaseSlots(store Store, held []Request, ev Events) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 	err := store.Release(ctx, held)
 	cancel()
@@ -63,17 +63,17 @@ func (l *Limiter) releaseSlots(store Store, held []Request) {
 	}
 	if l.retries != nil && store != Store(l.memory) {
 		l.retries.add(held)
-		l.events.Debug("concurrency slots not released yet; trying again", err)
+		ev.Debug("concurrency slots not released yet; trying again", err)
 		return
 	}
-	l.events.Debug("concurrency slots not released; their leases will expire", err)
+	ev.Debug("concurrency slots not released; their leases will expire", err)
 }
 
 // releaseLater gives back, in the background, the concurrency slots that
 // Redis may have taken for reqs in a call that failed.
-func (l *Limiter) releaseLater(reqs []Request) {
+func (l *Limiter) releaseLater(reqs []Request, ev Events) {
 	if held := concurrencyRequests(reqs); len(held) > 0 {
-		go l.releaseSlots(l.redis, held)
+		go l.releaseSlots(l.redis, held, ev)
 	}
 }
 
@@ -81,7 +81,7 @@ func (l *Limiter) releaseLater(reqs []Request) {
 // shortest lease, until the returned stop is called. A renewal that fails
 // is tried again at the next tick; a lease that is gone (expired, reset)
 // is not made again.
-func (l *Limiter) renewLeases(held []Request) (stop func()) {
+func (l *Limiter) renewLeases(held []Request, ev Events) (stop func()) {
 	every := held[0].Policy.Lease
 	for _, r := range held[1:] {
 		every = min(every, r.Policy.Lease)
@@ -99,7 +99,7 @@ func (l *Limiter) renewLeases(held []Request) (stop func()) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 			if err := l.redis.Renew(ctx, held); err != nil {
-				l.events.Debug("concurrency leases not renewed; trying again", err)
+				ev.Debug("concurrency leases not renewed; trying again", err)
 			}
 			cancel()
 		}

@@ -15,12 +15,13 @@ import (
 // quietEvents are the Events of a Limiter under test: none is looked at.
 type quietEvents struct{}
 
-func (quietEvents) StoreFailing(error, Fallback)       {}
-func (quietEvents) StoreRecovered()                    {}
-func (quietEvents) ScriptFailed(error, Fallback, bool) {}
-func (quietEvents) BreakerChanged(string, bool)        {}
-func (quietEvents) NodeGone(string)                    {}
-func (quietEvents) Debug(string, error)                {}
+func (quietEvents) StoreFailing(error)               {}
+func (quietEvents) StoreRecovered()                  {}
+func (quietEvents) ScriptFailed(error, bool)         {}
+func (quietEvents) BanStarted(string, time.Duration) {}
+func (quietEvents) BreakerChanged(string, bool)      {}
+func (quietEvents) NodeGone(string)                  {}
+func (quietEvents) Debug(string, error)              {}
 
 // TestReleaseRetriesChunked: a round sends many pending releases in small
 // calls (or small requests of a batched call), each all or nothing on its
@@ -61,7 +62,7 @@ func TestReleaseRetriesChunked(t *testing.T) {
 // TestRefusalHoldsNoSlots: a request that a zone refused took no slot, so
 // its verdict has nothing to release; the allowed one's has.
 func TestRefusalHoldsNoSlots(t *testing.T) {
-	l := NewMemoryLimiter(quietEvents{})
+	l := NewMemoryLimiter()
 	defer l.Close()
 	slots := Policy{Algorithm: Concurrency, Burst: 2, Lease: time.Minute}
 	tight := Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Hour, Burst: 1}
@@ -70,11 +71,11 @@ func TestRefusalHoldsNoSlots(t *testing.T) {
 			{Zone: "refusal_tight", Key: "k", Policy: tight, Cost: 1, ID: id}}
 	}
 	var allowed, refused Verdict
-	l.Decide(t.Context(), time.Now(), reqs("first"), Fallback{}, &allowed)
+	l.Decide(t.Context(), time.Now(), reqs("first"), Caller{Events: quietEvents{}}, &allowed)
 	if allowed.States[0] != Allowed || allowed.release == nil {
 		t.Fatalf("first request: %v, release %v; want allowed, with a slot to release", allowed.States, allowed.release != nil)
 	}
-	l.Decide(t.Context(), time.Now(), reqs("second"), Fallback{}, &refused)
+	l.Decide(t.Context(), time.Now(), reqs("second"), Caller{Events: quietEvents{}}, &refused)
 	if refused.States[1] != Refused || refused.release != nil {
 		t.Fatalf("second request: %v, release %v; want refused, nothing to release", refused.States, refused.release != nil)
 	}
