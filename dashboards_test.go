@@ -97,8 +97,8 @@ func checkExpr(t *testing.T, where, expr string, exported map[string][]string) [
 }
 
 // TestGrafanaDashboard: the dashboard parses, every query names metrics
-// the module exports with their labels, and it shows what the README
-// promises: decisions by zone and result, refusals, store latency and
+// the module exports with their labels, and it shows what
+// docs/operations.md promises: decisions by zone and result, refusals, store latency and
 // errors, breakers, local cache hits, bans.
 func TestGrafanaDashboard(t *testing.T) {
 	exported := exportedMetrics(t)

@@ -21,7 +21,7 @@ import (
 // The chaos suite: real Redis processes killed, hung, restarted, paused
 // and flushed under load through a real Caddy, and reloads under load.
 // Every case asserts exact limits before and after, and logs what it
-// measured (README's Redis section quotes these lines).
+// measured (BENCHMARKS.md quotes these lines).
 
 // chaosSite is a Caddy site on Redis (addrs) with a 100ms timeout that
 // fails closed with 503, so that a decision left to the failure mode shows

@@ -228,9 +228,9 @@ func TestCompatRefusalLogFail2ban(t *testing.T) {
 		!strings.Contains(events[0], `"zone":"login"`) || !strings.Contains(events[0], `"remote_ip":"127.0.0.1"`) {
 		t.Errorf("events %q; want two rate_limit_exceeded from http.handlers.rate_limit", events)
 	}
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil || !strings.Contains(string(readme), "failregex = "+failregex+"\n") {
-		t.Errorf("the README does not show the filter's failregex %q", failregex)
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil || !strings.Contains(string(doc), "failregex = "+failregex+"\n") {
+		t.Errorf("docs/operations.md does not show the filter's failregex %q", failregex)
 	}
 	fail2banRegex(t, file, refusals[0])
 }
