@@ -107,9 +107,9 @@ func unmarshalOnce[T any, PT interface {
 }
 
 // withStringOptions adds to options a subdirective for each of names that
-// reads its one argument into the string field of T with that JSON name,
-// and returns options. A name that is no such field panics, when the
-// package is initialised.
+// reads its one argument, which may not be empty, into the string field of
+// T with that JSON name, and returns options. A name that is no such field
+// panics, when the package is initialised.
 func withStringOptions[T any](options map[string]func(*caddyfile.Dispenser, *T) error, names ...string) map[string]func(*caddyfile.Dispenser, *T) error {
 	typ := reflect.TypeFor[T]()
 	for _, name := range names {
@@ -121,7 +121,15 @@ func withStringOptions[T any](options map[string]func(*caddyfile.Dispenser, *T) 
 			panic(fmt.Sprintf("%s has no string field %q", typ, name))
 		}
 		options[name] = func(d *caddyfile.Dispenser, v *T) error {
-			return oneArg(d, reflect.ValueOf(v).Elem().Field(i).Addr().Interface().(*string))
+			dst := reflect.ValueOf(v).Elem().Field(i).Addr().Interface().(*string)
+			if err := oneArg(d, dst); err != nil {
+				return err
+			}
+			if *dst == "" {
+				return d.Errf("%s is empty: a {$VAR} is replaced when the Caddyfile is read, and an unset variable "+
+					"leaves nothing; set it, or write {env.VAR} to read it when the config loads", name)
+			}
+			return nil
 		}
 	}
 	return options

@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -186,8 +187,11 @@ type Handler struct {
 	onError  StoreErrorPolicy    // OnStoreError with its defaults
 	caller   limiter.Caller      // onError and the events of decisions, for the store
 	now      func() time.Time    // the clock; time.Now unless a test sets it
-	wallNow  bool                // now is time.Now: the memory store's time is its latency's start
-	logger   *zap.Logger
+	// denyLogged is when on_store_error deny's refusals were last logged
+	// (Unix ns).
+	denyLogged *atomic.Int64
+	wallNow    bool // now is time.Now: the memory store's time is its latency's start
+	logger     *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -209,6 +213,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.onError, err = h.OnStoreError.resolve(h.Redis != nil); err != nil {
 		return err
 	}
+	h.denyLogged = new(atomic.Int64)
 	h.caller = limiter.Caller{Fallback: h.onError.fallback(), Events: decisionEvents{logger: h.logger, mode: h.onError.Mode}}
 	if err = h.checkResponseOptions(); err != nil {
 		return err

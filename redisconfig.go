@@ -204,6 +204,11 @@ func (c *RedisConfig) resolve() (RedisConfig, error) {
 	r.MasterName = repl.ReplaceKnown(c.MasterName, "")
 	r.Username = repl.ReplaceKnown(c.Username, "")
 	r.Password = repl.ReplaceKnown(c.Password, "")
+	for name, v := range map[string][2]string{"username": {c.Username, r.Username}, "password": {c.Password, r.Password}} {
+		if v[0] != "" && v[1] == "" { // an unset {env.VAR}: not a config without one
+			return r, fmt.Errorf("%s %q resolves to nothing (an unset environment variable?)", name, v[0])
+		}
+	}
 	r.KeyPrefix = cmp.Or(c.KeyPrefix, limiter.DefaultKeyPrefix)
 	r.Timeout = cmp.Or(c.Timeout, caddy.Duration(defaultRedisTimeout))
 	return r, r.check()

@@ -254,3 +254,23 @@ func TestKeySecretErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestEmptySecrets: a secret or password that a placeholder leaves empty
+// is an error, at adapt ({$VAR}, replaced when the Caddyfile is read) or
+// at load ({env.VAR}); it never leaves the config without one.
+func TestEmptySecrets(t *testing.T) {
+	for _, option := range []string{"key_secret", "password", "username"} {
+		_, err := adapt(t, ":8080 {\n\trate_limit {\n\t\tredis {\n\t\t\taddresses 127.0.0.1:6379\n\t\t\t"+option+
+			" \"{$RL_TEST_UNSET_SECRET}\"\n\t\t}\n\t\tzone a {\n\t\t\trate 1r/s\n\t\t}\n\t}\n}\n")
+		if err == nil || !strings.Contains(err.Error(), option+" is empty") || !strings.Contains(err.Error(), "Caddyfile:5") {
+			t.Errorf("%s {$UNSET}: adapt error %v; want %q with its line", option, err, option+" is empty")
+		}
+	}
+	for _, option := range []string{"password", "username"} {
+		c := &RedisConfig{Addresses: []string{"127.0.0.1:1"}}
+		*map[string]*string{"password": &c.Password, "username": &c.Username}[option] = "{env.RL_TEST_UNSET_SECRET}"
+		if _, err := c.resolve(); err == nil || !strings.Contains(err.Error(), "resolves to nothing") {
+			t.Errorf("%s {env.UNSET}: %v; want an error", option, err)
+		}
+	}
+}

@@ -74,7 +74,8 @@ func (h *Handler) reportRefusal(r *http.Request, repl *caddy.Replacer, o outcome
 	if emit {
 		h.emitExceeded(o, remote, client)
 	}
-	if h.refusals != nil && h.refusals.allow(o.zone, client, h.now().UnixNano()) {
+	// A client is throttled as the zone groups addresses: an IPv6 /64 is one.
+	if h.refusals != nil && h.refusals.allow(o.zone, o.z.subnet(client), h.now().UnixNano()) {
 		h.logRefusalInfo(r, o, remote, client)
 	}
 }

@@ -107,6 +107,22 @@ func TestRefusalLog(t *testing.T) {
 	}
 }
 
+// TestRefusalLogSubnet: the throttle groups client addresses as the zone
+// does, so that the addresses of one IPv6 /64 (one bucket) log one line
+// per interval, not one each.
+func TestRefusalLogSubnet(t *testing.T) {
+	h, logs, _ := refusalLogHandler(t, false)
+	for i := range 300 {
+		r := crlRequest("GET", "/a", "")
+		r.RemoteAddr = fmt.Sprintf("[2001:db8:0:1::%x]:4321", i+1)
+		r.Header.Set("X-API-Key", "one-key")
+		serve(h, r)
+	}
+	if n := logs.Len(); n != 1 {
+		t.Fatalf("%d lines for 299 refusals of one /64; want 1", n)
+	}
+}
+
 // TestRefusalThrottleBounded: a flood of distinct clients is remembered
 // in at most two generations of the limit, and each of them logged once.
 func TestRefusalThrottleBounded(t *testing.T) {

@@ -51,9 +51,8 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp
 			f := h.headerFields(w.Header(), false)
 			h.setLimitHeaders(&f, *dry)
 		}
-		if v.Refused() { // deny
-			w.Header().Set("Retry-After", strconv.FormatInt(int64(limiter.BreakerCooldown/time.Second), 10))
-			return caddyhttp.Error(h.onError.Status, fmt.Errorf("rate limit store: %w", v.Calls[0].Err))
+		if v.Refused() {
+			return h.deny(w, v.Calls[0].Err) // storeerror.go
 		}
 		return next.ServeHTTP(w, r)
 	}

@@ -1,8 +1,15 @@
 package ratelimit
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
@@ -77,3 +84,43 @@ func (p StoreErrorPolicy) fallback() limiter.Fallback {
 		storeErrorAllow: limiter.FallbackAllow, storeErrorDeny: limiter.FallbackDeny}[p.Mode]
 	return limiter.Fallback{Mode: mode, Instances: p.Instances}
 }
+
+// deny answers a request that on_store_error deny refuses, as a 429 is
+// answered: its status, Retry-After (the breaker's cooldown) and a body
+// in the Response option's form, or a Caddy error for handle_errors. It
+// is logged at most once per denyLogEvery, without the request: an
+// outage must not write every client's headers into the error log.
+func (h *Handler) deny(w http.ResponseWriter, err error) error {
+	retry := int64(limiter.BreakerCooldown / time.Second)
+	if now, last := h.now().UnixNano(), h.denyLogged.Load(); now-last >= int64(denyLogEvery) && h.denyLogged.CompareAndSwap(last, now) {
+		h.logger.Warn("rate limit store failing: on_store_error deny refuses requests (logged at most every 10s)",
+			zap.Int("status", h.onError.Status), zap.Error(err))
+	}
+	w.Header().Set(hdrRetryAfter, strconv.FormatInt(retry, 10))
+	if h.Response == "handle_errors" {
+		return caddyhttp.Error(h.onError.Status, errStoreDenied)
+	}
+	msg := fmt.Sprintf("The rate limit store is unavailable. Try again in %s.", appendSeconds(nil, retry))
+	var body []byte
+	contentType := "application/json"
+	if h.Response == "problem" {
+		contentType = "application/problem+json"
+		body, _ = json.Marshal(map[string]any{"type": "about:blank", "title": http.StatusText(h.onError.Status),
+			"status": h.onError.Status, "detail": msg})
+	} else {
+		body, _ = json.Marshal(map[string]any{"error": "rate limit store unavailable", "message": msg, "retry_after": retry})
+	}
+	body = append(body, '\n')
+	w.Header().Set(hdrContentType, contentType)
+	w.Header().Set(hdrContentLength, strconv.Itoa(len(body)))
+	w.WriteHeader(h.onError.Status)
+	_, _ = w.Write(body) // a client that left needs no answer
+	return nil
+}
+
+// errStoreDenied is the error handle_errors gets for a request that
+// on_store_error deny refused ({http.error.message}).
+var errStoreDenied = errors.New("rate limit store unavailable: on_store_error deny")
+
+// denyLogEvery throttles the log of on_store_error deny's refusals.
+const denyLogEvery = 10 * time.Second

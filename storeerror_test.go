@@ -1,10 +1,16 @@
 package ratelimit
 
 import (
+	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
@@ -33,6 +39,36 @@ func TestScriptErrorsStayWithTheirClient(t *testing.T) {
 		if w.Code != http.StatusOK || w.Header().Get("X-RateLimit-Remaining") != want {
 			t.Fatalf("another client after the script errors: status %d, remaining %q; want 200, %s (a Redis decision)",
 				w.Code, w.Header().Get("X-RateLimit-Remaining"), want)
+		}
+	}
+}
+
+// TestDenyAnswersItself: on_store_error deny answers as a 429 is answered
+// (its status, Retry-After and a JSON body), without handing Caddy an
+// error, which Caddy would log at error level with the request's headers:
+// an outage logs one line per interval, and no client key.
+func TestDenyAnswersItself(t *testing.T) {
+	h := redisHandler(t, &RedisConfig{Addresses: []string{"127.0.0.1:1"}}) // nothing listens: refused
+	core, logs := observer.New(zap.DebugLevel)
+	h.logger = zap.New(core)
+	h.caller.Events = decisionEvents{logger: h.logger, mode: "deny"}
+	for i := range 20 {
+		w := httptest.NewRecorder()
+		r := keyRequest("secret-api-key")
+		caddyhttp.NewTestReplacer(r)
+		err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+		if err != nil || w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "2" ||
+			!strings.Contains(w.Body.String(), `"error":"rate limit store unavailable"`) {
+			t.Fatalf("request %d: error %v, status %d, Retry-After %q, body %q; want no error, a 503 of its own",
+				i, err, w.Code, w.Header().Get("Retry-After"), w.Body.String())
+		}
+	}
+	if n := logs.FilterLevelExact(zap.WarnLevel).Len() + logs.FilterLevelExact(zap.ErrorLevel).Len(); n > 2 {
+		t.Fatalf("%d warn and error lines for 20 denied requests; want the failure and one deny line", n)
+	}
+	for _, l := range logs.All() {
+		if strings.Contains(fmt.Sprint(l.Message, l.ContextMap()), "secret-api-key") {
+			t.Fatalf("a client key in a log line: %v %v", l.Message, l.ContextMap())
 		}
 	}
 }
