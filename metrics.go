@@ -185,8 +185,11 @@ type decisionEvents struct {
 
 // StoreFailing logs, once, that Redis began to fail.
 func (e decisionEvents) StoreFailing(err error) {
-	e.logger.Error("redis store failing; on_store_error applies until it answers again",
-		zap.String("on_store_error", e.mode), zap.Error(err))
+	msg := "redis store failing; on_store_error applies until it answers again"
+	if limiter.AuthFailed(err) {
+		msg = "redis store failing: it refuses the credentials (check username, password and the ACL user's permissions); on_store_error applies until it accepts them"
+	}
+	e.logger.Error(msg, zap.String("on_store_error", e.mode), zap.Error(err))
 }
 
 // StoreRecovered logs, once, that Redis answers again.

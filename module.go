@@ -205,7 +205,9 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision checks the configuration, compiles the zones and acquires the
 // stores; each part provisions itself.
 func (h *Handler) Provision(ctx caddy.Context) error {
-	h.logger = ctx.Logger()
+	if h.logger == nil { // a test may have set one
+		h.logger = ctx.Logger()
+	}
 	if h.now == nil {
 		h.now, h.wallNow = time.Now, true
 	}

@@ -186,7 +186,13 @@ func newRedisStore(cfg RedisConfig, opts *redis.UniversalOptions) (*sharedStore,
 func (h *Handler) checkRedis(timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), max(timeout, time.Second))
 	defer cancel()
-	if err := h.store.Ping(ctx); err != nil {
+	err := h.store.Ping(ctx)
+	switch {
+	case err == nil:
+	case limiter.AuthFailed(err):
+		h.logger.Error("redis refuses the credentials at start (check username, password and the ACL user's permissions); on_store_error applies until it accepts them",
+			zap.Strings("addresses", h.Redis.Addresses), zap.String("on_store_error", h.onError.Mode), zap.Error(err))
+	default:
 		h.logger.Warn("redis not reachable at start; on_store_error applies until it is",
 			zap.Strings("addresses", h.Redis.Addresses), zap.String("on_store_error", h.onError.Mode), zap.Error(err))
 	}
@@ -261,6 +267,9 @@ func (c *RedisConfig) options(files tlsFiles) (*redis.UniversalOptions, error) {
 		PoolTimeout:           t,
 		ContextTimeoutEnabled: true,
 		MaxRetries:            -1, // a script that may have run is not sent again
+		// One dial per call: a refused connection fails the call at once,
+		// with its own error, not a timeout after dials tried again.
+		DialerRetries: 1,
 	}
 	if c.TLS != nil {
 		tlsConfig, err := c.TLS.config(files)

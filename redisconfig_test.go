@@ -14,6 +14,8 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 func TestProvisionRedisErrors(t *testing.T) {
@@ -272,5 +274,44 @@ func TestEmptySecrets(t *testing.T) {
 		if _, err := c.resolve(); err == nil || !strings.Contains(err.Error(), "resolves to nothing") {
 			t.Errorf("%s {env.UNSET}: %v; want an error", option, err)
 		}
+	}
+}
+
+// TestStoreFailuresNamed: the first failure says what failed: a refused
+// connection as such (not as a timeout of dials tried again), and a
+// Redis that refuses the password as refusing the credentials, at start
+// and at the first request.
+func TestStoreFailuresNamed(t *testing.T) {
+	srv := redistest.NewServer(t)
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer admin.Close()
+	if err := admin.ConfigSet(t.Context(), "requirepass", "right-password").Err(); err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string]struct {
+		cfg  RedisConfig
+		want []string
+	}{
+		"refused":        {RedisConfig{Addresses: []string{"127.0.0.1:1"}}, []string{"not reachable at start", "connection refused"}},
+		"wrong password": {RedisConfig{Addresses: []string{srv.Addr}, Password: "wrong"}, []string{"refuses the credentials at start", "WRONGPASS"}},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			core, logs := observer.New(zap.InfoLevel)
+			c.cfg.KeyPrefix = fmt.Sprintf("named%x:", rand.Uint64())
+			h := &Handler{Zones: map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "1r/m"}},
+				Redis: &c.cfg, OnStoreError: &StoreErrorPolicy{Mode: "deny"}}
+			h.logger = zap.New(core) // Provision keeps a logger a test set
+			if err := provision(t, h); err != nil {
+				t.Fatal(err)
+			}
+			serve(h, keyRequest("k"))
+			all := fmt.Sprint(logs.All())
+			for _, w := range c.want {
+				if !strings.Contains(all, w) {
+					t.Errorf("logs %s; want %q", all, w)
+				}
+			}
+		})
 	}
 }

@@ -272,7 +272,8 @@ func (q *nodeQueue) send(s *sender, batch []queued) {
 		if !unbounded {
 			ctx, cancel = context.WithDeadline(ctx, latest)
 		}
-		_, _ = q.pipe.Exec(ctx) // each command holds its own reply or error
+		_, err := q.pipe.Exec(ctx) // each command holds its own reply or error
+		unanswered(us, err)
 		evalAgain(ctx, q.pipe, us)
 		cancel()
 		for _, u := range us {

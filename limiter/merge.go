@@ -299,6 +299,20 @@ func (u unit) answer() {
 	}
 }
 
+// unanswered gives err, a pipeline's, to the commands of us that hold
+// neither a reply nor an error of their own: those go-redis never sent,
+// as when the connection's handshake failed (a wrong password).
+func unanswered(us []unit, err error) {
+	if err == nil {
+		return
+	}
+	for _, u := range us {
+		if u.cmd.Err() == nil && len(u.cmd.Val()) == 0 {
+			u.cmd.SetErr(err)
+		}
+	}
+}
+
 // evalAgain sends the calls of us that found no script cached (NOSCRIPT:
 // they did not run; a node restarted or was promoted) once more, as EVAL
 // with the script's source, which caches it, on pipe, the node's (idle,
@@ -327,7 +341,8 @@ func evalAgain(ctx context.Context, pipe redis.Pipeliner, us []unit) {
 	if again == 0 {
 		return
 	}
-	_, _ = pipe.Exec(ctx) // each command holds its own reply or error
+	_, err := pipe.Exec(ctx) // each command holds its own reply or error
+	unanswered(us, err)
 	for _, u := range us {
 		if own := u.items[0].cmd; u.sizes == nil && own.IntSliceCmd != u.cmd.IntSliceCmd {
 			v, err := u.cmd.Result()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -295,5 +296,32 @@ func TestRefundWhileBreakerOpen(t *testing.T) {
 	defer other.Close()
 	if got, err := other.Peek(t.Context(), req[0]); err != nil || got.Remaining != 5 {
 		t.Fatalf("after the refund: remaining %d (%v); want 5, the charge given back", got.Remaining, err)
+	}
+}
+
+// TestAuthErrorsAreUnavailability: a Redis that refuses our credentials
+// (none, or a wrong password) fails every decision as unavailable, which
+// opens the breaker and lets on_store_error decide at once, with an error
+// that names the cause; not as a malformed reply of the script.
+func TestAuthErrorsAreUnavailability(t *testing.T) {
+	srv := redistest.NewServer(t)
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer admin.Close()
+	if err := admin.ConfigSet(t.Context(), "requirepass", "right-password").Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Second, Burst: 1}
+	for pw, want := range map[string]string{"": "unauthenticated", "wrong": "WRONGPASS"} {
+		s, err := NewRedisStore(redis.NewClient(&redis.Options{Addr: srv.Addr, Password: pw, MaxRetries: -1}), "auth:")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		_, err = s.Take(ctx, []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1}})
+		cancel()
+		s.Close()
+		if !Unavailable(err) || !AuthFailed(err) || !strings.Contains(strings.ToLower(err.Error()), strings.ToLower(want)) {
+			t.Errorf("password %q: %v (unavailable %v, auth %v); want an unavailable %s error", pw, err, Unavailable(err), AuthFailed(err), want)
+		}
 	}
 }

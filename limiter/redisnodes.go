@@ -52,11 +52,14 @@ func Unavailable(err error) bool {
 	if errors.Is(err, context.Canceled) { // the caller left: says nothing of Redis
 		return false
 	}
+	if AuthFailed(err) {
+		return true
+	}
 	var reply redis.Error
 	if errors.As(err, &reply) && !errors.Is(err, redis.ErrClosed) {
 		msg := reply.Error()
 		for _, prefix := range []string{"LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "OOM",
-			"NOREPLICAS", "MISCONF", "NOAUTH", "WRONGPASS", "NOPERM", "ERR max number of clients"} {
+			"NOREPLICAS", "MISCONF", "ERR max number of clients"} {
 			if strings.HasPrefix(msg, prefix) {
 				return true
 			}
@@ -69,6 +72,28 @@ func Unavailable(err error) bool {
 	// of its pipeline too and counts here; the scripts return integers
 	// only, see common.lua.)
 	return !errors.Is(err, errReply)
+}
+
+// authPrefixes start the replies of a Redis that refuses our credentials
+// or their permissions: no AUTH (NOAUTH, and a command too long for an
+// unauthenticated connection), a wrong password, an ACL user without the
+// commands or keys it needs.
+var authPrefixes = []string{"NOAUTH", "WRONGPASS", "NOPERM", "ERR Protocol error: unauthenticated"}
+
+// AuthFailed reports whether err is Redis refusing our credentials or
+// their permissions: a configuration to fix, which counts as unavailability.
+func AuthFailed(err error) bool {
+	var reply redis.Error
+	if err == nil || !errors.As(err, &reply) {
+		return false
+	}
+	msg := reply.Error()
+	for _, prefix := range authPrefixes {
+		if strings.HasPrefix(msg, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // onceCmd is a command that go-redis must not send again after a network
