@@ -192,9 +192,13 @@ func (e decisionEvents) StoreFailing(err error) {
 	e.logger.Error(msg, zap.String("on_store_error", e.mode), zap.Error(err))
 }
 
-// StoreRecovered logs, once, that Redis answers again.
-func (e decisionEvents) StoreRecovered() {
-	e.logger.Info("redis store available again; decisions are shared again")
+// StoreRecovered logs, once, that a Redis node answers again.
+func (e decisionEvents) StoreRecovered(node string) {
+	if node == "" {
+		e.logger.Info("redis store available again; decisions are shared again")
+		return
+	}
+	e.logger.Info("redis store available again; decisions are shared again", zap.String("node", node))
 }
 
 // ScriptFailed logs a failed script: at error level when loud (at most

@@ -178,11 +178,7 @@ func (l *Limiter) take(ctx context.Context, now time.Time, reqs []Request, c Cal
 		return d, l.holdSlots(l.redis, reqs, d, c.Events)
 	case Unavailable(err):
 		call.Failure, call.Err = StoreUnavailable, err
-		if l.failing.CompareAndSwap(false, true) {
-			c.Events.StoreFailing(err)
-		} else {
-			c.Events.Debug("redis store failed", err)
-		}
+		l.nodeFailed(err, c.Events)
 	default:
 		call.Failure, call.Err = ScriptFailed, err
 		last := l.scriptErrorLogged.Load()
@@ -224,10 +220,38 @@ func (l *Limiter) takeRedis(ctx context.Context, now time.Time, reqs []Request, 
 	for i, d := range decisions {
 		l.refused.Put(reqs[i], d, now)
 	}
-	if l.failing.Load() && l.failing.CompareAndSwap(true, false) {
-		ev.StoreRecovered()
+	if l.nFailing.Load() > 0 {
+		l.nodesAnswered(ctx, reqs, ev)
 	}
 	return decisions, nil
+}
+
+// nodeFailed reports, once until it answers again, that the node of err
+// failed; a node already failing is reported at debug level.
+func (l *Limiter) nodeFailed(err error, ev Events) {
+	var ne *NodeError
+	node := ""
+	if errors.As(err, &ne) {
+		node = ne.Node
+	}
+	if _, was := l.failing.LoadOrStore(node, true); was {
+		ev.Debug("redis store failed", err)
+		return
+	}
+	l.nFailing.Add(1)
+	ev.StoreFailing(err)
+}
+
+// nodesAnswered reports the recovery of the failing nodes that reqs went
+// to, which answered (and of a failure of no known node).
+func (l *Limiter) nodesAnswered(ctx context.Context, reqs []Request, ev Events) {
+	nodes := append(l.redis.nodes(ctx, l.redis.scriptRuns(reqs)), "")
+	for _, node := range nodes {
+		if _, was := l.failing.LoadAndDelete(node); was {
+			l.nFailing.Add(-1)
+			ev.StoreRecovered(node)
+		}
+	}
 }
 
 // cachedRefusal answers a request that a zone refused lately from the

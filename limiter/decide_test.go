@@ -1,8 +1,14 @@
 package limiter
 
 import (
+	"fmt"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 )
 
 // TestDecideDryRun: dry-run zones are decided and charged apart, never
@@ -35,5 +41,67 @@ func TestDecideDryRun(t *testing.T) {
 				v.Release()
 			}
 		})
+	}
+}
+
+// countingEvents count the failures and recoveries a Limiter reports.
+type countingEvents struct {
+	quietEvents
+	mu                 sync.Mutex
+	failing, recovered int
+}
+
+func (e *countingEvents) StoreFailing(error) { e.mu.Lock(); e.failing++; e.mu.Unlock() }
+func (e *countingEvents) StoreRecovered(string) {
+	e.mu.Lock()
+	e.recovered++
+	e.mu.Unlock()
+}
+
+// TestFailureReportedOncePerNode: while one cluster master does not
+// answer and the others do, its failure is reported once, and its
+// recovery once, whatever the requests of the other masters do in
+// between (they must not flip a store-wide flag back and forth). The
+// others keep serving: cluster-require-full-coverage no, as an operator
+// sets it (else they answer CLUSTERDOWN, and each is reported once too).
+func TestFailureReportedOncePerNode(t *testing.T) {
+	cl := redistest.NewClusterOf(t, 3, 0, "--cluster-require-full-coverage", "no")
+	l, err := NewRedisLimiter(redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()}),
+		RedisOptions{KeyPrefix: "once:", Timeout: 50 * time.Millisecond}, quietEvents{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ev := &countingEvents{}
+	p := Policy{Algorithm: TokenBucket, Rate: 1000, Period: time.Second, Burst: 1000}
+	decide := func(key string) {
+		var v Verdict
+		l.Decide(t.Context(), time.Time{}, []Request{{Zone: "z", Key: key, Policy: p, Cost: 1}}, Caller{Events: ev}, &v)
+		v.Release()
+	}
+	for i := range 30 { // every node answers, slot maps known
+		decide(fmt.Sprint("k", i))
+	}
+	paused := cl.Server(l.Node(t.Context(), Request{Zone: "z", Key: "k0", Policy: p}))
+	paused.Pause()
+	for round := range 4 {
+		for i := range 30 {
+			decide(fmt.Sprint("k", i))
+		}
+		if round == 1 {
+			time.Sleep(2100 * time.Millisecond) // a breaker's cooldown: probes fail again
+		}
+	}
+	paused.Resume()
+	time.Sleep(2100 * time.Millisecond)
+	for range 3 {
+		for i := range 30 {
+			decide(fmt.Sprint("k", i))
+		}
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if ev.failing != 1 || ev.recovered != 1 {
+		t.Fatalf("one master paused, then back: %d failures and %d recoveries reported; want 1 and 1", ev.failing, ev.recovered)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -32,7 +33,11 @@ type Limiter struct {
 	retries *releaseRetries // releases of slots to try again; nil without Redis
 	timeout time.Duration   // the longest a store call waits
 
-	failing           atomic.Bool  // Redis failed last time: the fallback applies
+	// failing are the Redis nodes whose failure was reported and not yet
+	// their recovery ("" outside a cluster, or for a failure of no known
+	// node), and nFailing how many.
+	failing           sync.Map
+	nFailing          atomic.Int32
 	scriptErrorLogged atomic.Int64 // when a failed script was last reported loudly (Unix ns)
 }
 
@@ -48,11 +53,13 @@ type Caller struct {
 // action. Their methods must not block; they may be called after Decide
 // returns (a release of slots that failed).
 type Events interface {
-	// StoreFailing: Redis began to fail (err); the fallback decides until
-	// it answers again. Called once per failure, whichever caller sees it.
+	// StoreFailing: a Redis node began to fail (err names it, in a
+	// cluster); the fallback decides its requests until it answers again.
+	// Called once per node's failure, whichever caller sees it.
 	StoreFailing(err error)
-	// StoreRecovered: Redis answered again after StoreFailing.
-	StoreRecovered()
+	// StoreRecovered: node ("" outside a cluster) answered again after its
+	// StoreFailing.
+	StoreRecovered(node string)
 	// ScriptFailed: a script failed in a Redis that answered; loud is true
 	// at most once per ScriptErrorReportEvery.
 	ScriptFailed(err error, loud bool)

@@ -16,7 +16,7 @@ import (
 type quietEvents struct{}
 
 func (quietEvents) StoreFailing(error)               {}
-func (quietEvents) StoreRecovered()                  {}
+func (quietEvents) StoreRecovered(string)            {}
 func (quietEvents) ScriptFailed(error, bool)         {}
 func (quietEvents) BanStarted(string, time.Duration) {}
 func (quietEvents) BreakerChanged(string, bool)      {}
