@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -21,13 +22,18 @@ func init() {
 // Caddy's admin API:
 //
 //	GET    /rate_limit/zones                    the zones and their policies
-//	GET    /rate_limit/zones/<zone>/keys/<key>  a client's usage: limit, remaining, reset
-//	DELETE /rate_limit/zones/<zone>/keys/<key>  resets the client's bucket
+//	POST   /rate_limit/zones/<zone>/lookup      a client's usage: limit, remaining, reset
+//	POST   /rate_limit/zones/<zone>/reset       resets the client's bucket
+//	GET    /rate_limit/zones/<zone>/keys/<key>  the same lookup, the key in the path
+//	DELETE /rate_limit/zones/<zone>/keys/<key>  the same reset, the key in the path
 //
-// <key> is the client key as the zone's template resolves it (an IP
-// address, an API key, a user id), URL-escaped; IP addresses are grouped
-// by the zone's prefixes. Zones whose rate comes from placeholders are
-// shown with their default policy.
+// The POST forms take the client key in a JSON body, {"key": "<key>"}, so
+// that it stays out of the URI, which Caddy's admin.api logger writes at
+// info level; the path forms are for keys that are no secret (addresses).
+// The key is the client key as the zone's template resolves it (an IP
+// address, an API key, a user id; URL-escaped in a path); IP addresses are
+// grouped by the zone's prefixes. Zones whose rate comes from placeholders
+// are shown with their default policy.
 type AdminAPI struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -134,15 +140,48 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 		}
 		return writeJSON(w, listZones())
 	}
-	zone, key, ok := parseKeyPath(path)
-	if !ok {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("want /rate_limit/zones or /rate_limit/zones/<zone>/keys/<key>")}
+	zone, key, method, err := keyRequestOf(r, path)
+	if err != nil {
+		return err
 	}
 	ref, found := lookupZone(zone)
 	if !found {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no zone %q", zone)}
 	}
-	return serveKey(w, r, ref, key)
+	return serveKey(w, method, ref, key)
+}
+
+// maxKeyBody bounds the body of a POST lookup or reset.
+const maxKeyBody = 64 << 10
+
+// keyRequestOf reads the zone, the client key and the operation (GET:
+// lookup, DELETE: reset) of a request for a client's bucket: from the path
+// ("zones/<zone>/keys/<key>"), or a POST to "zones/<zone>/lookup" or
+// "zones/<zone>/reset" with the key in its JSON body.
+func keyRequestOf(r *http.Request, path string) (zone, key, method string, err error) {
+	if zone, key, ok := parseKeyPath(path); ok {
+		return zone, key, r.Method, nil
+	}
+	rest, _ := strings.CutPrefix(path, "zones/")
+	zone, op, ok := strings.Cut(rest, "/")
+	ops := map[string]string{"lookup": http.MethodGet, "reset": http.MethodDelete}
+	zone, unescapeErr := url.PathUnescape(zone)
+	if !ok || ops[op] == "" || unescapeErr != nil || !strings.HasPrefix(path, "zones/") {
+		return "", "", "", caddy.APIError{HTTPStatus: http.StatusNotFound,
+			Err: fmt.Errorf("want /rate_limit/zones, POST /rate_limit/zones/<zone>/lookup or /reset, or /rate_limit/zones/<zone>/keys/<key>")}
+	}
+	if r.Method != http.MethodPost {
+		return "", "", "", caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed: POST", r.Method)}
+	}
+	var body struct {
+		Key *string `json:"key"`
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxKeyBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil || body.Key == nil {
+		return "", "", "", caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf(`want a JSON body {"key": "<client key>"}`)}
+	}
+	return zone, *body.Key, ops[op], nil
 }
 
 // parseKeyPath splits "zones/<zone>/keys/<key>", unescaping both.
@@ -165,13 +204,13 @@ func parseKeyPath(path string) (zone, key string, ok bool) {
 // requests' keys are. A reset also forgets the client in this instance's
 // cache of refused clients; with Redis, other instances forget it within
 // localCacheMaxAge.
-func serveKey(w http.ResponseWriter, r *http.Request, ref zoneRef, key string) error {
+func serveKey(w http.ResponseWriter, method string, ref zoneRef, key string) error {
 	z, store := ref.z, ref.h.store
 	req := z.bucket(key)
-	// The store waits its own timeout, whatever the admin client does: a
-	// caller that hangs up must not count against a Redis node's breaker.
-	ctx := r.Context()
-	switch r.Method {
+	// The store waits its own timeout, on a context of its own: a caller
+	// that hangs up must not count against a Redis node's breaker.
+	ctx := context.Background()
+	switch method {
 	case http.MethodGet:
 		d, err := store.Peek(ctx, req)
 		if err != nil {
@@ -185,7 +224,7 @@ func serveKey(w http.ResponseWriter, r *http.Request, ref zoneRef, key string) e
 		}
 		return writeJSON(w, map[string]any{"zone": z.name, "key": req.Key, "reset": true})
 	}
-	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", method)}
 }
 
 func writeJSON(w http.ResponseWriter, v any) error {

@@ -243,7 +243,16 @@ func TestLogKeysOptIn(t *testing.T) {
 // admin sends method to Caddy's admin API and decodes the JSON answer.
 func admin(t *testing.T, c *testcaddy.Caddy, method, path string) (int, map[string]any, string) {
 	t.Helper()
-	req, _ := http.NewRequest(method, c.Admin+path, nil)
+	return adminBody(t, c, method, path, "")
+}
+
+// adminBody is admin with a request body.
+func adminBody(t *testing.T, c *testcaddy.Caddy, method, path, reqBody string) (int, map[string]any, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, c.Admin+path, strings.NewReader(reqBody))
+	if reqBody != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -298,7 +307,39 @@ func TestAdminAPI(t *testing.T) {
 			if status, _, _ := admin(t, c, "POST", path); status != 405 {
 				t.Fatalf("POST: %d", status)
 			}
+			adminKeyInBody(t, c)
 		})
+	}
+}
+
+// adminKeyInBody: the POST forms of the lookup and the reset take the key
+// in their body, which keeps it out of Caddy's admin.api log of URIs.
+func adminKeyInBody(t *testing.T, c *testcaddy.Caddy) {
+	t.Helper()
+	const secret = "sk-live-only-in-bodies"
+	for range 2 {
+		get(t, c, "/", "X-API-Key", secret)
+	}
+	status, u, body := adminBody(t, c, "POST", "/rate_limit/zones/api/lookup", `{"key":"`+secret+`"}`)
+	if status != 200 || u["remaining"] != 3.0 || u["key"] != secret {
+		t.Fatalf("POST lookup: %d %s", status, body)
+	}
+	if status, _, body := adminBody(t, c, "POST", "/rate_limit/zones/api/reset", `{"key":"`+secret+`"}`); status != 200 {
+		t.Fatalf("POST reset: %d %s", status, body)
+	}
+	if resp, _ := get(t, c, "/", "X-API-Key", secret); resp.Header.Get("X-RateLimit-Remaining") != "4" {
+		t.Fatalf("after the POST reset: remaining %q; want 4", resp.Header.Get("X-RateLimit-Remaining"))
+	}
+	for _, bad := range []string{"", "{", `{"key":1}`, `{"keys":"x"}`} {
+		if status, _, _ := adminBody(t, c, "POST", "/rate_limit/zones/api/lookup", bad); status != 400 {
+			t.Fatalf("POST lookup with body %q: %d; want 400", bad, status)
+		}
+	}
+	if status, _, _ := admin(t, c, "GET", "/rate_limit/zones/api/lookup"); status != 405 {
+		t.Fatalf("GET lookup: %d; want 405", status)
+	}
+	if logs := c.Logs(); strings.Contains(logs, secret) {
+		t.Fatalf("the key is in Caddy's logs: %s", logs)
 	}
 }
 
