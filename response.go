@@ -72,10 +72,17 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp
 }
 
 // show sets the placeholders of o, and the limit headers in hdr: o's, or
-// dry's when a dry-run zone shows less left to an allowed request. It
-// returns the fields, with room for a refusal's.
+// dry's when a dry-run zone shows less left to an allowed request. A
+// refusal first drops the limit headers an outer handler set: none may
+// say that quota is left. It returns the fields, with room for a
+// refusal's.
 func (h *Handler) show(hdr http.Header, repl *caddy.Replacer, o outcome, dry *outcome) headerFields {
 	o.setPlaceholders(repl)
+	if !o.d.Allowed {
+		for _, k := range [...]string{hdrLimit, hdrRemaining, hdrReset, hdrPolicy, hdrState} {
+			delete(hdr, k)
+		}
+	}
 	f := h.headerFields(hdr, !o.d.Allowed)
 	if dry != nil && o.d.Allowed && dry.d.Remaining < o.d.Remaining {
 		o = *dry

@@ -406,3 +406,34 @@ func TestJitterProportional(t *testing.T) {
 		t.Fatalf("Retry-After took %d values in 200 refusals: %v", len(seen), seen)
 	}
 }
+
+// TestLayeredRefusalShowsNoQuotaLeft: a 429 of an inner handler carries
+// no limit header of an outer one that says quota is left.
+func TestLayeredRefusalShowsNoQuotaLeft(t *testing.T) {
+	outer := &Handler{Headers: "both", Zones: map[string]*Zone{"site_ip": {Key: "k", Rate: "30r/m"}}}
+	inner := &Handler{Zones: map[string]*Zone{"login": {Key: "k", Rate: "1r/m"}}}
+	for _, h := range []*Handler{outer, inner} {
+		if err := provision(t, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return inner.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+			w.WriteHeader(http.StatusOK)
+			return nil
+		}))
+	})
+	serveWith(outer, httptest.NewRequest(http.MethodGet, "/", nil), next)
+	w := serveWith(outer, httptest.NewRequest(http.MethodGet, "/", nil), next)
+	if w.Code != http.StatusTooManyRequests {
+		t.Fatalf("second request: %d; want 429 from the inner handler", w.Code)
+	}
+	for _, h := range []string{"Ratelimit", "Ratelimit-Policy"} {
+		if v := w.Header().Get(h); v != "" {
+			t.Errorf("the inner refusal carries the outer handler's %s: %q", h, v)
+		}
+	}
+	if got := w.Header().Get("X-Ratelimit-Remaining"); got != "0" {
+		t.Errorf("X-RateLimit-Remaining %q; want 0 (the refusing zone's)", got)
+	}
+}
