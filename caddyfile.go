@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"maps"
 	"strconv"
 	"strings"
 
@@ -8,6 +9,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
 func init() {
@@ -53,6 +56,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		retry_after_jitter <duration>
 //		log_keys
 //		log_refusals [<interval>]
+//		memory_capacity <n>
 //		jitter          <fraction>
 //		log_key
 //		disable_metrics
@@ -120,7 +124,7 @@ func parseSubdirectives[T any](d *caddyfile.Dispenser, what string, dst T, optio
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		parse, ok := options[d.Val()]
 		if !ok {
-			return d.Errf("%sunrecognized subdirective %q", what, d.Val())
+			return d.Errf("%sunrecognized subdirective %q%s", what, d.Val(), didYouMean(d.Val(), maps.Keys(options)))
 		}
 		if err := parse(d, dst); err != nil {
 			return err
@@ -149,6 +153,9 @@ var handlerOptions = map[string]func(*caddyfile.Dispenser, *Handler) error{
 	"headers":            func(d *caddyfile.Dispenser, h *Handler) error { return oneOf(d, &h.Headers, headersChoices) },
 	"retry_after_jitter": parseJitter,
 	"log_refusals":       parseLogRefusals,
+	"memory_capacity": func(d *caddyfile.Dispenser, h *Handler) error {
+		return intArg(d, &h.MemoryCapacity, limiter.MinMemoryCapacity)
+	},
 	// caddy-ratelimit's options (compat.go, distributed.go)
 	"log_key":         func(d *caddyfile.Dispenser, h *Handler) error { return noArgs(d, &h.LogKeys) },
 	"disable_metrics": func(d *caddyfile.Dispenser, h *Handler) error { return noArgs(d, &h.DisableMetrics) },

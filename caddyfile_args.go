@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"fmt"
+	"iter"
 	"reflect"
 	"slices"
 	"strconv"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
 // The argument readers of caddyfile.go's parsers. Each reads the
@@ -51,7 +54,11 @@ func templateArgs(d *caddyfile.Dispenser) (tmpl, dflt string, err error) {
 	}
 	if len(args) == 2 {
 		if !hasPlaceholder(args[0]) {
-			return "", "", d.Errf("%q has no placeholder: a default is only for placeholders", args[0])
+			if _, _, err := limiter.ParseRate(args[0] + args[1]); err == nil {
+				return "", "", d.Errf("%s %s: write a rate without spaces: %s%s", args[0], args[1], args[0], args[1])
+			}
+			return "", "", d.Errf("%s %s: one value expected; a second one is only the default of a placeholder, "+
+				"as in rate {plan_rate} 100r/m", args[0], args[1])
 		}
 		dflt = args[1]
 	}
@@ -133,4 +140,43 @@ func withStringOptions[T any](options map[string]func(*caddyfile.Dispenser, *T) 
 		}
 	}
 	return options
+}
+
+// didYouMean is ": did you mean <name>?" for the one of names closest to
+// word (at most 2 edits, or a third of its length), or "".
+func didYouMean(word string, names iter.Seq[string]) string {
+	best, bestDist := "", min(2, len(word)/3)+1
+	for name := range names {
+		if d := editDistance(word, name); d < bestDist || d == bestDist && name < best {
+			best, bestDist = name, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(": did you mean %s?", best)
+}
+
+// editDistance is the Levenshtein distance of a and b, with a swap of two
+// neighbours counting as one edit (brust: burst).
+func editDistance(a, b string) int {
+	prev2, prev, cur := make([]int, len(b)+1), make([]int, len(b)+1), make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(b)]
 }

@@ -2,10 +2,18 @@ package ratelimit
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
 func TestCaddyfileAdapts(t *testing.T) {
@@ -109,15 +117,15 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"duplicate zone", ":8080 {\n\trate_limit {\n\t\tzone a {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t\tzone a {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t}\n}", `duplicate zone "a", at Caddyfile:7`},
 		{"skip without key", zone("\t\t\trate 1r/s\n\t\t\ton_empty_key skip"), `zone "api": on_empty_key skip needs a key: without one, the zone has a single bucket, at Caddyfile:3`},
 		{"missing rate", zone("\t\t\tkey {client_ip}"), `zone "api": rate (or max_concurrent) is required, at Caddyfile:3`},
-		{"zero rate", zone("\t\t\tkey k\n\t\t\trate 0r/s"), `out of range [1, 1099511627776], at Caddyfile:5`},
-		{"negative rate", zone("\t\t\tkey k\n\t\t\trate -1r/s"), `-1 is out of range [1, 1099511627776], at Caddyfile:5`},
-		{"unparseable rate", zone("\t\t\tkey k\n\t\t\trate fast"), `rate "fast": want <N>r/<s|m|h|d>, e.g. 100r/m, at Caddyfile:5`},
-		{"bad unit", zone("\t\t\tkey k\n\t\t\trate 10r/w"), `unknown unit "w" (want s, m, h or d), at Caddyfile:5`},
+		{"zero rate", zone("\t\t\tkey k\n\t\t\trate 0r/s"), `out of range [1, 1099511627776]; write 10r/s, 1r/2s or 30r/m, at Caddyfile:5`},
+		{"negative rate", zone("\t\t\tkey k\n\t\t\trate -1r/s"), `-1 is out of range [1, 1099511627776]; write 10r/s, 1r/2s or 30r/m, at Caddyfile:5`},
+		{"unparseable rate", zone("\t\t\tkey k\n\t\t\trate fast"), `rate "fast": want <N>r/<s|m|h|d>, such as 10r/s, 1r/2s or 30r/m, at Caddyfile:5`},
+		{"bad unit", zone("\t\t\tkey k\n\t\t\trate 10r/w"), `unknown unit "w" (want s, m, h or d); write 10r/s, 1r/2s or 30r/m, at Caddyfile:5`},
 		{"zero burst", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tburst 0"), `burst "0": want a whole number of at least 1, at Caddyfile:6`},
 		{"negative burst", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tburst -3"), `burst "-3"`},
 		{"unparseable burst", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tburst lots"), `burst "lots"`},
 		{"unknown zone subdirective", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tlimit 5"), `zone "api": unrecognized subdirective "limit", at Caddyfile:6`},
-		{"unknown subdirective", ":8080 {\n\trate_limit {\n\t\tzones x\n\t}\n}", `unrecognized subdirective "zones", at Caddyfile:3`},
+		{"unknown subdirective", ":8080 {\n\trate_limit {\n\t\tzones x\n\t}\n}", `unrecognized subdirective "zones": did you mean zone?, at Caddyfile:3`},
 		{"zone without name", ":8080 {\n\trate_limit {\n\t\tzone {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t}\n}", `zone needs a name`},
 		{"no zones", ":8080 {\n\trate_limit {\n\t}\n}", `rate_limit needs at least one zone`},
 		{"key without value", zone("\t\t\tkey\n\t\t\trate 1r/s"), `wrong argument count or unexpected line ending after 'key', at Caddyfile:4`},
@@ -140,7 +148,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"on_store_error empty", withStoreError(""), `wrong argument count`},
 		{"rate template without default", zone("\t\t\tkey k\n\t\t\trate {http.vars.plan}"), `zone "api": rate "{http.vars.plan}" has placeholders: give a default rate after it, at Caddyfile:5`},
 		{"rate default bad", zone("\t\t\tkey k\n\t\t\trate {http.vars.plan} lots"), `zone "api": rate "lots": want <N>r/<s|m|h|d>`},
-		{"rate literal with default", zone("\t\t\tkey k\n\t\t\trate 1r/s 2r/s"), `"1r/s" has no placeholder: a default is only for placeholders, at Caddyfile:5`},
+		{"rate literal with default", zone("\t\t\tkey k\n\t\t\trate 1r/s 2r/s"), `1r/s 2r/s: one value expected; a second one is only the default of a placeholder, as in rate {plan_rate} 100r/m, at Caddyfile:5`},
 		{"cost zero", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tcost 0"), `zone "api": cost "0": want a whole number of at least 1, at Caddyfile:6`},
 		{"cost default bad", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tcost {http.vars.cost} x"), `cost "x": want a whole number of at least 1`},
 		{"burst three args", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tburst {a} 1 2"), `wrong argument count`},
@@ -179,6 +187,9 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"fetch_timeout zero", withJWT("\t\t\tjwks_url https://a.example/jwks\n\t\t\tfetch_timeout 0s"), `jwt: fetch_timeout "0s": want a positive duration`},
 		{"refresh bounds", withJWT("\t\t\tjwks_url https://a.example/jwks\n\t\t\trefresh_min 5m\n\t\t\trefresh_max 1m"), `jwt: refresh_max 1m0s is shorter than refresh_min 5m0s, at Caddyfile:3`},
 		{"max_stale short", withJWT("\t\t\tjwks_url https://a.example/jwks\n\t\t\tmax_stale 10m"), `jwt: max_stale 10m0s is shorter than refresh_max 1h0m0s`},
+		{"memory_capacity small", ":8080 {\n\trate_limit {\n\t\tmemory_capacity 10\n\t}\n}", `memory_capacity "10": want a whole number of at least 64, at Caddyfile:3`},
+		{"memory_capacity word", ":8080 {\n\trate_limit {\n\t\tmemory_capacity lots\n\t}\n}", `memory_capacity "lots": want a whole number`},
+		{"memory_capacity none", ":8080 {\n\trate_limit {\n\t\tmemory_capacity\n\t}\n}", `wrong argument count`},
 		{"refresh without url", withJWT("\t\t\tsecret s\n\t\t\trefresh_max 2h"), `jwt: refresh_min, refresh_max, max_stale and fetch_timeout apply to jwks_url and discover only, at Caddyfile:3`},
 	}
 	for _, c := range cases {
@@ -343,5 +354,81 @@ func TestCaddyfileExampleAdapts(t *testing.T) {
 	}
 	if !strings.Contains(out, `"handler":"rate_limit"`) {
 		t.Fatalf("no rate_limit handler in\n%s", out)
+	}
+}
+
+// TestCaddyfileMemoryCapacity: memory_capacity sets the memory store's
+// capacity; handlers that share the store share the largest capacity one
+// of them sets (the default when none does), and the capacity follows
+// them as they are cleaned up. A JSON value under 64 is refused.
+func TestCaddyfileMemoryCapacity(t *testing.T) {
+	out, err := adapt(t, ":8080 {\n\trate_limit {\n\t\tmemory_capacity 200000\n\t\tzone z {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t}\n}")
+	if err != nil || !strings.Contains(out, `"memory_capacity":200000`) {
+		t.Fatalf("adapted to %s (%v); want memory_capacity 200000", out, err)
+	}
+	handler := func(capacity int) *Handler {
+		h := &Handler{MemoryCapacity: capacity, Zones: map[string]*Zone{"capacity_zone": {Key: "k", Rate: "1r/s"}}}
+		if err := provision(t, h); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	unset := handler(0)
+	capacity := func() int { return unset.store.Memory().Capacity() }
+	if got := capacity(); got != limiter.DefaultMemoryCapacity {
+		t.Fatalf("capacity %d with none set; want the default, %d", got, limiter.DefaultMemoryCapacity)
+	}
+	small, large := handler(1000), handler(5000)
+	if small.store != large.store || small.store != unset.store {
+		t.Fatal("handlers with different capacities do not share the memory store")
+	}
+	if got := capacity(); got != 5000 {
+		t.Fatalf("capacity %d with 1000 and 5000 set; want the largest, 5000", got)
+	}
+	large.Cleanup()
+	if got := capacity(); got != 1000 {
+		t.Fatalf("capacity %d once the handler of 5000 is gone; want 1000", got)
+	}
+	small.Cleanup()
+	if got := capacity(); got != limiter.DefaultMemoryCapacity {
+		t.Fatalf("capacity %d once no handler sets one; want the default", got)
+	}
+	if err := provision(t, &Handler{MemoryCapacity: 10, Zones: map[string]*Zone{"z": {Key: "k", Rate: "1r/s"}}}); err == nil ||
+		!strings.Contains(err.Error(), "memory_capacity 10: want at least 64") {
+		t.Fatalf("memory_capacity 10 in JSON: %v; want an error", err)
+	}
+}
+
+// TestMemoryEvictionsReported: a full memory store's evictions are
+// counted in caddy_rate_limit_memory_evictions_total and logged at
+// warning level, once a minute at most, without the client keys.
+func TestMemoryEvictionsReported(t *testing.T) {
+	h := &Handler{MemoryCapacity: 64, Zones: map[string]*Zone{"evicting": {Key: "{http.request.header.X-Key}", Rate: "1r/m"}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.WarnLevel)
+	h.store.logger = zap.New(core)
+	counted, evicted := testutil.ToFloat64(metrics.memoryEvictions), h.store.Memory().Evictions()
+	for i := range 200 {
+		r := crlRequest("GET", "/", "10.0.0.1")
+		r.Header.Set("X-Key", fmt.Sprint("client-", i))
+		if w := serve(h, r); w.Code != 200 {
+			t.Fatalf("client %d: status %d", i, w.Code)
+		}
+	}
+	if n := h.store.Memory().Len(); n > 64 {
+		t.Fatalf("%d buckets kept; want at most the capacity, 64", n)
+	}
+	got, want := testutil.ToFloat64(metrics.memoryEvictions)-counted, float64(h.store.Memory().Evictions()-evicted)
+	if want < 200-64 || got != want {
+		t.Fatalf("memory_evictions_total grew by %v; the store evicted %v, want at least %d", got, want, 200-64)
+	}
+	if logs.Len() != 1 {
+		t.Fatalf("%d warnings logged; want one a minute", logs.Len())
+	}
+	line := logs.All()[0]
+	if !strings.Contains(line.Message, "memory store full") || strings.Contains(fmt.Sprint(line.Context), "client-") {
+		t.Fatalf("logged %q %v; want the store full, without client keys", line.Message, line.Context)
 	}
 }

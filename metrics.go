@@ -28,6 +28,8 @@ var metrics = struct {
 	bans         *prometheus.CounterVec
 	jwksFetches  *prometheus.CounterVec
 	jwksAge      prometheus.Collector
+	// memoryEvictions: buckets the memory stores evicted, being full.
+	memoryEvictions prometheus.Counter
 }{}
 
 // The namespace and subsystem of every metric: caddy_rate_limit_*.
@@ -67,6 +69,10 @@ func initMetrics() {
 		"Fetches of JWT keys from a JWKS URL, by configured URL (host and path) and result: ok, error (no answer, timeout, HTTP error status), rejected (not a usable key set, or too large).",
 		"jwks", "result")
 	metrics.jwksAge = newJWKSAgeCollector()
+	metrics.memoryEvictions = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "memory_evictions_total",
+		Help: "Buckets the memory store evicted, being full (memory_capacity): a new bucket evicts one that holds nothing back, else the one closest to full. With Redis, the memory store of on_store_error local.",
+	})
 }
 
 // registerMetrics registers the collectors in reg (once per registry).
@@ -75,7 +81,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.scriptErrors, metrics.cacheHits, metrics.bans, metrics.jwksFetches, metrics.jwksAge} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.scriptErrors, metrics.cacheHits, metrics.bans, metrics.jwksFetches, metrics.jwksAge, metrics.memoryEvictions} {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
 			return err

@@ -147,6 +147,19 @@ type Handler struct {
 	// interval. Default: refusals are logged at debug level only.
 	LogRefusals *RefusalLog `json:"log_refusals,omitempty"`
 
+	// MemoryCapacity is how many buckets this process's memory store keeps,
+	// across zones: the store without Redis; with Redis, on_store_error
+	// local's. Default: 500000, at most about 120 MB of heap for token
+	// buckets (234 B each), 125 MB for sliding logs of one request (250 B,
+	// and 8 B more per request logged). At least 64. When it is
+	// full, a new bucket evicts one that holds nothing back (full again),
+	// else one close to full again (the soonest full of a few); the
+	// evictions are counted in caddy_rate_limit_memory_evictions_total and
+	// logged at warning level at most once a minute. Handlers that share a
+	// store (all of them without Redis) share one capacity: the largest
+	// that one of them sets, or else the default.
+	MemoryCapacity int `json:"memory_capacity,omitempty"`
+
 	// RateLimits are zones under caddy-ratelimit's JSON name, with its
 	// fields (key, window, max_events, ipv4_prefix, ipv6_prefix, match);
 	// they join Zones, and a name in both is an error.

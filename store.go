@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -17,17 +19,35 @@ import (
 // store is closed when the last handler using it is cleaned up.
 var stores = caddy.NewUsagePool()
 
-// memoryPoolKey names the memory store in stores.
+// memoryPoolKey names the memory store in stores. It holds no capacity:
+// handlers that set different memory_capacity values share one store, of
+// the largest (see sharedStore.holdCapacity), so that zones shared by
+// handlers stay shared and a reload that changes the capacity keeps the
+// buckets.
 const memoryPoolKey = "memory"
 
 // sharedStore is a store in stores: the limiter the handlers decide with,
-// and the metrics and logs of its Redis nodes (limiter.NodeEvents).
+// and the metrics and logs of its Redis nodes (limiter.NodeEvents) and of
+// its memory store's evictions.
 type sharedStore struct {
 	*limiter.Limiter
 	logger *zap.Logger
 	whole  string   // a Redis node's label outside a cluster: the addresses
 	nodes  sync.Map // the breakers' node labels shown in metrics
+
+	capacityMu sync.Mutex
+	capacities map[*Handler]int // the memory_capacity of each handler that holds the store and sets one
+	capacity   atomic.Int64     // the memory store's capacity, as last set
+	watchOnce  sync.Once        // the evictions are watched
+	// evictionLogged is when evictions were last logged (Unix ns);
+	// evictedUnlogged, how many came since.
+	evictionLogged  atomic.Int64
+	evictedUnlogged atomic.Uint64
 }
+
+// evictionLogEvery is how often, at most, the memory store's evictions are
+// logged.
+const evictionLogEvery = time.Minute
 
 func newSharedStore(whole string) *sharedStore {
 	return &sharedStore{logger: caddy.Log().Named("http.handlers.rate_limit"), whole: whole}
@@ -49,12 +69,74 @@ func (s *sharedStore) Destruct() error {
 }
 
 // provisionStore acquires the store of h: Redis's when configured, else
-// the memory store.
+// the memory store; h's memory_capacity joins those of the store's other
+// handlers.
 func (h *Handler) provisionStore() error {
-	if h.Redis != nil {
-		return h.provisionRedis()
+	if n := h.MemoryCapacity; n < 0 || n > 0 && n < limiter.MinMemoryCapacity {
+		return fmt.Errorf("memory_capacity %d: want at least %d buckets (0 or none: %d)", n, limiter.MinMemoryCapacity, limiter.DefaultMemoryCapacity)
 	}
-	return h.loadStore(memoryPoolKey, newMemoryStore)
+	var err error
+	if h.Redis != nil {
+		err = h.provisionRedis()
+	} else {
+		err = h.loadStore(memoryPoolKey, newMemoryStore)
+	}
+	if err != nil {
+		return err
+	}
+	h.store.watchEvictions()
+	h.store.holdCapacity(h, h.MemoryCapacity)
+	return nil
+}
+
+// holdCapacity records the memory_capacity of h (0: none set; -1: h lets
+// go of the store) and sets the memory store's capacity to the largest
+// that the handlers holding the store set, or else the default. A reload
+// provisions the new handlers before it cleans up the old ones: in
+// between, the larger of the two configs' capacities applies.
+func (s *sharedStore) holdCapacity(h *Handler, n int) {
+	s.capacityMu.Lock()
+	defer s.capacityMu.Unlock()
+	switch {
+	case n > 0:
+		if s.capacities == nil {
+			s.capacities = make(map[*Handler]int)
+		}
+		s.capacities[h] = n
+	default:
+		delete(s.capacities, h)
+	}
+	capacity := 0
+	for _, c := range s.capacities {
+		capacity = max(capacity, c)
+	}
+	capacity = cmp.Or(capacity, limiter.DefaultMemoryCapacity)
+	if int64(capacity) != s.capacity.Load() {
+		s.Memory().SetCapacity(capacity)
+		s.capacity.Store(int64(capacity))
+	}
+}
+
+// watchEvictions has the memory store's evictions counted and logged.
+func (s *sharedStore) watchEvictions() {
+	s.watchOnce.Do(func() { s.Memory().OnEvict(s.evicted) })
+}
+
+// evicted counts n buckets the memory store evicted, being full, and logs
+// it at warning level at most once per evictionLogEvery, without any
+// client key: the capacity, and the buckets evicted since the last line.
+func (s *sharedStore) evicted(n int) {
+	metrics.memoryEvictions.Add(float64(n))
+	s.evictedUnlogged.Add(uint64(n))
+	now, last := time.Now().UnixNano(), s.evictionLogged.Load()
+	if now-last < int64(evictionLogEvery) || !s.evictionLogged.CompareAndSwap(last, now) {
+		return
+	}
+	msg := "memory store full: new buckets evict those closest to full (raise memory_capacity to keep more)"
+	if s.Kind() == "redis" {
+		msg = "memory store of on_store_error local full: new buckets evict those closest to full (raise memory_capacity to keep more)"
+	}
+	s.logger.Warn(msg, zap.Int64("memory_capacity", s.capacity.Load()), zap.Uint64("evicted", s.evictedUnlogged.Swap(0)))
 }
 
 // loadStore acquires the store under key; releaseStore releases it.
@@ -72,6 +154,7 @@ func (h *Handler) releaseStore() error {
 	if h.poolKey == "" {
 		return nil
 	}
+	h.store.holdCapacity(h, -1)
 	_, err := stores.Delete(h.poolKey)
 	h.poolKey = ""
 	return err

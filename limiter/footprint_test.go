@@ -182,3 +182,42 @@ func usedMemory(t *testing.T, nodes []*redis.Client, flush bool) (used, keys int
 	}
 	return used, keys
 }
+
+// TestMemoryFootprint measures the heap a MemoryStore of the default
+// capacity takes once full: DefaultMemoryCapacity buckets of distinct
+// keys, then as many again, which evict them (a flood of new keys), for a
+// token bucket and a sliding log of one request (a 10r/d limit: nothing
+// is full again for hours). It holds the store to the bound its default
+// promises: 256 B per bucket (the token bucket's figures are 120–234 B:
+// Go's maps grow in steps). The memory figures of ARCHITECTURE.md and
+// BENCHMARKS.md come from its output:
+//
+//	go test -run TestMemoryFootprint -v ./limiter
+func TestMemoryFootprint(t *testing.T) {
+	for _, a := range []Algorithm{TokenBucket, SlidingWindowLog} {
+		p := Policy{Algorithm: a, Rate: 10, Period: 24 * time.Hour, Burst: 10}
+		s := NewMemoryStore(time.Hour)
+		before := heapAlloc()
+		take := func(i int) {
+			s.TakeAt(t0, []Request{{Zone: "per_ip", Key: "10." + strconv.Itoa(i), Policy: p, Cost: 1}})
+		}
+		for i := range DefaultMemoryCapacity {
+			take(i)
+		}
+		full := heapAlloc()
+		for i := range DefaultMemoryCapacity {
+			take(DefaultMemoryCapacity + i)
+		}
+		flooded := heapAlloc()
+		if n := s.Len(); n > DefaultMemoryCapacity || s.Evictions() != uint64(2*DefaultMemoryCapacity-n) {
+			t.Fatalf("%s: Len %d, %d evictions after %d keys", a, n, s.Evictions(), 2*DefaultMemoryCapacity)
+		}
+		perBucket := func(heap uint64) float64 { return float64(heap-before) / DefaultMemoryCapacity }
+		t.Logf("%-18s %d buckets: %.0f B per bucket (%.0f MB); after as many new keys, which evicted them: %.0f B (%.0f MB)",
+			a, DefaultMemoryCapacity, perBucket(full), float64(full-before)/1e6, perBucket(flooded), float64(flooded-before)/1e6)
+		if perBucket(full) > 256 || perBucket(flooded) > 256 {
+			t.Errorf("%s: %.0f and %.0f B per bucket; want at most 256", a, perBucket(full), perBucket(flooded))
+		}
+		s.Close()
+	}
+}

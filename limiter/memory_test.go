@@ -149,3 +149,141 @@ func BenchmarkMemoryTake(b *testing.B) {
 		}
 	})
 }
+
+// TestMemoryCapacityEvicts: filled beyond its capacity with distinct keys,
+// the store keeps at most its capacity of buckets. A new bucket evicts
+// the buckets that hold nothing back (full again) before those that do,
+// so a client mid-limit keeps its state while idle buckets go, and every
+// eviction is counted and reported.
+func TestMemoryCapacityEvicts(t *testing.T) {
+	const capacity = 4 * memShards // 4 a shard, under evictSample: the choice is exact
+	s := NewMemoryStore(time.Hour)
+	defer s.Close()
+	s.SetCapacity(capacity)
+	var reported atomic.Int64
+	s.OnEvict(func(n int) { reported.Add(int64(n)) })
+	daily := Policy{Rate: 10, Period: 24 * time.Hour, Burst: 10}
+	client := Request{Zone: "api", Key: "mid-limit", Policy: daily, Cost: 9} // full again in 21.6 h
+	if d := s.TakeAt(t0, []Request{client}); !d[0].Allowed {
+		t.Fatal("the client's first request was refused")
+	}
+	// capacity buckets that are full again after a second
+	for i := range capacity {
+		s.TakeAt(t0, []Request{{Zone: "short", Key: fmt.Sprint("idle-", i), Policy: Policy{Rate: 1, Period: time.Second, Burst: 1}, Cost: 1}})
+	}
+	// a minute later, capacity new clients, each full again in 2.4 h
+	t1 := t0.Add(time.Minute)
+	var flooded [memShards]int
+	for i := range capacity {
+		r := Request{Zone: "api", Key: fmt.Sprint("flood-", i), Policy: daily, Cost: 1}
+		flooded[s.shardIndex(bucketIDOf(r))]++
+		if d := s.TakeAt(t1, []Request{r}); !d[0].Allowed {
+			t.Fatalf("new client %d refused", i)
+		}
+	}
+	n := s.Len()
+	if n > capacity {
+		t.Fatalf("Len = %d after %d distinct keys; want at most the capacity, %d", n, 2*capacity+1, capacity)
+	}
+	// Nothing was swept: every bucket that came in and is not held was evicted.
+	if got, want := s.Evictions(), uint64(2*capacity+1-n); got != want || reported.Load() != int64(want) {
+		t.Fatalf("Evictions() = %d, reported %d; want %d", got, reported.Load(), want)
+	}
+	// In each shard, a new client's bucket went only once no idle one was left.
+	clientID := bucketIDOf(client)
+	for i := range s.shards {
+		idle, kept := 0, 0
+		for k, b := range s.shards[i].buckets {
+			switch {
+			case b.idleAt <= t1.UnixNano():
+				idle++
+			case k.zone == "api" && k != clientID:
+				kept++
+			}
+		}
+		if idle > 0 && kept < flooded[i] {
+			t.Errorf("shard %d: %d of %d new buckets evicted while %d idle ones stayed", i, flooded[i]-kept, flooded[i], idle)
+		}
+	}
+	// The client mid-limit kept its state: one token left, then refused.
+	client.Cost = 1
+	if d := s.TakeAt(t1, []Request{client, client}); d[0].Remaining != 0 || d[1].Allowed {
+		t.Fatalf("client mid-limit: remaining %d, second request allowed %v; want 0 and refused: its bucket was evicted",
+			d[0].Remaining, d[1].Allowed)
+	}
+}
+
+// TestMemoryCapacityLowered: a store over a lowered capacity comes back to
+// it at its next sweep, keeping the buckets most held back; a refused take
+// adds no bucket and evicts none; a capacity under a bucket a shard is
+// raised to one, and none given is the default.
+func TestMemoryCapacityLowered(t *testing.T) {
+	s := NewMemoryStore(time.Hour)
+	defer s.Close()
+	if got := s.Capacity(); got != DefaultMemoryCapacity {
+		t.Fatalf("Capacity() = %d; want the default, %d", got, DefaultMemoryCapacity)
+	}
+	p := Policy{Rate: 1, Period: time.Hour, Burst: 1000}
+	for i := range 1000 { // key i is full again in i+1 hours
+		s.TakeAt(t0, []Request{{Zone: "z", Key: fmt.Sprint(i), Policy: p, Cost: int64(i + 1)}})
+	}
+	s.SetCapacity(200)
+	if got := s.Capacity(); got != 200 {
+		t.Fatalf("Capacity() = %d; want 200", got)
+	}
+	if dropped := s.Sweep(t0); dropped != 800 || s.Len() != 200 || s.Evictions() != 800 {
+		t.Fatalf("sweep dropped %d, kept %d, evicted %d; want 800, 200, 800", dropped, s.Len(), s.Evictions())
+	}
+	// Each shard kept its most held back buckets: after one kept, every
+	// bucket of its shard more held back is kept too.
+	for i := range 1000 {
+		r := Request{Zone: "z", Key: fmt.Sprint(i), Policy: p}
+		_, kept := s.shard(bucketIDOf(r)).buckets[bucketIDOf(r)]
+		for j := i + 1; j < 1000 && kept; j++ {
+			o := Request{Zone: "z", Key: fmt.Sprint(j), Policy: p}
+			if s.shardIndex(bucketIDOf(o)) != s.shardIndex(bucketIDOf(r)) {
+				continue
+			}
+			if _, ok := s.shard(bucketIDOf(o)).buckets[bucketIDOf(o)]; !ok {
+				t.Fatalf("key %d (full again in %d h) evicted, key %d (%d h) kept", j, j+1, i, i+1)
+			}
+		}
+	}
+	// A refused take, of a cost over the burst, keeps nothing.
+	if d := s.TakeAt(t0, []Request{{Zone: "z", Key: "new", Policy: p, Cost: 1001}}); d[0].Allowed || s.Len() != 200 || s.Evictions() != 800 {
+		t.Fatalf("refused take: allowed %v, Len %d, %d evictions; want refused, 200, 800", d[0].Allowed, s.Len(), s.Evictions())
+	}
+	s.SetCapacity(1)
+	if got := s.Capacity(); got != MinMemoryCapacity {
+		t.Fatalf("Capacity() = %d after SetCapacity(1); want %d", got, MinMemoryCapacity)
+	}
+}
+
+// BenchmarkMemoryTakeFull is BenchmarkMemoryTake with a new key each time
+// in a full store: each take evicts a bucket.
+func BenchmarkMemoryTakeFull(b *testing.B) {
+	s := NewMemoryStore(0)
+	defer s.Close()
+	s.SetCapacity(64 * 1024)
+	p := Policy{Rate: 10, Period: 24 * time.Hour, Burst: 10}
+	keys := make([]string, 1<<20)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("10.%d.%d.%d", i>>16, i>>8&255, i&255)
+	}
+	for _, k := range keys[:128*1024] { // full, and then some
+		s.TakeAt(t0, []Request{{Zone: "z", Key: k, Policy: p, Cost: 1}})
+	}
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(next.Add(1<<19)) % len(keys) // each goroutine its own keys
+		for pb.Next() {
+			s.Take(b.Context(), []Request{{Zone: "z", Key: keys[i%len(keys)], Policy: p, Cost: 1}})
+			i++
+		}
+	})
+	if s.Len() > 64*1024 {
+		b.Fatalf("Len %d over the capacity", s.Len())
+	}
+}

@@ -4,8 +4,10 @@
 package limiter
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -80,21 +82,91 @@ func boundedCost(cost int64) int64 {
 
 // ParseRate parses a rate such as "100r/m", "5r/s" or "30r/10m": N requests
 // per unit, where the unit is s, m, h or d and may carry a multiplier.
+// An error says how to write it (rateForms), and suggests the rate meant
+// for a fraction of a request (0.5r/s: 1r/2s or 30r/m) or a unit below a
+// second (10r/ms: 10000r/s).
 func ParseRate(s string) (n int64, period time.Duration, err error) {
 	count, per, ok := strings.Cut(s, "r/")
 	if !ok {
-		return 0, 0, fmt.Errorf("rate %q: want <N>r/<s|m|h|d>, e.g. 100r/m", s)
+		return 0, 0, fmt.Errorf("rate %q: want <N>r/<s|m|h|d>, such as %s", s, rateForms)
+	}
+	if subSecond(per) {
+		return 0, 0, fmt.Errorf("rate %q: the units are s, m, h and d%s", s, perSecondHint(count, per))
 	}
 	n, err = parsePositive(count)
 	if err != nil {
-		return 0, 0, fmt.Errorf("rate %q: requests: %w", s, err)
+		return 0, 0, fmt.Errorf("rate %q: requests: %w%s", s, err, fractionHint(count, per))
 	}
 	period, err = parsePeriod(per)
 	if err != nil {
-		return 0, 0, fmt.Errorf("rate %q: period: %w", s, err)
+		return 0, 0, fmt.Errorf("rate %q: period: %w; write %s", s, err, rateForms)
 	}
 	return n, period, nil
 }
+
+// rateForms are examples of rates, for error messages.
+const rateForms = "10r/s, 1r/2s or 30r/m"
+
+// subUnits are the units below a second that a rate may be mistaken to
+// take, by their length in ns.
+var subUnits = map[string]int64{"ms": 1e6, "us": 1e3, "µs": 1e3, "ns": 1}
+
+// subSecond reports whether per ends in a unit below a second.
+func subSecond(per string) bool {
+	for u := range subUnits {
+		if strings.HasSuffix(per, u) {
+			return true
+		}
+	}
+	return false
+}
+
+// perSecondHint is the rate per second that count per per (a unit below a
+// second, maybe with a multiplier) means, when it is a whole number.
+func perSecondHint(count, per string) string {
+	for u, ns := range subUnits {
+		mult, ok := strings.CutSuffix(per, u)
+		if !ok {
+			continue
+		}
+		c, err1 := strconv.ParseInt(count, 10, 64)
+		m, err2 := strconv.ParseInt(cmp.Or(mult, "1"), 10, 64)
+		if err1 == nil && err2 == nil && m > 0 && c > 0 && c <= maxRate && (c*int64(time.Second))%(m*ns) == 0 {
+			return fmt.Sprintf(": %sr/%s is %dr/s", count, per, c*int64(time.Second)/(m*ns))
+		}
+	}
+	return ": write " + rateForms
+}
+
+// fractionHint suggests whole rates for a fraction of a request per unit
+// (0.5r/s: 1r/2s or 30r/m), else says how to write a rate.
+func fractionHint(count, per string) string {
+	f, err := strconv.ParseFloat(count, 64)
+	if err != nil || !(f > 0) || len(per) != 1 || units[per[0]] == 0 {
+		return "; write " + rateForms
+	}
+	var hints []string
+	for k := int64(1); k <= 1000 && len(hints) == 0; k++ { // the fewest units: k units for a whole n
+		if n := f * float64(k); math.Abs(n-math.Round(n)) < 1e-9 && n >= 1 {
+			hints = append(hints, fmt.Sprintf("%dr/%d%s", int64(math.Round(n)), k, per))
+		}
+	}
+	if bigger, ok := nextUnit[per]; ok {
+		if n := f * float64(bigger.mult); math.Abs(n-math.Round(n)) < 1e-9 && n >= 1 {
+			hints = append(hints, fmt.Sprintf("%dr/%s", int64(math.Round(n)), bigger.unit))
+		}
+	}
+	if len(hints) == 0 {
+		return "; write " + rateForms
+	}
+	return "; requests are whole: write " + strings.Join(hints, " or ")
+}
+
+// nextUnit is, for each unit of a rate, the next longer one, in it.
+var nextUnit = map[string]struct {
+	unit string
+	mult int64
+}{"s": {"m", 60}, "m": {"h", 60}, "h": {"d", 24}}
 
 // parsePeriod parses "m", "s", "10m": an optional multiplier and a unit.
 func parsePeriod(s string) (time.Duration, error) {

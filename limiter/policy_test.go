@@ -47,6 +47,24 @@ func TestParseRate(t *testing.T) {
 			t.Errorf("ParseRate(%q) error = %v; want it to mention %q", in, err, want)
 		}
 	}
+	// Each error says how to fix it.
+	hints := map[string][]string{
+		"0.5r/s":  {"1r/2s", "30r/m"},
+		"1.5r/m":  {"3r/2m"},
+		"0.25r/h": {"1r/4h", "6r/d"},
+		"10r/ms":  {"10000r/s", "units are s, m, h and d"},
+		"5r/us":   {"units are s, m, h and d"},
+		"10/s":    {"10r/s, 1r/2s or 30r/m"},
+		"10r/w":   {"10r/s, 1r/2s or 30r/m"},
+	}
+	for in, wants := range hints {
+		_, _, err := ParseRate(in)
+		for _, want := range wants {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("ParseRate(%q) error = %v; want a hint %q", in, err, want)
+			}
+		}
+	}
 }
 
 func TestPolicyValidate(t *testing.T) {
