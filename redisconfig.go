@@ -158,7 +158,7 @@ func (h *Handler) provisionRedis() error {
 	created := false
 	err = h.loadStore(key, func() (caddy.Destructor, error) {
 		created = true
-		return newRedisStore(cfg, opts)
+		return newSharedRedis(cfg, opts)
 	})
 	if err == nil && created {
 		h.checkRedis(time.Duration(cfg.Timeout))
@@ -166,9 +166,9 @@ func (h *Handler) provisionRedis() error {
 	return err
 }
 
-// newRedisStore makes the store of cfg: Redis, whose node breakers show
+// newSharedRedis makes the store of cfg: Redis, whose node breakers show
 // in the metrics and logs, with the cache of refused clients.
-func newRedisStore(cfg RedisConfig, opts *redis.UniversalOptions) (*sharedStore, error) {
+func newSharedRedis(cfg RedisConfig, opts *redis.UniversalOptions) (*sharedStore, error) {
 	s := newSharedStore(strings.Join(cfg.Addresses, ",")) // the label outside a cluster
 	l, err := limiter.NewRedisLimiter(redis.NewUniversalClient(opts), limiter.RedisOptions{
 		KeyPrefix: cfg.KeyPrefix, Timeout: time.Duration(cfg.Timeout),

@@ -53,7 +53,7 @@ func newSharedStore(whole string) *sharedStore {
 	return &sharedStore{logger: caddy.Log().Named("http.handlers.rate_limit"), whole: whole}
 }
 
-func newMemoryStore() (caddy.Destructor, error) {
+func newSharedMemory() (caddy.Destructor, error) {
 	s := newSharedStore("")
 	s.Limiter = limiter.NewMemoryLimiter()
 	return s, nil
@@ -79,7 +79,7 @@ func (h *Handler) provisionStore() error {
 	if h.Redis != nil {
 		err = h.provisionRedis()
 	} else {
-		err = h.loadStore(memoryPoolKey, newMemoryStore)
+		err = h.loadStore(memoryPoolKey, newSharedMemory)
 	}
 	if err != nil {
 		return err
