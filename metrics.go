@@ -91,9 +91,10 @@ func registerMetrics(reg *prometheus.Registry) error {
 }
 
 // record adds a verdict to the metrics: its store calls, a result per
-// zone asked, the refusals answered from the cache of refused clients;
-// and logs the refusals of dry-run zones. (What the verdict does not
-// say, the store tells decisionEvents.)
+// zone asked, the refusals answered from the cache of refused clients.
+// (What the verdict does not say, the store tells decisionEvents; the
+// refusals, and the dry-run zones' would-be refusals, are logged with
+// their request: refusallog.go.)
 func (h *Handler) record(zones []*Zone, v *limiter.Verdict) {
 	for i := range v.Calls {
 		recordCall(&v.Calls[i])
@@ -102,10 +103,6 @@ func (h *Handler) record(zones []*Zone, v *limiter.Verdict) {
 		state, d := v.States[i], v.Decisions
 		if state.Decided() && d[i].Cached {
 			metrics.cacheHits.WithLabelValues(z.name).Inc()
-		}
-		if state == limiter.WouldRefuse {
-			h.logger.Debug("dry run: would be rate limited", zap.String("zone", z.name),
-				zap.Int64("retry_after", d[i].RetryAfterSeconds()))
 		}
 		if result := resultOf(state, v.CallOf(i)); result >= 0 && !z.noMetrics {
 			z.counters.get(z.name, result).Inc()

@@ -103,9 +103,11 @@ type Handler struct {
 	// aud) yields no claims.
 	JWT *JWTConfig `json:"jwt,omitempty"`
 
-	// DryRun computes, counts and logs (at debug level) the decisions of
-	// every zone but never refuses a request: for rolling out new rules.
-	// A zone can be in dry run on its own.
+	// DryRun computes, counts and logs the decisions of every zone but
+	// never refuses a request: for rolling out new rules. Would-be
+	// refusals are logged at info level, once per client and zone per
+	// log_refusals' interval (default 1m). A zone can be in dry run on its
+	// own.
 	DryRun bool `json:"dry_run,omitempty"`
 
 	// DryRunHeaders lets dry-run zones set the limit headers (never
@@ -189,17 +191,20 @@ type Handler struct {
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 	Storage     json.RawMessage `json:"storage,omitempty"`
 
-	events   *caddyevents.App    // Caddy's events app, for rate_limit_exceeded; nil in tests without one
-	eventCtx caddy.Context       // the context events are emitted in: this handler's
-	refusals *refusalThrottle    // LogRefusals' memory of clients logged; nil without LogRefusals
-	zones    []*Zone             // Zones, sorted by name, the dry-run ones last
-	verifier *clientkey.Verifier // JWT's keys; nil without JWT
-	jwksKey  string              // JWT's key fetcher in jwksFetchers; "" without one, or once released
-	store    *sharedStore        // what decides, shared through stores
-	poolKey  string              // store's key in stores; "" once released
-	onError  StoreErrorPolicy    // OnStoreError with its defaults
-	caller   limiter.Caller      // onError and the events of decisions, for the store
-	now      func() time.Time    // the clock; time.Now unless a test sets it
+	events   *caddyevents.App // Caddy's events app, for rate_limit_exceeded; nil in tests without one
+	eventCtx caddy.Context    // the context events are emitted in: this handler's
+	refusals *refusalThrottle // LogRefusals' memory of clients logged; nil without LogRefusals
+	// dryRefusals is the memory of the dry-run refusals logged; nil
+	// without dry-run zones.
+	dryRefusals *refusalThrottle
+	zones       []*Zone             // Zones, sorted by name, the dry-run ones last
+	verifier    *clientkey.Verifier // JWT's keys; nil without JWT
+	jwksKey     string              // JWT's key fetcher in jwksFetchers; "" without one, or once released
+	store       *sharedStore        // what decides, shared through stores
+	poolKey     string              // store's key in stores; "" once released
+	onError     StoreErrorPolicy    // OnStoreError with its defaults
+	caller      limiter.Caller      // onError and the events of decisions, for the store
+	now         func() time.Time    // the clock; time.Now unless a test sets it
 	// denyLogged is when on_store_error deny's refusals were last logged
 	// (Unix ns).
 	denyLogged *atomic.Int64

@@ -12,6 +12,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
 // What a refusal tells the world besides its response: the placeholder
@@ -41,15 +43,41 @@ func (h *Handler) provisionRefusals(ctx caddy.Context) error {
 	if err := h.provisionEvents(ctx); err != nil {
 		return err
 	}
-	if h.LogRefusals == nil {
-		return nil
+	var every time.Duration
+	if h.LogRefusals != nil {
+		if every = time.Duration(h.LogRefusals.Interval); every < 0 {
+			return fmt.Errorf("log_refusals: interval %s: want a positive duration", every)
+		}
+		h.refusals = newRefusalThrottle(cmp.Or(every, defaultRefusalLogInterval), refusalLogClients)
 	}
-	every := time.Duration(h.LogRefusals.Interval)
-	if every < 0 {
-		return fmt.Errorf("log_refusals: interval %s: want a positive duration", every)
+	dry := h.DryRun
+	for _, z := range h.Zones {
+		dry = dry || z != nil && z.DryRun
 	}
-	h.refusals = newRefusalThrottle(cmp.Or(every, defaultRefusalLogInterval), refusalLogClients)
+	if dry {
+		h.dryRefusals = newRefusalThrottle(cmp.Or(every, defaultRefusalLogInterval), refusalLogClients)
+	}
 	return nil
+}
+
+// reportDryRun logs at info level the refusals that the dry-run zones of
+// v would have made, at most one line per client (grouped as the zone
+// groups addresses) and zone per log_refusals' interval (default 1m).
+func (h *Handler) reportDryRun(r *http.Request, zones []*Zone, v *limiter.Verdict) {
+	client := ""
+	for i, s := range v.States {
+		if s != limiter.WouldRefuse {
+			continue
+		}
+		if client == "" {
+			_, client = clientAddresses(r)
+		}
+		z := zones[i]
+		if h.dryRefusals.allow(z.name, z.subnet(client), h.now().UnixNano()) {
+			h.logger.Info("dry run: would be rate limited", zap.String("zone", z.name), zap.String("client_ip", client),
+				zap.Int64("retry_after", v.Decisions[i].RetryAfterSeconds()))
+		}
+	}
 }
 
 // reportRefusal is called once for each request refused: it logs it at

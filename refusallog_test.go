@@ -146,3 +146,27 @@ func TestRefusalThrottleBounded(t *testing.T) {
 		t.Fatal("a client was not logged again after the interval")
 	}
 }
+
+// TestDryRunLoggedAtInfo: a dry-run zone's would-be refusals are logged
+// at info level, where a rollout sees them, throttled as log_refusals is:
+// one line per client and zone per interval.
+func TestDryRunLoggedAtInfo(t *testing.T) {
+	h := &Handler{Zones: map[string]*Zone{"new_rule": {Key: "{client_ip}", MaxEvents: 1, Window: caddy.Duration(time.Minute), DryRun: true}}}
+	core, logs := observer.New(zap.InfoLevel)
+	h.logger = zap.New(core)
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	for _, client := range []string{"10.0.0.1", "10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"} {
+		if w := serve(h, crlRequest("GET", "/", client)); w.Code != http.StatusOK {
+			t.Fatalf("a dry-run zone refused: %d", w.Code)
+		}
+	}
+	lines := logs.FilterMessage("dry run: would be rate limited").All()
+	if len(lines) != 2 {
+		t.Fatalf("%d info lines for 3 would-be refusals of 2 clients; want 2 (one per client): %v", len(lines), logs.All())
+	}
+	if got := lines[0].ContextMap(); got["zone"] != "new_rule" || got["client_ip"] != "10.0.0.1" {
+		t.Fatalf("line %v; want zone new_rule, client_ip 10.0.0.1", got)
+	}
+}

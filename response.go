@@ -44,6 +44,9 @@ func (h *Handler) checkResponseOptions() error {
 // a leaky bucket's wait); on_store_error's deny refuses it, its allow
 // lets it pass.
 func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, zones []*Zone, v *limiter.Verdict) error {
+	if h.dryRefusals != nil {
+		h.reportDryRun(r, zones, v) // refusallog.go
+	}
 	dry := h.dryRunOutcome(zones, v)
 	i := v.Shown(false)
 	if i < 0 { // no enforced zone decided: only dry-run ones, or on_store_error allow or deny

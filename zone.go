@@ -111,7 +111,8 @@ type Zone struct {
 	Lease caddy.Duration `json:"lease,omitempty"`
 
 	// DryRun computes, counts and logs the zone's decisions but never
-	// refuses a request because of it, and sets no headers.
+	// refuses a request because of it, nor bans; it sets no headers but
+	// with the handler's DryRunHeaders.
 	DryRun bool `json:"dry_run,omitempty"`
 
 	// Ban refuses repeat offenders for a while: a client refused After
