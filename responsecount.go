@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -159,7 +158,7 @@ func statusOf(err error) int {
 func (s *settlement) settle(status int, hdr http.Header) {
 	s.done = true
 	var refund, charge []limiter.Request
-	var refundAt []time.Time
+	var taken []limiter.Decision // of the refunds' takes
 	var refundIdx, chargeIdx []int
 	for _, i := range s.idx {
 		r := s.v.Requests[i]
@@ -167,7 +166,7 @@ func (s *settlement) settle(status int, hdr http.Header) {
 		switch {
 		case cost < r.Cost:
 			r.Cost -= cost
-			refund, refundAt, refundIdx = append(refund, r), append(refundAt, s.v.Decisions[i].At), append(refundIdx, i)
+			refund, taken, refundIdx = append(refund, r), append(taken, s.v.Decisions[i]), append(refundIdx, i)
 		case cost > r.Cost:
 			r.Cost = cost - r.Cost
 			charge, chargeIdx = append(charge, r), append(chargeIdx, i)
@@ -179,7 +178,7 @@ func (s *settlement) settle(status int, hdr http.Header) {
 		}
 	}
 	if len(refund)+len(charge) > 0 {
-		refunded, charged, refundErr, chargeErr := s.h.store.Settle(refund, refundAt, charge)
+		refunded, charged, refundErr, chargeErr := s.h.store.Settle(refund, taken, charge)
 		s.apply("refund", refundIdx, refunded, refundErr)
 		s.apply("charge", chargeIdx, charged, chargeErr)
 	}

@@ -167,16 +167,17 @@ func (l *Limiter) Reset(ctx context.Context, req Request) error {
 }
 
 // Settle brings the charges of allowed requests to what their responses
-// say, within one timeout: refund gives back each request's Cost, at the
-// time of its take, refundAt[i]; charge charges each its Cost now, into
-// debt if need be (see Store.Refund and Store.Charge). refunded and
-// charged tell the buckets after, in the order of refund and charge; a
-// request the store did not answer has a zero Decision.
-func (l *Limiter) Settle(refund []Request, refundAt []time.Time, charge []Request) (refunded, charged []Decision, refundErr, chargeErr error) {
+// say, within one timeout: refund gives back, now, what of each request's
+// Cost its take's charge still holds back, taken[i] being the decision of
+// refund[i]'s take; charge charges each its Cost now, into debt if need be
+// (see Store.Refund and Store.Charge). refunded and charged tell the
+// buckets after, in the order of refund and charge; a request the store
+// did not answer has a zero Decision.
+func (l *Limiter) Settle(refund []Request, taken []Decision, charge []Request) (refunded, charged []Decision, refundErr, chargeErr error) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 	defer cancel()
 	if len(refund) > 0 {
-		refunded, refundErr = l.store().Refund(ctx, refund, refundAt)
+		refunded, refundErr = l.store().Refund(ctx, refund, taken)
 	}
 	if len(charge) > 0 {
 		charged, chargeErr = l.store().Charge(ctx, charge)

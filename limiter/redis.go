@@ -135,13 +135,15 @@ func (s *RedisStore) Close() error {
 // algorithm whose keys share a hash slot, by their index in the requests
 // that scriptRuns grouped, and their Redis keys, in the same order. args
 // is room for its command's arguments (see evalCmd), and reply, once run
-// has run it, the script's reply.
+// has run it, the script's reply. flags, in a refund, are the keys' flags
+// in the same order (their takes': see takenFlag); nil otherwise.
 type scriptRun struct {
 	script *luaScript
 	idx    []int
 	keys   []string
 	args   []any
 	reply  []int64
+	flags  []string
 }
 
 // oneRun is the script run of a single request (the common case), with
@@ -172,6 +174,13 @@ func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]De
 	runs := s.scriptRuns(reqs)
 	if err := s.run(ctx, runs, now, "take", reqs); err != nil {
 		s.reloadTopology(err)
+		if len(runs) > 1 { // all or nothing: the runs that charged give it back
+			rctx, cancel := refundContext(ctx, start)
+			defer cancel()
+			if rerr := s.refund(rctx, now, runs, reqs); rerr != nil {
+				err = fmt.Errorf("%w (and the zones that other nodes charged were not given back: %w)", err, rerr)
+			}
+		}
 		return nil, err
 	}
 	decisions := make([]Decision, len(reqs))
@@ -184,18 +193,25 @@ func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]De
 		allowed = allowed && ok
 	}
 	if !allowed && len(runs) > 1 {
-		// The refund gets a time budget of its own, as long as the take's.
-		if deadline, ok := ctx.Deadline(); ok {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), deadline.Sub(start))
-			defer cancel()
-		}
+		rctx, cancel := refundContext(ctx, start)
+		defer cancel()
 		// At the take's time: a window may have turned since (see refund).
-		if err := s.refund(ctx, now, runs, reqs); err != nil {
+		if err := s.refund(rctx, now, runs, reqs); err != nil {
 			return decisions, &RefundError{err}
 		}
 	}
 	return decisions, nil
+}
+
+// refundContext is the context of the refund of a take that started at
+// start under ctx: a time budget of its own, as long as the take's, even
+// when the take's is spent.
+func refundContext(ctx context.Context, start time.Time) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(context.WithoutCancel(ctx))
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), deadline.Sub(start))
 }
 
 // reloadTopology asks a cluster client to reload the slot map after a
@@ -276,6 +292,11 @@ func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string
 		cmds[i] = evalCmd(ctx, sr, true, now, mode, reqs, sr.args)
 	}
 	if answered, err := s.batch.do(ctx, nodes, clients, cmds); err != nil {
+		for i := range cmds {
+			if answered[i] && cmds[i].Err() == nil { // ran: its charge may be given back
+				runs[i].reply = cmds[i].Val()
+			}
+		}
 		return s.timedOut(nodes, cmds, answered, err, mode)
 	}
 	for i, cmd := range cmds {
@@ -380,18 +401,24 @@ func (s *RedisStore) nodes(ctx context.Context, runs []scriptRun) []string {
 // their keys allowed), since another run refused the request. Each run is
 // refunded at its take's time: now when the take gave one, else the time
 // its own reply gave (its node's clock, so that a refund finds the window
-// it charged whatever the other nodes' clocks say). Runs of one time share
-// a round trip.
+// it charged whatever the other nodes' clocks say), with each key's take
+// (its reply's time and reset: see takenFlag). At the take's time a
+// charge has not begun to drain: it is given back whole, exactly. Runs of
+// one time share a round trip.
 func (s *RedisStore) refund(ctx context.Context, now string, runs []scriptRun, reqs []Request) error {
 	var times []string
 	charged := map[string][]scriptRun{}
 	for _, sr := range runs {
-		if len(sr.reply) < 2 || sr.reply[1] != 1 { // decode checked the length
+		if len(sr.reply) != 2+replyPerKey*len(sr.idx) || sr.reply[1] != 1 { // not run, failed, or refused
 			continue
 		}
 		at := now
 		if at == "" {
 			at = strconv.FormatInt(sr.reply[0], 10)
+		}
+		sr.flags = make([]string, len(sr.idx))
+		for j := range sr.idx {
+			sr.flags[j] = takenFlag(sr.reply[0], sr.reply[0]+sr.reply[2+replyPerKey*j+2])
 		}
 		if _, ok := charged[at]; !ok {
 			times = append(times, at)

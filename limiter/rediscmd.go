@@ -15,10 +15,11 @@ import (
 
 // evalCmd is the command of sr: an EVALSHA, or an EVAL (with the script's
 // source) when sha is false, of its keys, then the time, the mode, and the
-// arguments of each key. Its arguments go in buf when it has the room (a
-// command's arguments are read until it is sent: buf must not serve two
-// commands that may be in flight at once); the keys are passed as
-// pointers into sr.keys, which must not change until then either.
+// arguments of each key (its flag is sr.flags' when set: a refund's take).
+// Its arguments go in buf when it has the room (a command's arguments are
+// read until it is sent: buf must not serve two commands that may be in
+// flight at once); the keys are passed as pointers into sr.keys, which
+// must not change until then either.
 func evalCmd(ctx context.Context, sr scriptRun, sha bool, now, mode string, reqs []Request, buf []any) onceCmd {
 	a := buf[:0]
 	if n := 5 + len(sr.keys) + argsPerKey*len(sr.idx); cap(a) < n {
@@ -34,18 +35,20 @@ func evalCmd(ctx context.Context, sr scriptRun, sha bool, now, mode string, reqs
 		a = append(a, &sr.keys[i]) // a pointer: no copy of the string on the heap
 	}
 	a = append(a, now, modeArg(mode))
-	for _, i := range sr.idx {
+	for j, i := range sr.idx {
 		p := reqs[i].Policy
 		period := p.Period.Microseconds()
 		if p.Algorithm == Concurrency {
 			period = p.Lease.Microseconds()
 		}
-		nodelay := 0
-		if p.NoDelay {
-			nodelay = 1
+		var flag any = 0
+		if sr.flags != nil {
+			flag = sr.flags[j]
+		} else if p.NoDelay {
+			flag = 1
 		}
 		pa := policyArgs(p.Rate, period, p.Burst)
-		a = append(a, pa[0], pa[1], pa[2], reqs[i].Cost, nodelay, reqs[i].ID)
+		a = append(a, pa[0], pa[1], pa[2], reqs[i].Cost, flag, reqs[i].ID)
 	}
 	return onceCmd{redis.NewIntSliceCmd(ctx, a...)}
 }

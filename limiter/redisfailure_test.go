@@ -286,7 +286,7 @@ func TestRefundWhileBreakerOpen(t *testing.T) {
 	if !s.Breaker("").Open() {
 		t.Fatal("breaker not open")
 	}
-	if _, err := s.Refund(t.Context(), req, []time.Time{d[0].At}); err != nil {
+	if _, err := s.Refund(t.Context(), req, d); err != nil {
 		t.Fatalf("refund while the breaker is open: %v", err)
 	}
 	other, err := NewRedisStore(redis.NewClient(&redis.Options{Addr: addr}), s.prefix) // its breaker closed

@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"errors"
 	"math"
 	"slices"
 	"strconv"
@@ -23,16 +22,26 @@ const MaxDebt = 30 * 24 * time.Hour
 // charges it.
 func (a Algorithm) Debt() bool { return a == TokenBucket || a == LeakyBucket }
 
-// Refund gives back the charges of reqs made at at (see Store.Refund).
-func (s *MemoryStore) Refund(_ context.Context, reqs []Request, at []time.Time) ([]Decision, error) {
+// Refund is RefundAt with the current time; it never fails.
+func (s *MemoryStore) Refund(_ context.Context, reqs []Request, taken []Decision) ([]Decision, error) {
+	return s.RefundAt(time.Now(), reqs, taken), nil
+}
+
+// RefundAt gives back at now what the takes of reqs, which decided taken,
+// still hold back (see Store.Refund).
+func (s *MemoryStore) RefundAt(now time.Time, reqs []Request, taken []Decision) []Decision {
 	decisions := make([]Decision, len(reqs))
 	for i, r := range reqs {
+		cost := boundedCost(r.Cost)
+		if !taken[i].Allowed { // a refused take charged nothing
+			cost = 0
+		}
 		decisions[i] = s.update(r, func(b bucket, known bool) (bucket, Decision) {
-			return r.Policy.refund(b, known, at[i].UnixNano(), boundedCost(r.Cost))
+			return r.Policy.refund(b, known, now.UnixNano(), taken[i].At.UnixNano(), taken[i].Reset.UnixNano(), cost)
 		})
-		decisions[i].At = at[i]
+		decisions[i].At = now
 	}
-	return decisions, nil
+	return decisions
 }
 
 // Charge is ChargeAt with the current time; it never fails.
@@ -69,36 +78,55 @@ func (s *MemoryStore) update(r Request, f func(b bucket, known bool) (bucket, De
 	return d
 }
 
-// refund gives back cost at the time of its take, at (see Store.Refund),
-// and returns the bucket to keep (the zero bucket: none) and its state at
-// at. It never changes b's log in place (a Peek may read it).
-func (p Policy) refund(b bucket, known bool, at, cost int64) (bucket, Decision) {
-	known = known && b.idleAt > at
-	if !known || p.Algorithm == Concurrency { // nothing left of the charge
-		_, d := p.take(b, known, at, 0)
+// refund gives back at now what cost of the charge of a take still holds
+// back (see Store.Refund): the take decided at at, and its charge ended at
+// end (its decision's Reset). It returns the bucket to keep (the zero
+// bucket: none) and its state at now. It never changes b's log in place
+// (a Peek may read it).
+//
+// A GCRA's charges queue on its TAT in the order of their takes and drain
+// at the rate, in real time: the charge that ended the TAT at end still
+// holds back min(cost intervals, end - now), the part of it not yet
+// drained; that much comes off the TAT, never back before now. What has
+// drained (the bucket refilled since, up to its cap) is no one's to give
+// back: a later request charged it again.
+//
+// The decision is the bucket's state, as Redis tells it: allowed, with no
+// retry and no delay, whatever a request would meet.
+func (p Policy) refund(b bucket, known bool, now, at, end, cost int64) (bucket, Decision) {
+	b, d := p.giveBack(b, known, now, at, end, cost)
+	d.Allowed, d.RetryAfter, d.Delay = true, 0, 0
+	return b, d
+}
+
+func (p Policy) giveBack(b bucket, known bool, now, at, end, cost int64) (bucket, Decision) {
+	known = known && b.idleAt > now
+	if !known || cost == 0 || p.Algorithm == Concurrency { // nothing left of the charge
+		_, d := p.take(b, known, now, 0)
 		return b, d
 	}
 	period := int64(p.Period)
 	switch p.Algorithm {
 	case TokenBucket, LeakyBucket:
-		g := p.gcra(b, known, at)
-		keep, wait := g.settle(at, max(g.wait-float64(cost)*g.interval, 0))
-		b = bucket{last: keep, idleAt: at + nanosUp(wait)}
-	case FixedWindow:
-		if b.last == at/period {
+		g := p.gcra(b, known, now)
+		held := min(float64(cost)*g.interval, max(float64(end-now), 0))
+		keep, wait := g.settle(now, max(g.wait-held, 0))
+		b = bucket{last: keep, idleAt: now + nanosUp(wait)}
+	case FixedWindow: // while the take's window lasts
+		if b.last == at/period && at/period == now/period {
 			b.tokens = max(b.tokens-float64(cost), 0)
 		}
 	case SlidingWindowCounter:
 		switch b.last {
-		case at / period: // this window's count
+		case at / period: // the take's window's count
 			b.tokens = max(b.tokens-float64(cost), 0)
 		case at/period + 1: // the window has turned: the charge is in the previous count
 			b.prev = max(b.prev-float64(cost), 0)
 		}
-	case SlidingWindowLog:
+	case SlidingWindowLog: // the take's entries, if they are still in the log
 		b.log = unlog(b.log, at, cost)
 	}
-	_, d := p.take(b, true, at, 0)
+	_, d := p.take(b, true, now, 0)
 	return b, d
 }
 
@@ -130,27 +158,42 @@ func (p Policy) charge(b bucket, known bool, now, cost int64) (bucket, Decision)
 	return bucket{last: keep, idleAt: now + nanosUp(wait)}, d
 }
 
-// Refund gives back the charges of reqs made at at (see Store.Refund), at
-// those times: the requests of one time share a round trip.
-func (s *RedisStore) Refund(ctx context.Context, reqs []Request, at []time.Time) ([]Decision, error) {
+// Refund gives back on the server's clock what the takes of reqs, which
+// decided taken, still hold back (see Store.Refund), in one round trip.
+func (s *RedisStore) Refund(ctx context.Context, reqs []Request, taken []Decision) ([]Decision, error) {
+	return s.refundAt(ctx, "", reqs, taken)
+}
+
+// RefundAt is Refund at an explicit time instead of the server's clock.
+func (s *RedisStore) RefundAt(ctx context.Context, now time.Time, reqs []Request, taken []Decision) ([]Decision, error) {
+	return s.refundAt(ctx, strconv.FormatInt(now.UnixMicro(), 10), reqs, taken)
+}
+
+// refundAt refunds reqs at now (Unix µs in decimal; "" for the server's
+// clock). Each key's flag is its take's (see takenFlag).
+func (s *RedisStore) refundAt(ctx context.Context, now string, reqs []Request, taken []Decision) ([]Decision, error) {
 	decisions := make([]Decision, len(reqs))
-	var times []int64
-	byTime := map[int64][]int{}
+	var idx []int
+	flags := make([]string, len(reqs))
 	for i, r := range reqs {
-		if r.Policy.Algorithm == Concurrency || r.Cost <= 0 {
+		if r.Policy.Algorithm == Concurrency || r.Cost <= 0 || !taken[i].Allowed {
 			continue
 		}
-		us := at[i].UnixMicro()
-		if _, ok := byTime[us]; !ok {
-			times = append(times, us)
-		}
-		byTime[us] = append(byTime[us], i)
+		idx = append(idx, i)
+		flags[i] = takenFlag(taken[i].At.UnixMicro(), taken[i].Reset.UnixMicro())
 	}
-	var errs []error
-	for _, us := range times {
-		errs = append(errs, s.settle(ctx, strconv.FormatInt(us, 10), "refund", reqs, byTime[us], decisions))
+	if len(idx) == 0 {
+		return decisions, nil
 	}
-	return decisions, errors.Join(errs...)
+	return decisions, s.settle(ctx, now, "refund", reqs, idx, flags, decisions)
+}
+
+// takenFlag is the flag a key's script is given in refund mode, in place
+// of the take's (the leaky bucket's nodelay, which a refund does not
+// read): "<at>:<end>", the time of the take's decision and the end of its
+// charge (the decision's Reset), in Unix µs. See taken in common.lua.
+func takenFlag(at, end int64) string {
+	return strconv.FormatInt(at, 10) + ":" + strconv.FormatInt(end, 10)
 }
 
 // Charge charges reqs on the server's clock (see Store.Charge).
@@ -174,17 +217,26 @@ func (s *RedisStore) charge(ctx context.Context, now string, reqs []Request) ([]
 	if len(idx) == 0 {
 		return decisions, nil
 	}
-	return decisions, s.settle(ctx, now, "charge", reqs, idx, decisions)
+	return decisions, s.settle(ctx, now, "charge", reqs, idx, nil, decisions)
 }
 
 // settle runs the scripts in mode ("refund", "charge") at now for the
-// requests idx of reqs, and fills their decisions.
-func (s *RedisStore) settle(ctx context.Context, now, mode string, reqs []Request, idx []int, decisions []Decision) error {
+// requests idx of reqs, with the flags of reqs (refunds; nil: the
+// requests' own), and fills their decisions.
+func (s *RedisStore) settle(ctx context.Context, now, mode string, reqs []Request, idx []int, flags []string, decisions []Decision) error {
 	sub := make([]Request, len(idx))
 	for j, i := range idx {
 		sub[j] = reqs[i]
 	}
 	runs := s.scriptRuns(sub)
+	if flags != nil {
+		for r := range runs {
+			runs[r].flags = make([]string, len(runs[r].idx))
+			for j, i := range runs[r].idx {
+				runs[r].flags[j] = flags[idx[i]]
+			}
+		}
+	}
 	if err := s.run(ctx, runs, now, mode, sub); err != nil {
 		s.reloadTopology(err)
 		return err

@@ -11,12 +11,12 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 )
 
-// settleStore is a store of each kind with explicit times: take and
-// charge at now, refund at the takes' own times.
+// settleStore is a store of each kind with explicit times: take, charge
+// and refund (of the takes that decided taken) at now.
 type settleStore struct {
 	take   func(now time.Time, reqs []Request) ([]Decision, error)
 	charge func(now time.Time, reqs []Request) ([]Decision, error)
-	refund func(reqs []Request, at []time.Time) ([]Decision, error)
+	refund func(now time.Time, reqs []Request, taken []Decision) ([]Decision, error)
 }
 
 var settleStores = map[string]func(t *testing.T) settleStore{
@@ -26,8 +26,8 @@ var settleStores = map[string]func(t *testing.T) settleStore{
 		return settleStore{
 			take:   func(now time.Time, reqs []Request) ([]Decision, error) { return s.TakeAt(now, reqs), nil },
 			charge: func(now time.Time, reqs []Request) ([]Decision, error) { return s.ChargeAt(now, reqs), nil },
-			refund: func(reqs []Request, at []time.Time) ([]Decision, error) {
-				return s.Refund(context.Background(), reqs, at)
+			refund: func(now time.Time, reqs []Request, taken []Decision) ([]Decision, error) {
+				return s.RefundAt(now, reqs, taken), nil
 			},
 		}
 	},
@@ -44,15 +44,17 @@ func redisSettleStore(s *RedisStore) settleStore {
 	return settleStore{
 		take:   func(now time.Time, reqs []Request) ([]Decision, error) { return s.TakeAt(ctx, now, reqs) },
 		charge: func(now time.Time, reqs []Request) ([]Decision, error) { return s.ChargeAt(ctx, now, reqs) },
-		refund: func(reqs []Request, at []time.Time) ([]Decision, error) { return s.Refund(ctx, reqs, at) },
+		refund: func(now time.Time, reqs []Request, taken []Decision) ([]Decision, error) {
+			return s.RefundAt(ctx, now, reqs, taken)
+		},
 	}
 }
 
 // settleStep is one operation of a timed sequence on one bucket, and what
 // the store must answer.
 type settleStep struct {
-	op        string        // "take", "charge", or "refund": the take of step ref, at its time
-	at        time.Duration // since t0 (take, charge)
+	op        string        // "take", "charge", or "refund": of the take of step ref
+	at        time.Duration // since t0
 	cost      int64
 	ref       int
 	allowed   bool
@@ -80,7 +82,7 @@ func runSettleSteps(t *testing.T, p Policy, steps []settleStep) {
 					d, err = s.charge(t0.Add(st.at), []Request{req})
 				case "refund":
 					req.ID = fmt.Sprint("req-", st.ref)
-					d, err = s.refund([]Request{req}, []time.Time{taken[st.ref].At})
+					d, err = s.refund(t0.Add(st.at), []Request{req}, []Decision{taken[st.ref]})
 				}
 				if err != nil {
 					t.Fatalf("step %d (%s): %v", i, st.op, err)
@@ -96,9 +98,9 @@ func runSettleSteps(t *testing.T, p Policy, steps []settleStep) {
 	}
 }
 
-// TestRefund: a refund gives back its own take's charge, at the take's
-// time, and nothing newer: after a charge of 2 and one of 1, refunding
-// the first leaves the second counted, in every algorithm that refunds.
+// TestRefund: a refund gives back its own take's charge, and nothing
+// newer: after a charge of 2 and one of 1, refunding the first leaves the
+// second counted, in every algorithm that refunds.
 func TestRefund(t *testing.T) {
 	steps := []settleStep{
 		{op: "take", cost: 2, allowed: true, remaining: 3},
@@ -125,18 +127,21 @@ func TestRefund(t *testing.T) {
 // TestRefundAfterWindowTurned: a window's refund made once the next window
 // has begun leaves the new window's count alone (a fixed window), or takes
 // the charge off the previous count, where it still weighs (a counter).
+// The refund tells the bucket at its own time.
 func TestRefundAfterWindowTurned(t *testing.T) {
 	runSettleSteps(t, Policy{Algorithm: FixedWindow, Rate: 5, Period: time.Second, Burst: 5}, []settleStep{
 		{op: "take", at: 900 * ms, cost: 3, allowed: true, remaining: 2},
 		{op: "take", at: 1100 * ms, cost: 1, allowed: true, remaining: 4},
-		{op: "refund", cost: 3, ref: 0, allowed: true, remaining: 5}, // the old window's count, at its time
+		{op: "refund", at: 1100 * ms, cost: 3, ref: 0, allowed: true, remaining: 4}, // the new window's count stays
 		{op: "take", at: 1100 * ms, cost: 1, allowed: true, remaining: 3},
 	})
 	runSettleSteps(t, Policy{Algorithm: SlidingWindowCounter, Rate: 10, Period: time.Second, Burst: 10}, []settleStep{
 		{op: "take", at: 900 * ms, cost: 8, allowed: true, remaining: 2},
-		{op: "take", at: 1500 * ms, cost: 1, allowed: true, remaining: 5}, // 10 - 8*0.5 - 1
-		{op: "refund", cost: 8, ref: 0, allowed: true, remaining: -1},     // the state at 900ms of a key moved on: not checked
-		{op: "take", at: 1500 * ms, cost: 1, allowed: true, remaining: 8}, // the previous count is 0
+		{op: "take", at: 1500 * ms, cost: 1, allowed: true, remaining: 5},           // 10 - 8*0.5 - 1
+		{op: "refund", at: 1500 * ms, cost: 8, ref: 0, allowed: true, remaining: 9}, // the previous count is 0
+		{op: "take", at: 1500 * ms, cost: 1, allowed: true, remaining: 8},
+		{op: "refund", at: 2500 * ms, cost: 1, ref: 3, allowed: true, remaining: 9}, // the previous count, now
+		{op: "take", at: 2500 * ms, cost: 9, allowed: true, remaining: 0},
 	})
 }
 

@@ -45,14 +45,22 @@ type Store interface {
 	// Release gives back the concurrency slots that Take gave reqs, when
 	// their requests end. Requests of other algorithms are left alone.
 	Release(ctx context.Context, reqs []Request) error
-	// Refund gives back what Take charged reqs after all: each request's
-	// Cost (which may be less than its take's), at the time of its take,
-	// at[i] (its decision's At), so that it undoes its own charge and
-	// nothing newer: a window that has turned since keeps its count, a
-	// token bucket's later charges stay. Concurrency slots are left alone
+	// Refund gives back what Take charged reqs after all: of each
+	// request's Cost (at most its take's), what its charge still holds
+	// back now; taken[i] is the decision of reqs[i]'s take (a refused one
+	// charged nothing: nothing is given back). A bucket never holds more
+	// after a refund than it would have had the refunded cost never been
+	// charged, nor more than its burst. A token or leaky bucket's charges
+	// drain in real time, in the order of their takes: the charge that
+	// ended the TAT at taken[i].Reset holds back, at now, min(Cost
+	// intervals, Reset - now), which comes off the TAT (never back before
+	// now), so that what has drained since, which the bucket may have
+	// given a later request, is not given again. A window's count is given
+	// back while the take's window (taken[i].At's) is counted; a sliding
+	// log loses the take's own entries. Concurrency slots are left alone
 	// (Release gives them back). decisions[i] tells reqs[i]'s bucket after
-	// the refund, at its take's time.
-	Refund(ctx context.Context, reqs []Request, at []time.Time) (decisions []Decision, err error)
+	// the refund, now (in Redis, on its server's clock).
+	Refund(ctx context.Context, reqs []Request, taken []Decision) (decisions []Decision, err error)
 	// Charge charges every request's bucket its Cost now, whatever it
 	// holds: a token or leaky bucket may go into debt (its TAT moves on
 	// beyond the burst, at most MaxDebt), and refuses requests until the

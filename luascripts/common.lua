@@ -4,13 +4,15 @@
 -- KEYS: one bucket per key (in a cluster, all in one hash slot).
 -- ARGV[1]: the time in microseconds, or "" for the server's clock (TIME).
 -- ARGV[2]: the mode: "take" charges the costs if every key allows them,
---          else none; "refund" gives them back; "peek" decides and stores
+--          else none; "refund" gives back what the takes' charges still
+--          hold back (see taken); "peek" decides and stores
 --          no decision; "release" gives back a lease (concurrency only);
 --          "charge" charges the costs whatever the buckets hold, into
 --          debt (token and leaky buckets only: see gcra.lua).
 -- ARGV[3 + 6(i-1) ... 8 + 6(i-1)]: KEYS[i]'s six arguments, as args(i)
 --          reads them: rate, period (µs), burst, cost, flag, id. Each
---          script says which it uses, and what they mean to it.
+--          script says which it uses, and what they mean to it. In refund
+--          mode, flag is the take's: "<at>:<end>" (see taken).
 -- ARGV[3 + 6n ...] (n keys), optional: a batch of requests decided in
 --          one call, as the number of keys of each, in order. Without
 --          them, all the keys are one request's.
@@ -54,8 +56,8 @@ end
 -- may be sent again (-3 above). Reads may run again, and so may removals
 -- of expired entries (ZREMRANGEBYSCORE up to now) and of named members
 -- (ZREM: a lease, a refund by id), which find nothing the second time;
--- a write of a bucket, an added member or a removal by rank (a refund
--- without id) may not.
+-- a write of a bucket, an added member or a removal of members by their
+-- time (a refund without id, which marks dirty itself) may not.
 local dirty, redis = false, redis
 if undeclared then
   local call, pcall_ = redis.call, redis.pcall
@@ -106,7 +108,7 @@ end
 -- the six arguments of KEYS[i]; numbers but for flag and id, kept as given.
 -- The table is the previous key's when its six arguments are the same
 -- (the same zone's requests in a batch: a tenth of a decision's time); the
--- scripts only read it.
+-- scripts only read it (and taken keeps what it parsed of the flag).
 local last_a, last_k
 local function args(i)
   local a = 3 + (i - 1) * 6
@@ -121,6 +123,24 @@ local function args(i)
     flag = ARGV[a + 4], id = ARGV[a + 5],
   }
   return last_k
+end
+
+-- A refund's flag is its take's: "<at>:<end>", in µs, the time of the
+-- take's decision (the time in its reply: the window it counted in) and the
+-- end of its charge (its reply's now + reset: when a token bucket that
+-- charge left was full again, or a leaky bucket's queue drained). Only a
+-- refund reads it; taken returns both, parsed once per argument table.
+-- Refunds are made at their own time (now): a GCRA's charge still holds
+-- back, then, what of it has not drained by now (see gcra.lua).
+local function taken(k)
+  if not k.at then
+    local at, e = string.match(k.flag, '^(%d+):(%d+)$')
+    if not at then
+      error('refund without its take (flag "' .. k.flag .. '", want "<at>:<end>")')
+    end
+    k.at, k.e = tonumber(at), tonumber(e)
+  end
+  return k.at, k.e
 end
 
 -- us microseconds in whole milliseconds (for PX and PEXPIRE), rounded up,

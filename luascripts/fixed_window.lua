@@ -2,11 +2,11 @@
 --
 -- KEYS, ARGV and the reply as in common.lua, which is prepended to this
 -- script. For KEYS[i]: rate is the limit (requests per window), period the
--- window (µs); cost; burst, flag and id are unused. "take" counts the cost
--- if it fits in the limit; "refund" takes it off the count of the window
--- it was charged in, now's (the caller refunds at the time the take's
--- reply gave), and does nothing once another window has begun: that
--- window's count is other requests'.
+-- window (µs); cost; burst, flag (but a refund's: its take's, see taken)
+-- and id are unused. "take" counts the cost if it fits in the limit;
+-- "refund" takes it off the count of the window it was charged in, the
+-- take's, while that window lasts, and does nothing once another window
+-- has begun: that window's count is other requests'.
 --
 -- Windows start at multiples of their length. A counter is stored as one
 -- integer, the count followed by the window's tag (see window_tag) in six
@@ -33,8 +33,11 @@ local function decide(key, k)
   local count, charged = counted(key, tag)
   local ok, skip = true, false
   if refund then
-    skip = not charged
-    count = math.max(count - cost, 0)
+    local at = taken(k)
+    skip = not charged or at - at % window ~= start
+    if not skip then
+      count = math.max(count - cost, 0)
+    end
   else
     ok = cost <= limit - count
     if ok then

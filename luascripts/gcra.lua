@@ -47,10 +47,19 @@ end
 -- charge may leave the TAT ahead of now (full, plus the tolerance);
 -- offset, how far before the TAT the stored time is (full when empty is
 -- set: the token bucket's, else 0); and wait, how far the TAT is ahead of
--- now (0 when past). A refund has already taken its cost's intervals off
--- the wait: never back before now, so that a later request's charge stays.
--- A charge has already added them, whatever the bucket holds: the TAT may
--- go beyond the burst (debt), up to max_debt beyond it.
+-- now (0 when past). A refund has already taken off the wait what its
+-- take's charge still holds back (see below), never back before now. A
+-- charge has already added its cost's intervals, whatever the bucket holds:
+-- the TAT may go beyond the burst (debt), up to max_debt beyond it.
+--
+-- Charges queue on the TAT in the order of their takes and drain at the
+-- rate, in real time. The charge that ended the TAT at e (the take's
+-- reply's reset: see taken) holds back, at now, min(cost intervals, e -
+-- now): the part of it that has not drained. That is what a refund takes
+-- off. What has drained is no one's to give back: the bucket may have
+-- refilled since, up to its cap, and a later request charged it again, so
+-- that a refund of it would let that request through for free. The
+-- charges after it move up the queue by what the refund takes off.
 local function gcra(key, k, empty)
   local interval = k.period / k.rate
   local full = k.burst * interval
@@ -58,7 +67,8 @@ local function gcra(key, k, empty)
   local t = stored_time(key)
   local wait = t and math.max(t + offset, 0) or 0
   if refund then
-    wait = math.max(wait - k.cost * interval, 0)
+    local _, e = taken(k)
+    wait = math.max(wait - math.min(k.cost * interval, math.max(e - now, 0)), 0)
   elseif charge then
     wait = math.min(wait + k.cost * interval, full + max_debt)
   end

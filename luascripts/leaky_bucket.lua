@@ -2,10 +2,11 @@
 --
 -- KEYS, ARGV and the reply as in common.lua, the state as in gcra.lua,
 -- both prepended to this script. For KEYS[i]: rate, period (µs), burst
--- (requests that may wait), cost, flag (nodelay: "1" or "0"); id is
--- unused. "take" queues the request if there is room; "refund" takes its
--- cost off the queue, at the time the take's reply gave; "charge" adds it
--- to the queue whatever its length (debt: refused until it has drained).
+-- (requests that may wait), cost, flag (nodelay: "1" or "0"; a refund's:
+-- its take's); id is unused. "take" queues the request if there is room;
+-- "refund" takes off the queue what of the take's cost has not left it yet
+-- (see gcra.lua); "charge" adds it to the queue whatever its length (debt:
+-- refused until it has drained).
 --
 -- The queue stores its TAT: when the requests queued so far have all
 -- left. A request that would wait more than burst intervals (the room,
@@ -13,11 +14,9 @@
 -- others wait until their slot (none with nodelay).
 --
 -- A refund that comes after a later request keeps that request's place:
--- it takes only its own cost off the queue's end, never below its own
--- time. When the queue had drained between the charge and the later
--- request, the later one queued from its own time, and the refund may
--- take off up to that gap: at most what leaves during the refund's round
--- trip.
+-- it takes off the queue only what of its own cost is still queued at
+-- now, never below now. Once the queue has drained since the take,
+-- nothing of it is left to give back.
 --
 -- Reply per key: allowed, remaining, µs until the queue is empty, µs
 -- until the same request could pass, µs to wait.

@@ -2,10 +2,10 @@
 --
 -- KEYS, ARGV and the reply as in common.lua, which is prepended to this
 -- script. For KEYS[i]: rate is the limit (requests per window), period the
--- window (µs); cost; burst, flag and id are unused. "take" counts the cost
--- if it fits in the limit; "refund" takes it off the count of the window
--- it was charged in, now's (the caller refunds at the time the take's
--- reply gave): this window's count, or, once another request has moved
+-- window (µs); cost; burst, flag (but a refund's: its take's, see taken)
+-- and id are unused. "take" counts the cost if it fits in the limit;
+-- "refund" takes it off the count of the window it was charged in, the
+-- take's: the stored window's count, or, once another request has moved
 -- the key on to the next window, the previous count, in which the charge
 -- still weighs; any other state is other requests' and is left alone.
 --
@@ -64,18 +64,44 @@ local function state(limit, window, start, curr, prev)
     reset = reset - now, tag = window_tag(start, window), curr = curr, prev = prev }
 end
 
--- refund: the cost off the count of the window charged, which started at
--- start: the stored window's, or its previous one's
+-- refund: the cost off the count of the take's window: the stored
+-- window's count, or its previous count when the key has moved on one
+-- window since the take; any other state is other requests'. The state
+-- shown is now's, whose window starts at start (the stored window is now's
+-- or the one before; or the one after, for a refund made at its take's
+-- time after a later request moved the key on). The stored window keeps
+-- its tag, and expires when its counts have faded.
 local function give_back(key, k, start)
+  local window, at = k.period, taken(k)
+  local from = at - at % window
   local t, c, p = stored(key)
-  if t == window_tag(start, k.period) then
-    c = math.max(c - k.cost, 0)
-  elseif t == window_tag(start + k.period, k.period) then
-    start, p = start + k.period, math.max(p - k.cost, 0)
+  local s -- the stored window's start
+  if t == window_tag(from, window) then
+    s, c = from, math.max(c - k.cost, 0)
+  elseif t == window_tag(from + window, window) then
+    s, p = from + window, math.max(p - k.cost, 0)
   else
-    return { ok = true, remaining = 0, reset = 0, skip = true }
+    local curr, prev = counts(key, start, window)
+    local st = state(k.rate, window, start, curr, prev)
+    st.skip = true
+    return st
   end
-  return state(k.rate, k.period, start, c, p)
+  local st
+  if s == start then
+    st = state(k.rate, window, start, c, p)
+  elseif s == start - window then -- the stored count is now's previous one
+    st = state(k.rate, window, start, 0, c)
+  elseif s < start then -- faded
+    st = state(k.rate, window, start, 0, 0)
+  else
+    st = state(k.rate, window, s, c, p)
+  end
+  st.tag, st.curr, st.prev = window_tag(s, window), c, p
+  st.ttl = s + window - now -- until both counts have faded
+  if c > 0 then
+    st.ttl = st.ttl + window
+  end
+  return st
 end
 
 local function decide(key, k)
@@ -101,7 +127,12 @@ local function write(key, s)
   if s.skip then
     return
   end
-  redis.call('SET', key, string.format('%.0f:%.0f:%d', s.curr, s.prev, s.tag), 'PX', ttl_ms(s.reset))
+  local ttl = s.ttl or s.reset
+  if ttl <= 0 then -- a refund left counts that have faded
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('SET', key, string.format('%.0f:%.0f:%d', s.curr, s.prev, s.tag), 'PX', ttl_ms(ttl))
 end
 
 return run(decide, write)

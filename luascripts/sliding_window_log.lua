@@ -4,8 +4,10 @@
 -- script. For KEYS[i]: rate is the limit (requests per window), period the
 -- window (µs); cost; and id, unique to the request, which names its
 -- members (so that a refund removes exactly them); without one, members
--- are named by time and count. burst and flag are unused. "take" adds
--- cost members if they fit in the limit; "refund" removes them again.
+-- are named by time and count. burst and flag (but a refund's: its
+-- take's, see taken) are unused. "take" adds cost members if they fit in
+-- the limit; "refund" removes them again, the request's own: by its id,
+-- else those of its take's time.
 --
 -- A sorted set holds one member per counted request, scored by its time
 -- (µs); members that left the window are removed first (but in a peek),
@@ -32,9 +34,13 @@ local function score(key, window, rank)
   return tonumber(e[2])
 end
 
--- refund: removes the request's members (named by its id, else the newest
--- cost ones) and returns the count left. A take adds no more members than
--- the limit, so no more are looked for, whatever the cost.
+-- refund: removes the request's members (named by its id, else cost of
+-- those scored at its take's time, which are alike) and returns the count
+-- left. A take adds no more members than the limit, so no more are looked
+-- for, whatever the cost. Members that left the window are gone already:
+-- nothing of them is given back. (Without an id, other requests of the
+-- same µs share the score: sending the request again would remove theirs,
+-- so it marks the request dirty.)
 local function give_back(key, k)
   if k.id ~= '' then
     for j = 1, math.min(k.cost, k.rate) do
@@ -42,12 +48,13 @@ local function give_back(key, k)
     end
     return counted(key, k.period)
   end
-  local count = counted(key, k.period)
-  if count > 0 then
-    redis.call('ZREMRANGEBYRANK', key, -math.min(k.cost, count), -1)
-    count = math.max(count - k.cost, 0)
+  local at = string.format('%.0f', taken(k))
+  local members = redis.call('ZRANGE', key, at, at, 'BYSCORE', 'LIMIT', 0, math.min(k.cost, k.rate))
+  for _, m in ipairs(members) do
+    redis.call('ZREM', key, m)
+    dirty = true
   end
-  return count
+  return counted(key, k.period)
 end
 
 local function decide(key, k)

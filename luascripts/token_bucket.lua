@@ -2,10 +2,11 @@
 --
 -- KEYS, ARGV and the reply as in common.lua, the state as in gcra.lua,
 -- both prepended to this script. For KEYS[i]: rate, period (µs), burst,
--- cost; flag and id are unused. "take" charges the cost if the bucket
--- holds it; "refund" gives it back, at the time the take's reply gave;
--- "charge" charges it whatever the bucket holds: in debt (the TAT beyond
--- burst intervals ahead), requests are refused until it is repaid.
+-- cost; flag (but a refund's: its take's) and id are unused. "take"
+-- charges the cost if the bucket holds it; "refund" gives back what of the
+-- take's charge has not drained yet (see gcra.lua); "charge" charges it
+-- whatever the bucket holds: in debt (the TAT beyond burst intervals
+-- ahead), requests are refused until it is repaid.
 --
 -- A charge passes if it leaves the TAT at most burst intervals (the room,
 -- with the tolerance) ahead of now. The bucket stores when it was empty
@@ -16,11 +17,10 @@
 -- refill.
 --
 -- A refund that comes after a later request leaves that request's charge
--- alone: it takes its own cost's intervals off the TAT, never back before
--- its own time. It may give back up to what the bucket refilled between
--- the charge and the later request, when that refill met the burst's cap
--- (the refund cannot tell): at most the refill of the refund's round
--- trip, and never more than the burst.
+-- alone: it takes off the TAT only what of its own charge has not drained
+-- by now, never back before now. Once the bucket has refilled to its cap
+-- since the take, nothing of the charge is left: a refund gives back
+-- nothing, and never more than the burst.
 --
 -- Reply per key: allowed, whole tokens remaining, µs until full, µs until
 -- the same request could pass, 0.
