@@ -408,7 +408,10 @@ func TestMemoryEvictionsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.WarnLevel)
+	old := h.store.logger
 	h.store.logger = zap.New(core)
+	h.store.evictionLogged.Store(0) // whatever an earlier test evicted in this shared store
+	t.Cleanup(func() { h.store.logger = old })
 	counted, evicted := testutil.ToFloat64(metrics.memoryEvictions), h.store.Memory().Evictions()
 	for i := range 200 {
 		r := crlRequest("GET", "/", "10.0.0.1")

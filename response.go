@@ -50,12 +50,13 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp
 	dry := h.dryRunOutcome(zones, v)
 	i := v.Shown(false)
 	if i < 0 { // no enforced zone decided: only dry-run ones, or on_store_error allow or deny
+		if v.Refused() {
+			dropLimitHeaders(w.Header())
+			return h.deny(w, v.Calls[0].Err) // storeerror.go
+		}
 		if dry != nil {
 			f := h.headerFields(w.Header(), false)
 			h.setLimitHeaders(&f, *dry)
-		}
-		if v.Refused() {
-			return h.deny(w, v.Calls[0].Err) // storeerror.go
 		}
 		return next.ServeHTTP(w, r)
 	}
@@ -82,9 +83,7 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp
 func (h *Handler) show(hdr http.Header, repl *caddy.Replacer, o outcome, dry *outcome) headerFields {
 	o.setPlaceholders(repl)
 	if !o.d.Allowed {
-		for _, k := range [...]string{hdrLimit, hdrRemaining, hdrReset, hdrPolicy, hdrState} {
-			delete(hdr, k)
-		}
+		dropLimitHeaders(hdr)
 	}
 	f := h.headerFields(hdr, !o.d.Allowed)
 	if dry != nil && o.d.Allowed && dry.d.Remaining < o.d.Remaining {
@@ -92,6 +91,14 @@ func (h *Handler) show(hdr http.Header, repl *caddy.Replacer, o outcome, dry *ou
 	}
 	h.setLimitHeaders(&f, o)
 	return f
+}
+
+// dropLimitHeaders drops the limit headers in hdr, before a refusal: an
+// outer handler's must not say that quota is left.
+func dropLimitHeaders(hdr http.Header) {
+	for _, k := range [...]string{hdrLimit, hdrRemaining, hdrReset, hdrPolicy, hdrState} {
+		delete(hdr, k)
+	}
 }
 
 // dryRunOutcome is what the dry-run zones would show in the headers, as

@@ -134,7 +134,11 @@ func (s *settlement) serve(w http.ResponseWriter, r *http.Request, next caddyhtt
 	sw := &settleWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, s: s}
 	err := next.ServeHTTP(sw, r)
 	if !s.done {
-		s.settle(statusOf(err), w.Header())
+		status := statusOf(err)
+		if r.Context().Err() != nil { // the client went away, whatever the error says
+			status = statusClientClosed
+		}
+		s.settle(status, w.Header())
 	}
 	return err
 }

@@ -204,3 +204,24 @@ func TestSettlePanic(t *testing.T) {
 		t.Fatalf("third request: status %d; want 429 (the panicking request kept its charge)", w.Code)
 	}
 }
+
+// TestSettleClientGoneAnyError: a request whose client went away keeps
+// its charge whatever error its handler returns, not only reverse_proxy's
+// 499.
+func TestSettleClientGoneAnyError(t *testing.T) {
+	h := &Handler{Zones: map[string]*Zone{"sms": {Rate: "3r/h", CountStatus: []int{2}}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		ctx, cancel := context.WithCancel(context.Background())
+		r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/sms", nil)
+		serveWith(h, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+			cancel() // the client hangs up while the work is done
+			return context.Canceled
+		}))
+	}
+	if w := serve(h, httptest.NewRequest(http.MethodPost, "/sms", nil)); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("after 3 requests whose clients left: status %d, remaining %q; want 429", w.Code, w.Header().Get("X-RateLimit-Remaining"))
+	}
+}

@@ -72,3 +72,25 @@ func TestDenyAnswersItself(t *testing.T) {
 		}
 	}
 }
+
+// TestDenyShowsNoQuotaLeft: on_store_error deny's refusal carries no limit
+// header of an outer handler that says quota is left.
+func TestDenyShowsNoQuotaLeft(t *testing.T) {
+	outer := &Handler{Headers: "both", Zones: map[string]*Zone{"site": {Key: "k", Rate: "30r/m"}}}
+	if err := provision(t, outer); err != nil {
+		t.Fatal(err)
+	}
+	inner := redisHandler(t, &RedisConfig{Addresses: []string{"127.0.0.1:1"}})
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return inner.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+	})
+	w := serveWith(outer, keyRequest("k"), next)
+	if w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("status %d; want 503 from the inner handler", w.Code)
+	}
+	for _, h := range []string{"Ratelimit", "Ratelimit-Policy", "X-Ratelimit-Remaining"} {
+		if v := w.Header().Get(h); v != "" {
+			t.Errorf("the deny carries the outer handler's %s: %q", h, v)
+		}
+	}
+}

@@ -115,7 +115,12 @@ func NewRedisLimiter(client redis.UniversalClient, o RedisOptions, nodes NodeEve
 		refused: NewDenyCache(o.LocalCache, o.LocalCacheMaxAge)}
 	l.retries = newReleaseRetries(store, max(l.timeout, time.Second))
 	store.OnBreaker(nodes.BreakerChanged)
-	store.OnForget(nodes.NodeGone)
+	store.OnForget(func(node string) {
+		if _, was := l.failing.LoadAndDelete(node); was { // no request will tell its recovery
+			l.nFailing.Add(-1)
+		}
+		nodes.NodeGone(node)
+	})
 	return l, nil
 }
 

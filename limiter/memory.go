@@ -218,7 +218,7 @@ func (s *MemoryStore) makeRoom(now int64, keys []bucketID, before []savedBucket)
 		}
 		sh := s.shard(keys[i])
 		for range 2 {
-			if len(sh.buckets) <= sh.limit || !sh.evictOne(now, keys) {
+			if len(sh.buckets) <= sh.limit || !sh.evictOne(now, keys, keys[i].zone) {
 				break
 			}
 			evicted++
@@ -229,19 +229,22 @@ func (s *MemoryStore) makeRoom(now int64, keys []bucketID, before []savedBucket)
 
 // evictOne drops, of up to evictSample buckets of sh other than those of
 // keep, met from a random place in the map, the first idle one (it holds
-// nothing back: a missing bucket stands for it), else the one that would
-// be idle soonest (the least held back), and reports whether there was
-// one. A concurrency bucket, idle only once its slots are released, goes
-// last. Under sh's lock.
-func (sh *memShard) evictOne(now int64, keep []bucketID) bool {
+// nothing back: a missing bucket stands for it), else one of zone, the
+// zone that adds a bucket, that would be idle soonest (the least held
+// back), else such a one of another zone, and reports whether there was
+// one: a flood of new keys in one zone evicts its own buckets before
+// another zone's clients. A concurrency bucket, idle only once its slots
+// are released, goes last. Under sh's lock.
+func (sh *memShard) evictOne(now int64, keep []bucketID, zone string) bool {
 	var victim bucketID
-	least, seen := int64(0), 0
+	least, seen, victimOther := int64(0), 0, true
 	for k, b := range sh.buckets {
 		if slices.Contains(keep, k) {
 			continue
 		}
-		if seen == 0 || b.idleAt < least {
-			victim, least = k, b.idleAt
+		other := k.zone != zone && b.idleAt > now // an idle bucket of any zone goes first
+		if seen == 0 || !other && victimOther || other == victimOther && b.idleAt < least {
+			victim, least, victimOther = k, b.idleAt, other
 		}
 		if seen++; seen == evictSample || least <= now {
 			break

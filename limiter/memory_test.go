@@ -287,3 +287,26 @@ func BenchmarkMemoryTakeFull(b *testing.B) {
 		b.Fatalf("Len %d over the capacity", s.Len())
 	}
 }
+
+// TestMemoryFloodEvictsItsOwnZone: a flood of new keys in one zone, whose
+// buckets hold back longer than a drained client's of another zone, evicts
+// the flood's own buckets, not the drained client's (which would let it
+// start afresh).
+func TestMemoryFloodEvictsItsOwnZone(t *testing.T) {
+	s := NewMemoryStore(time.Hour)
+	defer s.Close()
+	s.SetCapacity(256)
+	now := time.Unix(1e9, 0)
+	login := Request{Zone: "login", Key: "victim", Policy: Policy{Algorithm: TokenBucket, Rate: 5, Period: time.Hour, Burst: 5}, Cost: 5}
+	if d := s.TakeAt(now, []Request{login}); !d[0].Allowed {
+		t.Fatal("the login bucket did not take its burst")
+	}
+	flood := Policy{Algorithm: TokenBucket, Rate: 1, Period: 2 * time.Hour, Burst: 1}
+	for i := range 5000 {
+		s.TakeAt(now, []Request{{Zone: "flood", Key: fmt.Sprint("k", i), Policy: flood, Cost: 1}})
+	}
+	login.Cost = 1
+	if d := s.TakeAt(now, []Request{login}); d[0].Allowed {
+		t.Fatalf("after a flood of 5000 keys in another zone, the drained login bucket passed: %+v", d[0])
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Policy is a limit: its algorithm and numbers. For the token bucket,
@@ -129,10 +130,14 @@ func perSecondHint(count, per string) string {
 		if !ok {
 			continue
 		}
-		c, err1 := strconv.ParseInt(count, 10, 64)
-		m, err2 := strconv.ParseInt(cmp.Or(mult, "1"), 10, 64)
-		if err1 == nil && err2 == nil && m > 0 && c > 0 && c <= maxRate && (c*int64(time.Second))%(m*ns) == 0 {
-			return fmt.Sprintf(": %sr/%s is %dr/s", count, per, c*int64(time.Second)/(m*ns))
+		c, err1 := parsePositive(count)
+		m, err2 := parsePositive(cmp.Or(mult, "1"))
+		if err1 != nil || err2 != nil || m > int64(time.Second)/ns || c > math.MaxInt64/int64(time.Second) {
+			break // no whole rate per second, or none in range
+		}
+		// m*ns is at most 1e9, c*1e9 within int64
+		if perNs := m * ns; (c*int64(time.Second))%perNs == 0 && c*int64(time.Second)/perNs <= maxRate {
+			return fmt.Sprintf(": %sr/%s is %dr/s", count, per, c*int64(time.Second)/perNs)
 		}
 	}
 	return ": write " + rateForms
@@ -146,13 +151,13 @@ func fractionHint(count, per string) string {
 		return "; write " + rateForms
 	}
 	var hints []string
-	for k := int64(1); k <= 1000 && len(hints) == 0; k++ { // the fewest units: k units for a whole n
-		if n := f * float64(k); math.Abs(n-math.Round(n)) < 1e-9 && n >= 1 {
+	for k := int64(1); k <= 100 && len(hints) == 0; k++ { // the fewest units: k units for a whole n
+		if n := f * float64(k); math.Abs(n-math.Round(n)) < 1e-9 && n >= 1 && n <= maxRate {
 			hints = append(hints, fmt.Sprintf("%dr/%d%s", int64(math.Round(n)), k, per))
 		}
 	}
 	if bigger, ok := nextUnit[per]; ok {
-		if n := f * float64(bigger.mult); math.Abs(n-math.Round(n)) < 1e-9 && n >= 1 {
+		if n := f * float64(bigger.mult); math.Abs(n-math.Round(n)) < 1e-9 && n >= 1 && n <= maxRate {
 			hints = append(hints, fmt.Sprintf("%dr/%s", int64(math.Round(n)), bigger.unit))
 		}
 	}
@@ -175,7 +180,8 @@ func parsePeriod(s string) (time.Duration, error) {
 	}
 	unit, ok := units[s[len(s)-1]]
 	if !ok {
-		return 0, fmt.Errorf("unknown unit %q (want s, m, h or d)", s[len(s)-1:])
+		_, size := utf8.DecodeLastRuneInString(s)
+		return 0, fmt.Errorf("unknown unit %q (want s, m, h or d)", s[len(s)-size:])
 	}
 	mult := int64(1)
 	if len(s) > 1 {

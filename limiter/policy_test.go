@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 )
@@ -45,6 +46,14 @@ func TestParseRate(t *testing.T) {
 	for in, want := range bad {
 		if _, _, err := ParseRate(in); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("ParseRate(%q) error = %v; want it to mention %q", in, err, want)
+		}
+	}
+	// Odd rates fail cleanly, and hint no rate out of range.
+	for _, in := range []string{"1r/288230376151711744ms", "1r/2305843009213693952us", "1e30r/s", "1099511627776r/1ns",
+		"1r/ｓ", "r/", "0.0r/s", "1e400r/s", "NaNr/s", "Infr/s", "-0.5r/s", "1r/0ms", "99999999999r/ns"} {
+		_, _, err := ParseRate(in)
+		if err == nil || strings.Contains(err.Error(), "-") && !strings.HasPrefix(in, "-") || !utf8.ValidString(err.Error()) {
+			t.Errorf("ParseRate(%q) error = %v; want a clean error", in, err)
 		}
 	}
 	// Each error says how to fix it.
