@@ -333,7 +333,7 @@ func (t *RedisTLS) config(files tlsFiles) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// poolKey names the backend of c in backends: handlers with the same
+// poolKey names the store of c in stores: handlers with the same
 // resolved configuration and the same contents of its TLS files share one
 // Redis client. Certificates replaced on disk change the key, so that a
 // reload builds a client with them (the old one goes with the old

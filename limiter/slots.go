@@ -127,7 +127,7 @@ const releaseRetryEvery = 250 * time.Millisecond
 // stay taken meanwhile, so the client is limited a little longer, never
 // less.
 //
-// One goroutine per backend tries them in rounds, releaseRetryEvery apart
+// One goroutine per Redis limiter tries them in rounds, releaseRetryEvery apart
 // while any are left. A round tries every pending release at once, in
 // small calls grouped by Redis node, so that the releases bound for a node
 // that does not answer never hold back the others: a release waits at most
