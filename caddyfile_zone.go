@@ -62,7 +62,7 @@ func (z *Zone) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // zoneOptions parse the subdirectives of a zone block, one each.
 var zoneOptions = map[string]func(*caddyfile.Dispenser, *Zone) error{
 	"match":        parseZoneMatch,
-	"key":          func(d *caddyfile.Dispenser, z *Zone) error { return oneArg(d, &z.Key) },
+	"key":          parseZoneKey,
 	"rate":         parseZoneRate,
 	"burst":        func(d *caddyfile.Dispenser, z *Zone) error { return parseCount(d, z, &z.Burst, &z.DefaultBurst) },
 	"cost":         func(d *caddyfile.Dispenser, z *Zone) error { return parseCount(d, z, &z.Cost, &z.DefaultCost) },
@@ -164,6 +164,17 @@ func parseZoneMatch(d *caddyfile.Dispenser, z *Zone) error {
 	return nil
 }
 
+// parseZoneKey parses: key <template>, whose placeholders Caddy must know.
+func parseZoneKey(d *caddyfile.Dispenser, z *Zone) error {
+	if err := oneArg(d, &z.Key); err != nil {
+		return err
+	}
+	if err := checkPlaceholders("key", z.Key); err != nil {
+		return d.Errf("zone %q: %v", z.name, err)
+	}
+	return nil
+}
+
 // parseZoneRate parses: rate <N>r/<unit> | rate <template> <default>.
 func parseZoneRate(d *caddyfile.Dispenser, z *Zone) error {
 	tmpl, dflt, err := templateArgs(d)
@@ -171,6 +182,9 @@ func parseZoneRate(d *caddyfile.Dispenser, z *Zone) error {
 		return err
 	}
 	z.Rate, z.DefaultRate = tmpl, dflt
+	if err := checkPlaceholders("rate", tmpl); err != nil {
+		return d.Errf("zone %q: %v", z.name, err)
+	}
 	check := cmp.Or(dflt, tmpl)
 	switch {
 	case hasPlaceholder(dflt):
@@ -192,6 +206,9 @@ func parseCount(d *caddyfile.Dispenser, z *Zone, v *caddyhttp.WeakString, dflt *
 		return err
 	}
 	*v = caddyhttp.WeakString(tmpl)
+	if err := checkPlaceholders(field, tmpl); err != nil {
+		return d.Errf("zone %q: %v", z.name, err)
+	}
 	if hasPlaceholder(def) {
 		return d.Errf("zone %q: default %s %q: want a number, not a placeholder", z.name, field, def)
 	}

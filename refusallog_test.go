@@ -151,7 +151,7 @@ func TestRefusalThrottleBounded(t *testing.T) {
 // at info level, where a rollout sees them, throttled as log_refusals is:
 // one line per client and zone per interval.
 func TestDryRunLoggedAtInfo(t *testing.T) {
-	h := &Handler{Zones: map[string]*Zone{"new_rule": {Key: "{client_ip}", MaxEvents: 1, Window: caddy.Duration(time.Minute), DryRun: true}}}
+	h := &Handler{Zones: map[string]*Zone{"new_rule": {Key: "{http.request.remote.host}", MaxEvents: 1, Window: caddy.Duration(time.Minute), DryRun: true}}}
 	core, logs := observer.New(zap.InfoLevel)
 	h.logger = zap.New(core)
 	if err := provision(t, h); err != nil {

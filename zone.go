@@ -208,6 +208,7 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 		if err := z.provision(ctx, name); err != nil {
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
+		warnForgeableKey(h.logger, name, z.Key)
 		if _, err := limiter.LocalPolicy(z.policy, h.onError.Instances); err != nil {
 			return fmt.Errorf("zone %q: on_store_error local instances %d: %w", name, h.onError.Instances, err)
 		}
@@ -241,6 +242,11 @@ func (z *Zone) provision(ctx caddy.Context, name string) error {
 		return fmt.Errorf("empty zone")
 	}
 	z.name = name
+	for _, f := range [...][2]string{{"key", z.Key}, {"rate", z.Rate}, {"burst", string(z.Burst)}, {"cost", string(z.Cost)}} {
+		if err := checkPlaceholders(f[0], f[1]); err != nil {
+			return err
+		}
+	}
 	if err := z.check(); err != nil {
 		return err
 	}

@@ -1,0 +1,132 @@
+package ratelimit
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+
+	"go.uber.org/zap"
+)
+
+// A placeholder that Caddy's HTTP server cannot fill resolves to nothing,
+// so a typo in a zone's key ({clientip}, {http.request.heder.X-Key})
+// silently gives every client one bucket. checkPlaceholders refuses the
+// placeholders of a zone's templates that cannot be meant: an unknown name
+// of Caddy's http.request family, a name one or two edits from a known one,
+// and, in JSON, the Caddyfile's shorthands ({client_ip}), which only the
+// Caddyfile adapter expands. Names of other modules (http.vars.*,
+// http.auth.*, a map's outputs, ...) pass.
+
+// requestPlaceholders are the http.request placeholders of Caddy's HTTP
+// server, and requestFamilies those that take a name after them.
+var (
+	requestPlaceholders = []string{"http.request.body", "http.request.duration", "http.request.duration_ms",
+		"http.request.host", "http.request.hostport", "http.request.local", "http.request.local.host",
+		"http.request.local.port", "http.request.method", "http.request.orig_method", "http.request.orig_uri",
+		"http.request.orig_uri.path", "http.request.orig_uri.path.dir", "http.request.orig_uri.path.file",
+		"http.request.orig_uri.prefixed_query", "http.request.orig_uri.query", "http.request.port",
+		"http.request.proto", "http.request.proto_name", "http.request.remote", "http.request.remote.host",
+		"http.request.remote.port", "http.request.scheme", "http.request.uri", "http.request.uri.path",
+		"http.request.uri.path.dir", "http.request.uri.path.file", "http.request.uri.path.file.base",
+		"http.request.uri.path.file.ext", "http.request.uri.path_escaped", "http.request.uri.prefixed_query",
+		"http.request.uri.query", "http.request.uri.query_escaped", "http.request.uri_escaped", "http.request.uuid"}
+	requestFamilies = []string{"http.request.header.", "http.request.cookie.", "http.request.host.labels.",
+		"http.request.orig_uri.path.", "http.request.tls.", "http.request.uri.path.", "http.request.uri.query."}
+	// otherFamilies are the placeholders other modules set.
+	otherFamilies = []string{"http.vars.", "http.auth.", "http.reverse_proxy.", "http.rate_limit.", "http.regexp.",
+		"http.matchers.", "http.error.", "http.intercept.", "http.response.", "http.jwt.", "env.", "system.", "time.",
+		"file."}
+	// shorthands are the Caddyfile's, by what they stand for.
+	shorthands = map[string]string{"client_ip": "http.vars.client_ip", "remote_host": "http.request.remote.host",
+		"remote": "http.request.remote", "remote_port": "http.request.remote.port", "host": "http.request.host",
+		"hostport": "http.request.hostport", "method": "http.request.method", "uri": "http.request.uri",
+		"path": "http.request.uri.path", "query": "http.request.uri.query", "scheme": "http.request.scheme"}
+)
+
+// placeholderName finds the names of a template's placeholders.
+var placeholderName = regexp.MustCompile(`\{([^{}\s]+)\}`)
+
+// checkPlaceholders checks the placeholders of tmpl, a zone's field; in
+// JSON (not adapted from a Caddyfile), a shorthand is an error too.
+func checkPlaceholders(field, tmpl string) error {
+	for _, m := range placeholderName.FindAllStringSubmatch(tmpl, -1) {
+		if err := checkPlaceholder(m[1]); err != nil {
+			return fmt.Errorf("%s %q: %w", field, tmpl, err)
+		}
+	}
+	return nil
+}
+
+// checkPlaceholder checks one placeholder name.
+func checkPlaceholder(name string) error {
+	if full, ok := shorthands[name]; ok {
+		return fmt.Errorf("{%s} is a shorthand of the Caddyfile only: in JSON write {%s}", name, full)
+	}
+	if slices.Contains(requestPlaceholders, name) || hasFamily(name, requestFamilies) || hasFamily(name, otherFamilies) {
+		return nil
+	}
+	guess := closestPlaceholder(name)
+	switch {
+	case strings.HasPrefix(name, "http.request."):
+		return fmt.Errorf("{%s} is not a placeholder of Caddy's HTTP server (it would be empty for every request)%s", name, guess)
+	case guess != "":
+		return fmt.Errorf("{%s} is no placeholder Caddy knows (it would be empty for every request)%s", name, guess)
+	}
+	return nil // a map's output, a variable, another module's
+}
+
+// hasFamily reports whether name is a placeholder of one of families,
+// with a name after it.
+func hasFamily(name string, families []string) bool {
+	for _, f := range families {
+		if len(name) > len(f) && strings.HasPrefix(name, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// closestPlaceholder is ": did you mean {…}?" for the known placeholder,
+// family or shorthand closest to name (at most 2 edits), or "".
+func closestPlaceholder(name string) string {
+	best, bestDist := "", 3
+	try := func(candidate, compared string) {
+		if d := editDistance(compared, candidate); d < bestDist && d > 0 {
+			best, bestDist = candidate, d
+		}
+	}
+	for _, p := range requestPlaceholders {
+		try(p, name)
+	}
+	for short := range shorthands { // as the Caddyfile writes it
+		try(short, name)
+	}
+	for _, f := range slices.Concat(requestFamilies, otherFamilies) {
+		n := strings.Count(f, ".")
+		if parts := strings.SplitN(name, ".", n+1); len(parts) == n+1 && parts[n] != "" {
+			prefix := strings.Join(parts[:n], ".") + "."
+			if d := editDistance(prefix, f); d < bestDist && d > 0 {
+				best, bestDist = f+parts[n], d
+			}
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(": did you mean {%s}?", best)
+}
+
+// forgeable are the request headers a client sets at will that name a
+// client address: a key on them raw is the client's choice.
+var forgeable = regexp.MustCompile(`(?i)\{http\.request\.header\.(x-forwarded-for|x-real-ip|forwarded|true-client-ip|cf-connecting-ip)\}`)
+
+// warnForgeableKey warns when a zone's key is a header that names a
+// client address, which any client can set: {client_ip} with the
+// server's trusted_proxies is the address a trusted proxy reports.
+func warnForgeableKey(logger *zap.Logger, zone, key string) {
+	if forgeable.MatchString(key) {
+		logger.Warn("a zone's key is a header that any client can set; key on {client_ip}, and list your proxies in the servers' trusted_proxies option, so that it is the address they report",
+			zap.String("zone", zone), zap.String("key", key))
+	}
+}

@@ -1,0 +1,52 @@
+package ratelimit
+
+import (
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// TestPlaceholderTypos: a placeholder Caddy cannot fill, which would give
+// every client one bucket, fails adapt with its line and the name meant;
+// other modules' names and a map's outputs pass.
+func TestPlaceholderTypos(t *testing.T) {
+	cases := map[string]string{
+		"key {clientip}":                                                   `{clientip} is no placeholder Caddy knows (it would be empty for every request): did you mean {client_ip}?`,
+		"key {http.request.heder.X-API-Key}":                               `did you mean {http.request.header.X-API-Key}?`,
+		"key {http.request.remote_host}":                                   `did you mean {http.request.remote.host}?`,
+		"key {http.request.nonsense}":                                      `{http.request.nonsense} is not a placeholder of Caddy's HTTP server`,
+		"key k\n\t\t\trate {http.request.heder.X-Plan} 1r/s":               `rate "{http.request.heder.X-Plan}"`,
+		"key k\n\t\t\trate 1r/s\n\t\t\tcost {http.request.heder.X-Cost} 1": `cost "{http.request.heder.X-Cost}"`,
+	}
+	for line, want := range cases {
+		_, err := adapt(t, ":8080 {\n\trate_limit {\n\t\tzone z {\n\t\t\t"+line+"\n\t\t\trate 1r/s\n\t\t}\n\t}\n}\n")
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "Caddyfile:") {
+			t.Errorf("%s: %v; want %q with its line", line, err, want)
+		}
+	}
+	for _, ok := range []string{"{client_ip}", "{http.request.header.X-API-Key}", "{http.vars.user}", "{plan}",
+		"{http.auth.user.id}", "{http.rate_limit.jwt.sub}", "{http.request.remote.host}-{http.request.uri.query.id}"} {
+		if _, err := adapt(t, ":8080 {\n\trate_limit {\n\t\tzone z {\n\t\t\tkey "+ok+"\n\t\t\trate 1r/s\n\t\t}\n\t}\n}\n"); err != nil {
+			t.Errorf("key %s: %v; want it accepted", ok, err)
+		}
+	}
+	err := provision(t, &Handler{Zones: map[string]*Zone{"z": {Key: "{client_ip}", Rate: "1r/s"}}})
+	if err == nil || !strings.Contains(err.Error(), "in JSON write {http.vars.client_ip}") {
+		t.Errorf("JSON key {client_ip}: %v; want the full name", err)
+	}
+}
+
+// TestForgeableKeyWarned: a key on a header that any client sets to an
+// address loads, with a warning that names {client_ip} and trusted_proxies.
+func TestForgeableKeyWarned(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	h := &Handler{logger: zap.New(core), Zones: map[string]*Zone{"z": {Key: "{http.request.header.X-Forwarded-For}", Rate: "1r/s"}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	if l := logs.All(); len(l) != 1 || !strings.Contains(l[0].Message, "{client_ip}") || !strings.Contains(l[0].Message, "trusted_proxies") {
+		t.Fatalf("warnings %v; want one naming {client_ip} and trusted_proxies", l)
+	}
+}
