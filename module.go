@@ -28,7 +28,8 @@
 // redisconfig.go, StoreErrorPolicy in storeerror.go, JWTConfig in
 // claims.go, with its key fetchers in jwtkeys.go); compat.go and
 // distributed.go give caddy-ratelimit's spellings their meaning here;
-// options.go lists the allowed values. admin.go serves the admin API.
+// options.go lists the allowed values; placeholders.go checks a zone's
+// placeholders. admin.go serves the admin API.
 package ratelimit
 
 import (
