@@ -87,28 +87,35 @@ func hasFamily(name string, families []string) bool {
 	return false
 }
 
-// closestPlaceholder is ": did you mean {…}?" for the known placeholder,
-// family or shorthand closest to name (at most 2 edits), or "".
+// closestPlaceholder is ": did you mean {…}?" for the known placeholder
+// closest to name, or "": for a name of the http namespace, a placeholder
+// or family of Caddy's HTTP server at most 2 edits away; for a name
+// without a dot, of 6 characters or more, a Caddyfile shorthand 1 edit
+// away ({clientip}). Shorter names and other namespaces are left alone:
+// a map's output ({cost}) or another module's placeholder may be near a
+// known name.
 func closestPlaceholder(name string) string {
 	best, bestDist := "", 3
-	try := func(candidate, compared string) {
-		if d := editDistance(compared, candidate); d < bestDist && d > 0 {
+	try := func(candidate, compared, known string) {
+		if d := editDistance(compared, known); d < bestDist && d > 0 {
 			best, bestDist = candidate, d
 		}
 	}
-	for _, p := range requestPlaceholders {
-		try(p, name)
-	}
-	for short := range shorthands { // as the Caddyfile writes it
-		try(short, name)
-	}
-	for _, f := range slices.Concat(requestFamilies, otherFamilies) {
-		n := strings.Count(f, ".")
-		if parts := strings.SplitN(name, ".", n+1); len(parts) == n+1 && parts[n] != "" {
-			prefix := strings.Join(parts[:n], ".") + "."
-			if d := editDistance(prefix, f); d < bestDist && d > 0 {
-				best, bestDist = f+parts[n], d
+	switch {
+	case strings.HasPrefix(name, "http."):
+		for _, p := range requestPlaceholders {
+			try(p, name, p)
+		}
+		for _, f := range slices.Concat(requestFamilies, otherFamilies) {
+			n := strings.Count(f, ".")
+			if parts := strings.SplitN(name, ".", n+1); len(parts) == n+1 && parts[n] != "" {
+				try(f+parts[n], strings.Join(parts[:n], ".")+".", f)
 			}
+		}
+	case !strings.Contains(name, ".") && len(name) >= 6:
+		bestDist = 2
+		for short := range shorthands { // as the Caddyfile writes it
+			try(short, name, short)
 		}
 	}
 	if best == "" {

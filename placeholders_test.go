@@ -27,6 +27,7 @@ func TestPlaceholderTypos(t *testing.T) {
 		}
 	}
 	for _, ok := range []string{"{client_ip}", "{http.request.header.X-API-Key}", "{http.vars.user}", "{plan}",
+		"{cost}", "{paths}", "{tls.client}", "{my.var}", "{plan_rate}",
 		"{http.auth.user.id}", "{http.rate_limit.jwt.sub}", "{http.request.remote.host}-{http.request.uri.query.id}"} {
 		if _, err := adapt(t, ":8080 {\n\trate_limit {\n\t\tzone z {\n\t\t\tkey "+ok+"\n\t\t\trate 1r/s\n\t\t}\n\t}\n}\n"); err != nil {
 			t.Errorf("key %s: %v; want it accepted", ok, err)
