@@ -121,6 +121,8 @@ type Handler struct {
 	// body), "problem" (an RFC 9457 application/problem+json body), or
 	// "handle_errors" (a 429 error handed to the site's handle_errors
 	// routes, which can use the {http.rate_limit.*} placeholders).
+	// A handler written in caddy-ratelimit's spelling (every zone with
+	// events and window) defaults to "handle_errors", as caddy-ratelimit.
 	Response string `json:"response,omitempty"`
 
 	// Headers are the rate limit headers sent: "x_ratelimit" (the default:
@@ -132,6 +134,7 @@ type Handler struct {
 	// in which the whole quota comes back (a window's period; for the
 	// buckets, the time to refill the quota at the rate). A concurrency
 	// zone sends RateLimit only. Retry-After is always sent with a refusal.
+	// A handler in caddy-ratelimit's spelling defaults to "none".
 	Headers string `json:"headers,omitempty"`
 
 	// RetryAfterJitter adds a random 0 to this much to Retry-After, so
@@ -147,7 +150,10 @@ type Handler struct {
 	// CrowdSec and the like: "rate limit exceeded" with the zone, the
 	// client's address, the host and the path (the key only with
 	// LogKeys), at most one line per client address and zone per
-	// interval. Default: refusals are logged at debug level only.
+	// interval. Default: refusals are logged at debug level only; a
+	// handler in caddy-ratelimit's spelling (every zone with events and
+	// window) logs caddy-ratelimit's info line (zone, wait, remote_ip, and
+	// key with LogKeys), at most once a second per client and zone.
 	LogRefusals *RefusalLog `json:"log_refusals,omitempty"`
 
 	// MemoryCapacity is how many buckets this process's memory store keeps,
@@ -195,6 +201,7 @@ type Handler struct {
 	events   *caddyevents.App // Caddy's events app, for rate_limit_exceeded; nil in tests without one
 	eventCtx caddy.Context    // the context events are emitted in: this handler's
 	refusals *refusalThrottle // LogRefusals' memory of clients logged; nil without LogRefusals
+	crlLog   bool             // LogRefusals' lines are caddy-ratelimit's (its spelling, no log_refusals)
 	// dryRefusals is the memory of the dry-run refusals logged; nil
 	// without dry-run zones.
 	dryRefusals *refusalThrottle

@@ -113,6 +113,14 @@ func (h *Handler) reportRefusal(r *http.Request, repl *caddy.Replacer, o outcome
 // client address first so that a filter can match it right after the
 // zone (see the fail2ban filter in docs/operations.md).
 func (h *Handler) logRefusalInfo(r *http.Request, o outcome, remote, client string) {
+	if h.crlLog { // caddy-ratelimit's line, field for field
+		fields := []zap.Field{zap.String("zone", o.zone), zap.Duration("wait", o.d.RetryAfter), zap.String("remote_ip", remote)}
+		if h.LogKeys {
+			fields = append(fields, zap.String("key", o.req.Key))
+		}
+		h.logger.Info("rate limit exceeded", fields...)
+		return
+	}
 	fields := []zap.Field{zap.String("zone", o.zone), zap.String("client_ip", client), zap.String("remote_ip", remote),
 		zap.String("host", r.Host), zap.String("method", r.Method), zap.String("path", r.URL.Path),
 		zap.Int64("retry_after", o.retry), zap.Duration("wait", o.d.RetryAfter)}

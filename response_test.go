@@ -218,7 +218,7 @@ func TestRefusalBytes(t *testing.T) {
 			"429\nContent-Length: 165\nContent-Type: application/json\nRetry-After: 1200\nX-Ratelimit-Limit: 3\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700003601\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 3 requests per hour. Try again in 1200 seconds.\",\"zone\":\"pin_plan\",\"retry_after\":1200}\n"},
 		{"handle_errors", &Handler{Response: "handle_errors", Zones: map[string]*Zone{"pin_errors": {Key: "{http.request.header.X-Key}", Rate: "1r/d"}}}, client,
 			"429\nRetry-After: 86400\nX-Ratelimit-Limit: 1\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700086401\n\nrate limit exceeded in zone \"pin_errors\""},
-		{"no headers, 1.5ms window", &Handler{Headers: "none", Zones: map[string]*Zone{"pin_none": {MaxEvents: 1, Window: caddy.Duration(1500 * time.Microsecond)}}}, client,
+		{"no headers, 1.5ms window", &Handler{Headers: "none", Response: "json", Zones: map[string]*Zone{"pin_none": {MaxEvents: 1, Window: caddy.Duration(1500 * time.Microsecond)}}}, client,
 			"429\nContent-Length: 158\nContent-Type: application/json\nRetry-After: 1\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 1 request per 1.5ms. Try again in 1 second.\",\"zone\":\"pin_none\",\"retry_after\":1}\n"},
 	}
 	for _, c := range cases {

@@ -276,3 +276,43 @@ func fail2banRegex(t *testing.T, filter, line string) {
 	}
 	t.Logf("fail2ban-regex matched 127.0.0.1 in Caddy's line")
 }
+
+// TestCompatBehaviour: caddy-ratelimit's README Caddyfile example (its
+// distributed line left out) behaves as with caddy-ratelimit: allowed
+// responses carry no limit headers; a refusal is a 429 error that the
+// site's handle_errors answers, with Retry-After alone; and it is logged
+// at info level with caddy-ratelimit's message and fields, in its order
+// (zone, wait, remote_ip, key with log_key). Setting our options
+// (response json, headers) gives ours back.
+func TestCompatBehaviour(t *testing.T) {
+	t.Parallel()
+	_, site, _ := strings.Cut(strings.Replace(crlconfigs.ReadmeCaddyfile, "\tdistributed\n", "", 1), ":80\n")
+	site += "handle_errors {\n\trespond \"custom {err.status_code} {http.rate_limit.exceeded.name}\"\n}\n"
+	c := testcaddy.Start(t, site)
+	for range 2 {
+		resp, _ := send(t, c, "POST", "/")
+		if resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Limit") != "" || resp.Header.Get("RateLimit") != "" {
+			t.Fatalf("allowed: status %d, headers %v; want 200 without limit headers", resp.StatusCode, resp.Header)
+		}
+	}
+	resp, body := send(t, c, "POST", "/")
+	if resp.StatusCode != 429 || body != "custom 429 dynamic_example" || resp.Header.Get("Retry-After") != "5" ||
+		resp.Header.Get("X-RateLimit-Remaining") != "" {
+		t.Fatalf("refused: status %d, body %q, headers %v; want handle_errors' 429 with Retry-After 5 alone", resp.StatusCode, body, resp.Header)
+	}
+	line := c.WaitLogs(`"msg":"rate limit exceeded"`)
+	re := regexp.MustCompile(`\{"level":"info","ts":[0-9.e+]+,"logger":"http\.handlers\.rate_limit","msg":"rate limit exceeded",` +
+		`"zone":"dynamic_example","wait":[0-9.]+,"remote_ip":"127\.0\.0\.1","key":"127\.0\.0\.1"\}`)
+	if !re.MatchString(line) {
+		t.Fatalf("no caddy-ratelimit refusal line in:\n%s", line)
+	}
+
+	site = strings.Replace(site, "\tlog_key\n", "\tlog_key\n\tresponse json\n\theaders x_ratelimit\n", 1)
+	if err := c.Reload(site); err != nil {
+		t.Fatal(err)
+	}
+	resp, body = send(t, c, "GET", "/x") // a new config: the memory store keeps the bucket
+	if resp.StatusCode != 429 || !strings.HasPrefix(body, "{") || resp.Header.Get("X-RateLimit-Limit") != "2" {
+		t.Fatalf("with response json: status %d, body %q, headers %v; want our JSON 429", resp.StatusCode, body, resp.Header)
+	}
+}
