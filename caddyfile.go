@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"maps"
 	"strconv"
 	"strings"
@@ -100,7 +101,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	err := parseBlock(d, "", h, handlerOptions)
+	err := cmp.Or(parseBlock(d, "", h, handlerOptions), h.refuseDistributedCaddyfile())
 	if err == nil && len(h.Zones) == 0 {
 		err = d.Err("rate_limit needs at least one zone")
 	}
@@ -165,8 +166,8 @@ var handlerOptions = map[string]func(*caddyfile.Dispenser, *Handler) error{
 		h.SweepInterval, err = durationArg(d, 1, "sweep_interval %q: want a positive duration such as 1m")
 		return err
 	},
-	"distributed": refuseDistributedCaddyfile,
-	"storage":     refuseDistributedCaddyfile,
+	"distributed": parseDistributed,
+	"storage":     parseDistributed,
 }
 
 // parseLogRefusals parses: log_refusals [<interval>].
@@ -194,12 +195,24 @@ func parseFractionJitter(d *caddyfile.Dispenser, h *Handler) error {
 	return nil
 }
 
-// refuseDistributedCaddyfile refuses caddy-ratelimit's distributed and
-// storage subdirectives, showing the redis block to use instead (from
-// the storage's own settings, for a storage redis block).
-func refuseDistributedCaddyfile(d *caddyfile.Dispenser, _ *Handler) error {
+// distributedSeen is caddy-ratelimit's distributed and storage
+// subdirectives of a rate_limit block, refused once the whole block is
+// read, so that the redis block shown comes from the storage's settings
+// wherever the two are written.
+type distributedSeen struct {
+	at     caddyfile.Token     // the first of them: the error's line
+	option string              // its name
+	opts   map[string][]string // the storage's settings
+}
+
+// parseDistributed reads caddy-ratelimit's distributed and storage
+// subdirectives into h.distributed, for refuseDistributedCaddyfile.
+func parseDistributed(d *caddyfile.Dispenser, h *Handler) error {
 	d = d.NewFromNextSegment()
 	d.Next()
+	if h.distributed == nil {
+		h.distributed = &distributedSeen{at: d.Token(), option: d.Val(), opts: map[string][]string{}}
+	}
 	option, opts := d.Val(), map[string][]string{}
 	if args := d.RemainingArgs(); option == "storage" && len(args) > 0 {
 		opts["module"] = args[:1]
@@ -214,12 +227,22 @@ func refuseDistributedCaddyfile(d *caddyfile.Dispenser, _ *Handler) error {
 			opts[name] = append(opts[name], append([]string{d.Val()}, d.RemainingArgs()...)...)
 		}
 	}
-	if option == "distributed" {
-		opts = nil // its block holds intervals, no Redis settings
+	if option == "storage" { // distributed's block holds intervals, no Redis settings
+		h.distributed.opts = opts
 	}
-	d.Reset()
-	d.Next() // the error names the option's line
-	return d.Errf("%s", distributedError(option, redisFromStorage(opts)))
+	return nil
+}
+
+// refuseDistributedCaddyfile is the error for caddy-ratelimit's
+// distributed and storage, at the first of them, showing the redis block
+// to use instead; nil when the block has neither.
+func (h *Handler) refuseDistributedCaddyfile() error {
+	if h.distributed == nil {
+		return nil
+	}
+	d := caddyfile.NewDispenser([]caddyfile.Token{h.distributed.at})
+	d.Next()
+	return d.Errf("%s", distributedError(h.distributed.option, redisFromStorage(h.distributed.opts)))
 }
 
 // UnmarshalCaddyfile parses a redis block (see Handler.UnmarshalCaddyfile).

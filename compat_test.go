@@ -477,10 +477,14 @@ func TestCaddyfileCompatErrors(t *testing.T) {
 		{"jitter word", top("jitter some"), `jitter "some"`},
 		{"sweep_interval", top("sweep_interval never"), `sweep_interval "never": want a positive duration such as 1m, at Caddyfile:3`},
 		{"log_refusals", top("log_refusals often"), `log_refusals "often": want an interval such as 1m, at Caddyfile:3`},
-		{"distributed", top("distributed {\n\t\t\tread_interval 5s\n\t\t}"), "distributed: caddy-ratelimit's distributed rate limiting (instances trading approximate counts through storage) is not supported, and each instance limiting alone in its place would be a silent downgrade. Share one exact limit through Redis: replace distributed and storage with\n\tredis {\n\t\taddresses <host:port>\n\t}, at Caddyfile:3"},
+		{"distributed", top("distributed {\n\t\t\tread_interval 5s\n\t\t}"), "distributed: caddy-ratelimit's distributed rate limiting (instances trading approximate counts through storage) is not supported, and each instance limiting alone in its place would be a silent downgrade. Share one exact limit through Redis: replace distributed and storage with\n\n\tredis {\n\t\taddresses <host:port>\n\t}\n\nin the rate_limit block, at Caddyfile:3"},
 		{"storage redis", top("storage redis cluster {\n\t\t\taddress {\n\t\t\t\t10.0.0.1:6379\n\t\t\t\t10.0.0.2:6379\n\t\t\t}\n\t\t\tpassword secret\n\t\t}"),
-			"storage: caddy-ratelimit's distributed rate limiting (instances trading approximate counts through storage) is not supported, and each instance limiting alone in its place would be a silent downgrade. Share one exact limit through Redis: replace distributed and storage with\n\tredis {\n\t\taddresses 10.0.0.1:6379 10.0.0.2:6379\n\t\tcluster\n\t\tpassword {env.REDIS_PASSWORD}\n\t}, at Caddyfile:3"},
-		{"storage file_system", top("storage file_system /var/lib/caddy"), "replace distributed and storage with\n\tredis {\n\t\taddresses <host:port>\n\t}, at Caddyfile:3"},
+			"storage: caddy-ratelimit's distributed rate limiting (instances trading approximate counts through storage) is not supported, and each instance limiting alone in its place would be a silent downgrade. Share one exact limit through Redis: replace distributed and storage with\n\n\tredis {\n\t\taddresses 10.0.0.1:6379 10.0.0.2:6379\n\t\tcluster\n\t\tpassword {env.REDIS_PASSWORD}\n\t}\n\nin the rate_limit block, at Caddyfile:3"},
+		{"storage file_system", top("storage file_system /var/lib/caddy"), "replace distributed and storage with\n\n\tredis {\n\t\taddresses <host:port>\n\t}\n\nin the rate_limit block, at Caddyfile:3"},
+		// The redis block comes from the storage wherever it is written;
+		// the error names the first of the two.
+		{"distributed then storage", top("distributed\n\t\tzone y {\n\t\t\trate 1r/s\n\t\t}\n\t\tstorage redis {\n\t\t\thost 10.0.0.5\n\t\t}"),
+			"distributed: caddy-ratelimit's distributed rate limiting (instances trading approximate counts through storage) is not supported, and each instance limiting alone in its place would be a silent downgrade. Share one exact limit through Redis: replace distributed and storage with\n\n\tredis {\n\t\taddresses 10.0.0.5:6379\n\t}\n\nin the rate_limit block, at Caddyfile:3"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

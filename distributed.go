@@ -53,7 +53,8 @@ func isNull(raw json.RawMessage) bool {
 func distributedError(option string, c RedisConfig) string {
 	return option + ": caddy-ratelimit's distributed rate limiting (instances trading approximate counts " +
 		"through storage) is not supported, and each instance limiting alone in its place would be a " +
-		"silent downgrade. Share one exact limit through Redis: replace distributed and storage with\n" + c.caddyfile()
+		"silent downgrade. Share one exact limit through Redis: replace distributed and storage with\n\n" +
+		c.caddyfile() + "\n\nin the rate_limit block"
 }
 
 // storageOptions flattens a storage module's JSON fields to strings:

@@ -202,6 +202,9 @@ type Handler struct {
 	eventCtx caddy.Context    // the context events are emitted in: this handler's
 	refusals *refusalThrottle // LogRefusals' memory of clients logged; nil without LogRefusals
 	crlLog   bool             // LogRefusals' lines are caddy-ratelimit's (its spelling, no log_refusals)
+	// distributed is caddy-ratelimit's distributed and storage as the
+	// Caddyfile wrote them, refused once its block is read.
+	distributed *distributedSeen
 	// dryRefusals is the memory of the dry-run refusals logged; nil
 	// without dry-run zones.
 	dryRefusals *refusalThrottle

@@ -121,7 +121,7 @@ func TestCompatJSON(t *testing.T) {
 
 	err = loadJSON(c, fmt.Sprintf(crlconfigs.TestDistributed, t.TempDir(), "peer_zone", 60, 10))
 	if err == nil || !strings.Contains(err.Error(), "distributed: caddy-ratelimit's distributed rate limiting") ||
-		!strings.Contains(err.Error(), "\tredis {\n\t\taddresses <host:port>\n\t}\nin JSON: \"redis\": {\"addresses\":[\"<host:port>\"]}") {
+		!strings.Contains(err.Error(), "\tredis {\n\t\taddresses <host:port>\n\t}\n\nin the rate_limit block\nin JSON: \"redis\": {\"addresses\":[\"<host:port>\"]}") {
 		t.Fatalf("distributed: %v; want it refused, with the redis block to use instead", err)
 	}
 	expectRetry(t, c, "GET", 429, "10") // the previous config still runs
