@@ -127,6 +127,9 @@ func parseSubdirectives[T any](d *caddyfile.Dispenser, what string, dst T, optio
 		if !ok {
 			return d.Errf("%sunrecognized subdirective %q%s", what, d.Val(), didYouMean(d.Val(), maps.Keys(options)))
 		}
+		if seen, ok := any(dst).(interface{ saw(caddyfile.Token) }); ok {
+			seen.saw(d.Token())
+		}
 		if err := parse(d, dst); err != nil {
 			return err
 		}

@@ -115,8 +115,11 @@ func TestCaddyfileErrors(t *testing.T) {
 		name, src, want string
 	}{
 		{"duplicate zone", ":8080 {\n\trate_limit {\n\t\tzone a {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t\tzone a {\n\t\t\tkey k\n\t\t\trate 1r/s\n\t\t}\n\t}\n}", `duplicate zone "a", at Caddyfile:7`},
-		{"skip without key", zone("\t\t\trate 1r/s\n\t\t\ton_empty_key skip"), `zone "api": on_empty_key skip needs a key: without one, the zone has a single bucket, at Caddyfile:3`},
+		{"skip without key", zone("\t\t\trate 1r/s\n\t\t\ton_empty_key skip"), `zone "api": on_empty_key skip needs a key: without one, the zone has a single bucket, at Caddyfile:5`},
 		{"missing rate", zone("\t\t\tkey {client_ip}"), `zone "api": rate (or max_concurrent) is required, at Caddyfile:3`},
+		// An error about two options points at the second of them.
+		{"rate after max_concurrent", zone("\t\t\tmax_concurrent 5\n\t\t\tkey k\n\t\t\trate 1r/s"), `nodelay and ban do not apply, at Caddyfile:6`},
+		{"algorithm after nodelay", zone("\t\t\trate 1r/s\n\t\t\tnodelay\n\t\t\talgorithm fixed_window\n\t\t\tkey k"), `zone "api": nodelay applies to leaky_bucket only, at Caddyfile:6`},
 		{"zero rate", zone("\t\t\tkey k\n\t\t\trate 0r/s"), `out of range [1, 1099511627776]; write 10r/s, 1r/2s or 30r/m, at Caddyfile:5`},
 		{"negative rate", zone("\t\t\tkey k\n\t\t\trate -1r/s"), `-1 is out of range [1, 1099511627776]; write 10r/s, 1r/2s or 30r/m, at Caddyfile:5`},
 		{"unparseable rate", zone("\t\t\tkey k\n\t\t\trate fast"), `rate "fast": want <N>r/<s|m|h|d>, such as 10r/s, 1r/2s or 30r/m, at Caddyfile:5`},
@@ -156,7 +159,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"ipv6 prefix", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tipv6_prefix x"), `ipv6_prefix "x": want 0 (no grouping) to 128`},
 		{"on_empty_key", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\ton_empty_key drop"), `zone "api": on_empty_key "drop": want shared or skip, at Caddyfile:6`},
 		{"unknown algorithm", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\talgorithm gcra"), `zone "api": unknown algorithm "gcra" (want token_bucket, fixed_window, sliding_window_log, sliding_window_counter or leaky_bucket), at Caddyfile:6`},
-		{"burst with a window", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\talgorithm fixed_window\n\t\t\tburst 5"), `zone "api": burst does not apply to fixed_window: its limit is N of the rate per window, at Caddyfile:3`},
+		{"burst with a window", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\talgorithm fixed_window\n\t\t\tburst 5"), `zone "api": burst does not apply to fixed_window: its limit is N of the rate per window, at Caddyfile:7`},
 		{"nodelay without leaky", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tnodelay"), `nodelay applies to leaky_bucket only`},
 		{"concurrency with a rate", zone("\t\t\tkey k\n\t\t\trate 1r/s\n\t\t\tmax_concurrent 5"), `max_concurrent limits requests in flight: rate, events, window, algorithm, burst, cost, nodelay and ban do not apply`},
 		{"concurrency zero", zone("\t\t\tkey k\n\t\t\tmax_concurrent 0"), `max_concurrent "0": want a whole number of at least 1, at Caddyfile:5`},

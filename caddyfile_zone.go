@@ -5,6 +5,7 @@ package ratelimit
 import (
 	"cmp"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -41,6 +42,7 @@ func unmarshalZone(d *caddyfile.Dispenser, h *Handler) error {
 // point at its first line.
 func (z *Zone) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // "zone"
+	zoneLine := d.Token()
 	if !d.NextArg() || d.Val() == "{" {
 		return d.Err("zone needs a name: zone <name> { ... }")
 	}
@@ -52,12 +54,38 @@ func (z *Zone) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return err
 	}
 	if err := z.check(); err != nil {
-		d.Reset()
+		d = caddyfile.NewDispenser([]caddyfile.Token{z.blame(err, zoneLine)})
 		d.Next()
 		return d.Errf("zone %q: %v", z.name, err)
 	}
 	return nil
 }
+
+// saw records a subdirective of the zone's block, for blame.
+func (z *Zone) saw(tok caddyfile.Token) { z.subdirectives = append(z.subdirectives, tok) }
+
+// blame is where an error of check points: at the last of the
+// subdirectives it names (the second of two that conflict), an algorithm
+// named standing for the algorithm line; else at the zone's line, first.
+func (z *Zone) blame(err error, first caddyfile.Token) caddyfile.Token {
+	named := map[string]bool{}
+	for _, w := range optionWord.FindAllString(err.Error(), -1) {
+		named[w] = true
+		if _, algo := limiter.ParseAlgorithm(w); algo == nil {
+			named["algorithm"] = true
+		}
+	}
+	at := first
+	for _, tok := range z.subdirectives {
+		if named[tok.Text] {
+			at = tok
+		}
+	}
+	return at
+}
+
+// optionWord finds the words of an error that may name a subdirective.
+var optionWord = regexp.MustCompile(`[a-z][a-z0-9_]*`)
 
 // zoneOptions parse the subdirectives of a zone block, one each.
 var zoneOptions = map[string]func(*caddyfile.Dispenser, *Zone) error{

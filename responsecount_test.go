@@ -44,10 +44,10 @@ func TestCaddyfileSettleErrors(t *testing.T) {
 	cases := []struct{ name, src, want string }{
 		{"no status", zone("\t\t\trate 1r/s\n\t\t\tcount_status"), `want count_status <status>..., e.g. count_status 401 403, or 4xx, at Caddyfile:6`},
 		{"bad status", zone("\t\t\trate 1r/s\n\t\t\tcount_status 4x"), `count_status "4x": want a status such as 401, or a class such as 4xx, at Caddyfile:6`},
-		{"status out of range", zone("\t\t\trate 1r/s\n\t\t\tcount_status 700"), `count_status 700: want a status from 100 to 599, or a class from 1 to 5 (4 for 4xx), at Caddyfile:3`},
+		{"status out of range", zone("\t\t\trate 1r/s\n\t\t\tcount_status 700"), `count_status 700: want a status from 100 to 599, or a class from 1 to 5 (4 for 4xx), at Caddyfile:6`},
 		{"max_concurrent", zone("\t\t\tmax_concurrent 2\n\t\t\tcount_status 401"), `count_status and cost_from_response do not apply to max_concurrent`},
 		{"cost without debt", zone("\t\t\trate 1r/s\n\t\t\talgorithm sliding_window_log\n\t\t\tcost_from_response X-Cost"),
-			`cost_from_response charges after the response, into debt if need be: it needs token_bucket or leaky_bucket, not sliding_window_log, at Caddyfile:3`},
+			`cost_from_response charges after the response, into debt if need be: it needs token_bucket or leaky_bucket, not sliding_window_log, at Caddyfile:7`},
 		{"cost in a window", zone("\t\t\trate 1r/s\n\t\t\talgorithm fixed_window\n\t\t\tcost_from_response X-Cost"), `not fixed_window`},
 		{"bad strip", zone("\t\t\trate 1r/s\n\t\t\tcost_from_response X-Cost remove"), `want cost_from_response <header> [strip], at Caddyfile:6`},
 	}

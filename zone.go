@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
@@ -170,6 +171,9 @@ type Zone struct {
 	shown       zoneShown          // what its responses show, written once (response.go)
 	hasher      *limiter.KeyHasher // digests its client keys (see RedisConfig.KeySecret)
 	counters    decisionCounters   // its decision counters (metrics.go)
+	// subdirectives are the zone block's, as the Caddyfile wrote them,
+	// for the line its errors point at (caddyfile_zone.go).
+	subdirectives []caddyfile.Token
 }
 
 // Defaults of Zone's fields.
