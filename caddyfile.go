@@ -23,8 +23,10 @@ func init() {
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	rl := new(Handler)
-	err := rl.UnmarshalCaddyfile(h.Dispenser)
-	return rl, err
+	if err := rl.UnmarshalCaddyfile(h.Dispenser); err != nil {
+		return nil, err
+	}
+	return rl, checkZoneNames(h, rl) // zonenames.go
 }
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:

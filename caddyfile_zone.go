@@ -43,6 +43,7 @@ func unmarshalZone(d *caddyfile.Dispenser, h *Handler) error {
 func (z *Zone) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // "zone"
 	zoneLine := d.Token()
+	z.at = zoneLine
 	if !d.NextArg() || d.Val() == "{" {
 		return d.Err("zone needs a name: zone <name> { ... }")
 	}

@@ -45,6 +45,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
@@ -205,6 +206,7 @@ type Handler struct {
 	// distributed is caddy-ratelimit's distributed and storage as the
 	// Caddyfile wrote them, refused once its block is read.
 	distributed *distributedSeen
+	claimConfig *prometheus.Registry // the config whose zone names h claimed (zonenames.go)
 	// dryRefusals is the memory of the dry-run refusals logged; nil
 	// without dry-run zones.
 	dryRefusals *refusalThrottle
@@ -267,6 +269,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err = h.provisionStore(); err != nil {
 		return err
 	}
+	if err = h.claimZoneNames(ctx.GetMetricsRegistry()); err != nil { // zonenames.go
+		return err
+	}
 	registerZones(h)
 	return nil
 }
@@ -283,6 +288,7 @@ func (h *Handler) Validate() error {
 // zones from the admin API.
 func (h *Handler) Cleanup() error {
 	unregisterZones(h)
+	h.releaseZoneNames()
 	h.releaseJWKS()
 	return h.releaseStore()
 }

@@ -174,6 +174,7 @@ type Zone struct {
 	// subdirectives are the zone block's, as the Caddyfile wrote them,
 	// for the line its errors point at (caddyfile_zone.go).
 	subdirectives []caddyfile.Token
+	at            caddyfile.Token // its zone line in the Caddyfile
 }
 
 // Defaults of Zone's fields.

@@ -316,3 +316,32 @@ func TestCompatBehaviour(t *testing.T) {
 		t.Fatalf("with response json: status %d, body %q, headers %v; want our JSON 429", resp.StatusCode, body, resp.Header)
 	}
 }
+
+// TestZoneNameReusedAtLoad: in JSON, two handlers that give one zone name
+// different policies fail the load, naming both, and the running config
+// stays; a reload that changes a zone's policy is no reuse: it loads.
+func TestZoneNameReusedAtLoad(t *testing.T) {
+	t.Parallel()
+	c := testcaddy.Start(t, "rate_limit {\n\tzone per_ip {\n\t\tkey {client_ip}\n\t\trate 100r/m\n\t}\n}\nrespond ok")
+	handler := func(rate string) string {
+		return `{"handler":"rate_limit","zones":{"per_ip":{"key":"{http.request.remote.host}","rate":"` + rate + `"}}}`
+	}
+	config := `{"admin":{"listen":"localhost:2999"},"apps":{"http":{"servers":{"s":{"listen":[":8080"],"routes":[` +
+		`{"match":[{"path":["/a"]}],"handle":[` + handler("100r/m") + `,{"handler":"static_response","body":"a"}]},` +
+		`{"handle":[` + handler("3r/m") + `,{"handler":"static_response","body":"b"}]}]}}}}}`
+	err := loadJSON(c, config)
+	want := `zone "per_ip" is defined twice in this config with different policies: key {http.request.remote.host}, rate 100r/m, ` +
+		`and key {http.request.remote.host}, rate 3r/m; zones of one name share their buckets`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("load: %v\nwant it to contain %q", err, want)
+	}
+	if resp, _ := send(t, c, "GET", "/"); resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Limit") != "100" {
+		t.Fatalf("after the refused load: status %d, limit %q; want the running config's 100", resp.StatusCode, resp.Header.Get("X-RateLimit-Limit"))
+	}
+	if err := c.Reload("rate_limit {\n\tzone per_ip {\n\t\tkey {client_ip}\n\t\trate 3r/m\n\t}\n}\nrespond ok"); err != nil {
+		t.Fatalf("a reload with a new rate: %v", err)
+	}
+	if resp, _ := send(t, c, "GET", "/"); resp.Header.Get("X-RateLimit-Limit") != "3" {
+		t.Fatalf("after the reload: limit %q; want 3", resp.Header.Get("X-RateLimit-Limit"))
+	}
+}
