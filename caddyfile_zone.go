@@ -198,7 +198,7 @@ func parseZoneKey(d *caddyfile.Dispenser, z *Zone) error {
 	if err := oneArg(d, &z.Key); err != nil {
 		return err
 	}
-	if err := checkPlaceholders("key", z.Key); err != nil {
+	if err := cmp.Or(checkPlaceholders("key", z.Key), checkConstantKey(z.Key)); err != nil {
 		return d.Errf("zone %q: %v", z.name, err)
 	}
 	return nil

@@ -58,6 +58,28 @@ func checkPlaceholders(field, tmpl string) error {
 	return nil
 }
 
+// constantFamilies are the placeholders whose value is the same for every
+// request: the environment, the system, the time, a file's contents.
+var constantFamilies = []string{"env.", "system.", "time.", "file."}
+
+// checkConstantKey refuses a key whose placeholders are all of
+// constantFamilies: every client would share one bucket, which a zone
+// says with key static, or no key.
+func checkConstantKey(key string) error {
+	names := placeholderName.FindAllStringSubmatch(key, -1)
+	for _, m := range names {
+		if !hasFamily(m[1], constantFamilies) {
+			return nil
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	return fmt.Errorf("key %q is the same for every request: its placeholders do not depend on the request, so every client "+
+		"would share one bucket; for one bucket for the whole zone write key static (or no key), for a bucket per client "+
+		"add a request placeholder such as {client_ip}", key)
+}
+
 // checkPlaceholder checks one placeholder name.
 func checkPlaceholder(name string) error {
 	if full, ok := shorthands[name]; ok {

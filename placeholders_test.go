@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 
@@ -49,5 +50,57 @@ func TestForgeableKeyWarned(t *testing.T) {
 	}
 	if l := logs.All(); len(l) != 1 || !strings.Contains(l[0].Message, "{client_ip}") || !strings.Contains(l[0].Message, "trusted_proxies") {
 		t.Fatalf("warnings %v; want one naming {client_ip} and trusted_proxies", l)
+	}
+}
+
+// TestConstantKeyRefused: a key whose placeholders do not depend on the
+// request fails adapt and load, naming key static and {client_ip}; with a
+// request placeholder beside them it loads.
+func TestConstantKeyRefused(t *testing.T) {
+	for _, key := range []string{"{env.TENANT}", "{system.hostname}-{time.now.year}"} {
+		_, err := adapt(t, ":8080 {\n\trate_limit {\n\t\tzone z {\n\t\t\tkey "+key+"\n\t\t\trate 1r/s\n\t\t}\n\t}\n}\n")
+		if err == nil || !strings.Contains(err.Error(), "is the same for every request") || !strings.Contains(err.Error(), "key static") ||
+			!strings.Contains(err.Error(), "Caddyfile:4") {
+			t.Errorf("key %s: %v; want it refused at its line", key, err)
+		}
+		err = provision(t, &Handler{Zones: map[string]*Zone{"z": {Key: key, Rate: "1r/s"}}})
+		if err == nil || !strings.Contains(err.Error(), "{client_ip}") {
+			t.Errorf("JSON key %s: %v; want it refused", key, err)
+		}
+	}
+	for _, key := range []string{"{env.TENANT}-{client_ip}", "static", "tenant-{http.request.header.X-Key}"} {
+		if _, err := adapt(t, ":8080 {\n\trate_limit {\n\t\tzone z {\n\t\t\tkey "+key+"\n\t\t\trate 1r/s\n\t\t}\n\t}\n}\n"); err != nil {
+			t.Errorf("key %s: %v; want it accepted", key, err)
+		}
+	}
+}
+
+// TestUnknownKeyPlaceholderWarned: a key placeholder that the replacer
+// does not know for a request (here {http.auth.user.id}, with no
+// authentication handler before) is logged once per zone, at warning
+// level, without the request's values; known ones log nothing.
+func TestUnknownKeyPlaceholderWarned(t *testing.T) {
+	for _, key := range []string{"{http.auth.user.id}", "user-{http.auth.user.id}"} {
+		core, logs := observer.New(zap.WarnLevel)
+		h := &Handler{logger: zap.New(core), Zones: map[string]*Zone{"z": {Key: key, Rate: "10r/s"}}}
+		if err := provision(t, h); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			expectStatus(t, h, keyRequest("c"), http.StatusOK, "")
+		}
+		l := logs.FilterMessageSnippet("unknown for a request").All()
+		if len(l) != 1 || l[0].ContextMap()["zone"] != "z" || !strings.Contains(l[0].ContextMap()["error"].(string), "http.auth.user.id") {
+			t.Errorf("key %s: warnings %v; want one for zone z naming the placeholder", key, logs.All())
+		}
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	h := &Handler{logger: zap.New(core), Zones: map[string]*Zone{"z": {Key: "{http.request.header.X-Key}-{http.vars.x}", Rate: "10r/s"}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	expectStatus(t, h, keyRequest("c"), http.StatusOK, "")
+	if logs.Len() != 0 {
+		t.Errorf("known placeholders: warnings %v", logs.All())
 	}
 }

@@ -252,6 +252,9 @@ func (z *Zone) provision(ctx caddy.Context, name string) error {
 			return err
 		}
 	}
+	if err := checkConstantKey(z.Key); err != nil {
+		return err
+	}
 	if err := z.check(); err != nil {
 		return err
 	}
@@ -425,11 +428,12 @@ const (
 	fieldCost                      // a cost template
 	fieldPolicy                    // rate and burst together (e.g. a leaky bucket's wait)
 	fieldResponseCost              // cost_from_response's header
+	fieldKey                       // a placeholder of the key unknown for a request
 	numDynamicFields
 )
 
 func (f dynamicField) String() string {
-	return [...]string{"rate", "burst", "cost", "rate and burst", "cost_from_response"}[f]
+	return [...]string{"rate", "burst", "cost", "rate and burst", "cost_from_response", "key"}[f]
 }
 
 // limits are the zone's policy and cost for one request: the static ones,

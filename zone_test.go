@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"cmp"
+	"go.uber.org/zap"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -116,7 +117,7 @@ func TestResolveKeyAsReplaceAll(t *testing.T) {
 		z.compileKey()
 		got := z.Key // a key with no placeholder is itself
 		if !z.fixedKey {
-			got = z.resolveKey(repl)
+			got = z.resolveKey(repl, zap.NewNop())
 		}
 		if want := repl.ReplaceAll(key, ""); got != want {
 			t.Errorf("key %q resolves to %q; ReplaceAll gives %q", key, got, want)

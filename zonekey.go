@@ -29,7 +29,7 @@ func (z *Zone) request(r *http.Request, repl *caddy.Replacer, logger *zap.Logger
 	if z.fixedKey {
 		req = z.fixed
 	} else {
-		key := z.resolveKey(repl)
+		key := z.resolveKey(repl, logger)
 		if key == "" && z.OnEmptyKey == onEmptyKeySkip {
 			return limiter.Request{}, false, nil
 		}
@@ -56,15 +56,34 @@ func (z *Zone) compileKey() {
 }
 
 // resolveKey is the client key of a request: Key with its placeholders
-// replaced, unknown ones by nothing. A key that is one placeholder is
-// that placeholder's value as ReplaceAll would write it (caddy.ToString),
-// taken without building a string around it.
-func (z *Zone) resolveKey(repl *caddy.Replacer) string {
+// replaced, unknown ones by nothing (logged once per zone: a key that
+// resolves to nothing puts the requests in one bucket). A key that is one
+// placeholder is that placeholder's value as ReplaceAll would write it
+// (caddy.ToString), taken without building a string around it.
+func (z *Zone) resolveKey(repl *caddy.Replacer, logger *zap.Logger) string {
 	if z.placeholder == "" {
-		return repl.ReplaceAll(z.Key, "")
+		key, err := repl.ReplaceOrErr(z.Key, false, true)
+		if err != nil {
+			z.warnUnknownKey(logger, err)
+			key = repl.ReplaceAll(z.Key, "")
+		}
+		return key
 	}
-	v, _ := repl.Get(z.placeholder)
+	v, known := repl.Get(z.placeholder)
+	if !known {
+		z.warnUnknownKey(logger, fmt.Errorf("unknown placeholder {%s}", z.placeholder))
+	}
 	return caddy.ToString(v)
+}
+
+// warnUnknownKey logs, once per zone, that a placeholder of its key was
+// unknown for a request (no handler before this one set it).
+func (z *Zone) warnUnknownKey(logger *zap.Logger, err error) {
+	if z.warned[fieldKey].CompareAndSwap(false, true) {
+		logger.Warn("a placeholder of the zone's key is unknown for a request, and resolves to nothing: "+
+			"requests without it share one bucket; check its name, and that the handler that sets it runs before rate_limit (logged once per zone)",
+			zap.String("zone", z.name), zap.String("key", z.Key), zap.Error(err))
+	}
 }
 
 // bucket is the store request for the bucket of a resolved client key in
