@@ -129,7 +129,7 @@ func TestGrafanaDashboard(t *testing.T) {
 	}
 	for _, m := range []string{"caddy_rate_limit_decisions_total", "caddy_rate_limit_store_duration_seconds_bucket",
 		"caddy_rate_limit_store_errors_total", "caddy_rate_limit_script_errors_total", "caddy_rate_limit_circuit_breaker_open",
-		"caddy_rate_limit_local_cache_hits_total", "caddy_rate_limit_bans_total"} {
+		"caddy_rate_limit_local_cache_hits_total", "caddy_rate_limit_bans_total", "caddy_rate_limit_store_error_decisions_total"} {
 		if !used[m] {
 			t.Errorf("the dashboard does not show %s", m)
 		}

@@ -20,6 +20,9 @@ import (
 var metrics = struct {
 	once         sync.Once
 	decisions    *prometheus.CounterVec
+	// fallbackDecisions: the decisions of on_store_error, by what it
+	// decided.
+	fallbackDecisions *prometheus.CounterVec
 	storeLatency *prometheus.HistogramVec
 	storeErrors  *prometheus.CounterVec
 	breakerOpen  *prometheus.GaugeVec
@@ -47,6 +50,9 @@ func initMetrics() {
 	metrics.decisions = counterVec("decisions_total",
 		"Decisions by zone and result: allowed, denied, banned, dry_run (a dry-run zone would have refused), store_error (decided by on_store_error).",
 		"zone", "result")
+	metrics.fallbackDecisions = counterVec("store_error_decisions_total",
+		"Decisions made by on_store_error (counted as store_error in decisions_total), by zone and what it decided: allowed or denied. With local, the memory store's decision; allow allows every request, deny denies every one.",
+		"zone", "decision")
 	metrics.storeLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
 		Help:    "Time a decision took in its store (memory or redis), errors included.",
@@ -81,7 +87,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.scriptErrors, metrics.cacheHits, metrics.bans, metrics.jwksFetches, metrics.jwksAge, metrics.memoryEvictions} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.fallbackDecisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.scriptErrors, metrics.cacheHits, metrics.bans, metrics.jwksFetches, metrics.jwksAge, metrics.memoryEvictions} {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
 			return err
@@ -106,6 +112,9 @@ func (h *Handler) record(zones []*Zone, v *limiter.Verdict) {
 		}
 		if result := resultOf(state, v.CallOf(i)); result >= 0 && !z.noMetrics {
 			z.counters.get(z.name, result).Inc()
+			if result == storeErrorIndex {
+				z.counters.fallback(z.name, state.Refuses() || state == limiter.WouldRefuse).Inc()
+			}
 		}
 	}
 }
@@ -162,7 +171,9 @@ var resultNames = [...]string{allowedIndex: "allowed", deniedIndex: "denied", dr
 // decisionCounters are a zone's series of decisions_total, by result, each
 // looked up in the vector when first counted (as WithLabelValues would
 // per request: the labels hashed, the vector's lock taken), then kept.
-type decisionCounters [len(resultNames)]atomic.Pointer[prometheus.Counter]
+// The series of store_error_decisions_total come after them, allowed
+// then denied.
+type decisionCounters [len(resultNames) + 2]atomic.Pointer[prometheus.Counter]
 
 func (c *decisionCounters) get(zone string, result int) prometheus.Counter {
 	if p := c[result].Load(); p != nil {
@@ -170,6 +181,21 @@ func (c *decisionCounters) get(zone string, result int) prometheus.Counter {
 	}
 	counter := metrics.decisions.WithLabelValues(zone, resultNames[result])
 	c[result].Store(&counter)
+	return counter
+}
+
+// fallback is the zone's series of store_error_decisions_total for a
+// decision of on_store_error: denied, or allowed.
+func (c *decisionCounters) fallback(zone string, denied bool) prometheus.Counter {
+	i, decision := len(resultNames), "allowed"
+	if denied {
+		i, decision = i+1, "denied"
+	}
+	if p := c[i].Load(); p != nil {
+		return *p
+	}
+	counter := metrics.fallbackDecisions.WithLabelValues(zone, decision)
+	c[i].Store(&counter)
 	return counter
 }
 
@@ -215,10 +241,10 @@ func (e decisionEvents) ScriptFailed(err error, loud bool) {
 	e.logger.Debug("rate limit script failed for a request", zap.Error(err))
 }
 
-// BanStarted counts and logs a ban.
-func (e decisionEvents) BanStarted(zone string, left time.Duration) {
+// BanStarted counts a ban (the handler logs it with its request:
+// refusallog.go).
+func (e decisionEvents) BanStarted(zone string, _ time.Duration) {
 	metrics.bans.WithLabelValues(zone).Inc()
-	e.logger.Info("client banned", zap.String("zone", zone), zap.Duration("for", left))
 }
 
 // Debug logs at debug level.

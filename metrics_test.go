@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -40,4 +41,36 @@ func metricCount(t *testing.T, zone string) float64 {
 		sum += testutil.ToFloat64(c)
 	}
 	return sum
+}
+
+// TestFallbackDecisionsCounted: while Redis fails, decisions_total counts
+// store_error, and store_error_decisions_total what on_store_error
+// decided: with local, the memory store's allowed and denied.
+func TestFallbackDecisionsCounted(t *testing.T) {
+	for _, mode := range []string{"local", "deny", "allow"} {
+		zone := "fallback_" + mode
+		h := &Handler{Zones: map[string]*Zone{zone: {Key: "{http.request.header.X-Key}", Rate: "1r/m", Burst: "2"}},
+			Redis: &RedisConfig{Addresses: []string{"127.0.0.1:1"}}, OnStoreError: &StoreErrorPolicy{Mode: mode}} // nothing listens
+		if err := provision(t, h); err != nil {
+			t.Fatal(err)
+		}
+		for range 5 {
+			serve(h, keyRequest("k"))
+		}
+		count := func(vec interface {
+			GetMetricWithLabelValues(...string) (prometheus.Counter, error)
+		}, labels ...string) float64 {
+			c, err := vec.GetMetricWithLabelValues(labels...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return testutil.ToFloat64(c)
+		}
+		want := map[string][2]float64{"local": {2, 3}, "deny": {0, 5}, "allow": {5, 0}}[mode]
+		allowed, denied := count(metrics.fallbackDecisions, zone, "allowed"), count(metrics.fallbackDecisions, zone, "denied")
+		if allowed != want[0] || denied != want[1] || count(metrics.decisions, zone, "store_error") != 5 {
+			t.Errorf("%s: store_error_decisions_total allowed %v, denied %v, decisions_total store_error %v; want %v, 5",
+				mode, allowed, denied, count(metrics.decisions, zone, "store_error"), want)
+		}
+	}
 }

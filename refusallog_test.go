@@ -170,3 +170,34 @@ func TestDryRunLoggedAtInfo(t *testing.T) {
 		t.Fatalf("line %v; want zone new_rule, client_ip 10.0.0.1", got)
 	}
 }
+
+// TestBanLogged: the refusal that starts a ban is logged once at info
+// level with the zone, the client's address and the ban's length; the
+// key only with log_keys.
+func TestBanLogged(t *testing.T) {
+	for _, logKeys := range []bool{false, true} {
+		core, logs := observer.New(zap.InfoLevel)
+		h := &Handler{logger: zap.New(core), LogKeys: logKeys, Zones: map[string]*Zone{"login": {Key: "{http.request.header.X-Key}", Rate: "1r/m",
+			Ban: &BanConfig{After: 2, Within: caddy.Duration(time.Minute), For: caddy.Duration(time.Hour)}}}}
+		h.now = (&fakeClock{t: time.Unix(1_700_000_000, 0)}).Now
+		if err := provision(t, h); err != nil {
+			t.Fatal(err)
+		}
+		r := keyRequest(fmt.Sprint("secret-key-", logKeys)) // the memory store outlives the handler
+		r.RemoteAddr = "192.0.2.7:1234"
+		for range 5 {
+			serve(h, r)
+		}
+		l := logs.FilterMessage("client banned").All()
+		if len(l) != 1 {
+			t.Fatalf("ban lines %v; want one", logs.All())
+		}
+		f := l[0].ContextMap()
+		if f["zone"] != "login" || f["client_ip"] != "192.0.2.7" || f["for"] != time.Hour {
+			t.Errorf("ban line %v; want zone login, client_ip 192.0.2.7, for 1h", f)
+		}
+		if _, ok := f["key"]; ok != logKeys {
+			t.Errorf("log_keys %t: ban line %v", logKeys, f)
+		}
+	}
+}

@@ -47,6 +47,9 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp
 	if h.dryRefusals != nil {
 		h.reportDryRun(r, zones, v) // refusallog.go
 	}
+	if v.BansStarted() {
+		h.reportBans(r, zones, v) // refusallog.go
+	}
 	dry := h.dryRunOutcome(zones, v)
 	i := v.Shown(false)
 	if i < 0 { // no enforced zone decided: only dry-run ones, or on_store_error allow or deny

@@ -128,6 +128,16 @@ func (v *Verdict) Refused() bool {
 	return false
 }
 
+// BansStarted reports whether a zone's refusal started a ban.
+func (v *Verdict) BansStarted() bool {
+	for _, s := range v.States {
+		if s == BanStarted {
+			return true
+		}
+	}
+	return false
+}
+
 // Shown is the index of the zone whose decision the client is shown,
 // among the enforced zones (dryRun false) or the dry-run ones: the most
 // restrictive decided zone, or -1 when none is decided.
