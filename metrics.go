@@ -18,19 +18,19 @@ import (
 // Labels are bounded by the config: zone names, results, store kinds;
 // never client keys.
 var metrics = struct {
-	once         sync.Once
-	decisions    *prometheus.CounterVec
+	once      sync.Once
+	decisions *prometheus.CounterVec
 	// fallbackDecisions: the decisions of on_store_error, by what it
 	// decided.
 	fallbackDecisions *prometheus.CounterVec
-	storeLatency *prometheus.HistogramVec
-	storeErrors  *prometheus.CounterVec
-	breakerOpen  *prometheus.GaugeVec
-	scriptErrors prometheus.Counter
-	cacheHits    *prometheus.CounterVec
-	bans         *prometheus.CounterVec
-	jwksFetches  *prometheus.CounterVec
-	jwksAge      prometheus.Collector
+	storeLatency      *prometheus.HistogramVec
+	storeErrors       *prometheus.CounterVec
+	breakerOpen       *prometheus.GaugeVec
+	scriptErrors      prometheus.Counter
+	cacheHits         *prometheus.CounterVec
+	bans              *prometheus.CounterVec
+	jwksFetches       *prometheus.CounterVec
+	jwksAge           prometheus.Collector
 	// memoryEvictions: buckets the memory stores evicted, being full.
 	memoryEvictions prometheus.Counter
 }{}
