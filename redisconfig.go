@@ -114,9 +114,13 @@ const localCacheMaxAge = 5 * time.Second
 const minKeySecret = 16
 
 // keyHasher is the hasher of the client keys' digests: keyed by KeySecret
-// when set, else nil (SHA-256); nil without Redis.
+// when set, else nil (SHA-256); without Redis, the process's own
+// (limiter.ProcessKeyHasher: digests of the memory store alone).
 func (c *RedisConfig) keyHasher() (*limiter.KeyHasher, error) {
-	if c == nil || c.KeySecret == "" {
+	switch {
+	case c == nil: // the memory store alone: its digests never leave the process
+		return limiter.ProcessKeyHasher, nil
+	case c.KeySecret == "":
 		return nil, nil
 	}
 	// A placeholder that is unknown (a typo, or the Caddyfile's {$VAR} in

@@ -3,6 +3,7 @@ package limiter
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"fmt"
 	"sync"
 	"testing"
 )
@@ -53,4 +54,32 @@ func BenchmarkKeyHash(b *testing.B) {
 			h.Sum(key)
 		}
 	})
+	b.Run("process", func(b *testing.B) { // the memory store alone
+		b.ReportAllocs()
+		for b.Loop() {
+			ProcessKeyHasher.Sum(key)
+		}
+	})
+}
+
+// TestProcessKeyHasher: the memory store's digests are stable within the
+// process, differ between keys, and are not SHA-256's (which Redis key
+// names use, the same in every instance).
+func TestProcessKeyHasher(t *testing.T) {
+	h := ProcessKeyHasher
+	seen := map[[16]byte]string{}
+	for i := range 100000 {
+		k := fmt.Sprint("client-", i)
+		d := h.Sum(k)
+		if d != h.Sum(k) {
+			t.Fatalf("%q: two digests", k)
+		}
+		if other, dup := seen[d]; dup {
+			t.Fatalf("%q and %q share a digest", k, other)
+		}
+		seen[d] = k
+	}
+	if h.Sum("a") == KeyHash("a") || h.Sum("") == h.Sum("\x00") {
+		t.Fatal("process digests are SHA-256's, or blind to a NUL")
+	}
 }
