@@ -9,12 +9,14 @@
 # servers it uses (masters and replicas) spent per request, from /proc and
 # INFO cpu: the figures of the README's capacity plan.
 #
-# Routes: plain; memory (allowed, refused); standalone Redis (64 keys);
+# Routes: plain; memory (allowed, allowed with headers none, refused);
+# standalone Redis (64 keys);
 # Redis Cluster of 3 masters (one key, 10,000 keys, refused); and
 # mholt/caddy-ratelimit (allowed, refused: its own Caddy, of the same
 # version), built as its users build it (xcaddy build --with
-# github.com/mholt/caddy-ratelimit) or taken from $CRL_CADDY; when it cannot
-# be built (the module proxy does not serve it), the script says so and
+# github.com/mholt/caddy-ratelimit), else with ../shared/peers/build-caddy-ratelimit.sh
+# (its source, where the module proxy does not serve it), or taken from
+# $CRL_CADDY; when it cannot be built, the script says so and
 # compares with plain Caddy only. Each rep runs
 # every route once (interleaved: plain, then each route), with
 # `wrk -t2 -c<connections>`; the ratio to plain is computed per rep (against
@@ -71,7 +73,10 @@ CADDY_VERSION=$(./caddy version | cut -d' ' -f1)
 CRL_CADDY=${CRL_CADDY:-}
 if [ -z "$CRL_CADDY" ]; then
 	XCADDY=$(type -P xcaddy || echo "$(go env GOPATH)/bin/xcaddy")
+	PEERS=../shared/peers/build-caddy-ratelimit.sh # its source, where the module proxy does not serve it
 	if (cd "$TMP" && "$XCADDY" build "$CADDY_VERSION" --with github.com/mholt/caddy-ratelimit --output "$TMP/caddy-crl") >"$TMP/crl-build.log" 2>&1; then
+		CRL_CADDY=$TMP/caddy-crl
+	elif [ -x "$PEERS" ] && "$PEERS" "$TMP/caddy-crl" >>"$TMP/crl-build.log" 2>&1; then
 		CRL_CADDY=$TMP/caddy-crl
 	else
 		echo "mholt/caddy-ratelimit: not built, compared with plain Caddy only: $(grep -m1 -iE 'forbidden|not available|error|fatal' "$TMP/crl-build.log" || tail -1 "$TMP/crl-build.log")"
@@ -90,7 +95,7 @@ CLUSTER=${RL_REDIS_CLUSTER//,/ }
 
 ADMIN=$(free_port)
 declare -A PORT
-ROUTES=(plain memory memory_refused standalone cluster_1key cluster_10k cluster_refused)
+ROUTES=(plain memory memory_noheaders memory_refused standalone cluster_1key cluster_10k cluster_refused)
 [ -z "$CRL_CADDY" ] || ROUTES+=(crl crl_refused)
 for r in "${ROUTES[@]}"; do PORT[$r]=$(free_port); done
 open='zone api {
@@ -110,6 +115,8 @@ redis() { printf 'redis {\n\t\t\taddresses %s\n\t\t\ttimeout 1s\n\t\t}\n\t\ton_s
 	printf '{\n\tadmin 127.0.0.1:%s\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n' "$ADMIN"
 	printf 'http://127.0.0.1:%s {\n\trespond "ok"\n}\n' "${PORT[plain]}"
 	site memory "$open"
+	site memory_noheaders "headers none
+		$open"
 	site memory_refused "$closed"
 	site standalone "$(redis "$RL_REDIS_STANDALONE" "$open")"
 	site cluster_1key "$(redis "$CLUSTER" "$open")"
@@ -196,6 +203,8 @@ run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 		"$(awk -v c="$ccpu" -v n="$reqs" 'BEGIN { printf "%.1f", c * 1e6 / n }')" \
 		"$(awk -v c="$rcpu" -v n="$reqs" 'BEGIN { printf "%.1f", c * 1e6 / n }')"
 	echo "$rps" >"$TMP/$2.$1"
+	awk -v c="$ccpu" -v n="$reqs" 'BEGIN { printf "%.2f\n", c * 1e6 / n }' >"$TMP/$2.$1.caddy"
+	awk -v c="$rcpu" -v n="$reqs" 'BEGIN { printf "%.2f\n", c * 1e6 / n }' >"$TMP/$2.$1.redis"
 	[ -z "$prof" ] || wait "$prof" # the profile
 }
 
@@ -206,14 +215,18 @@ for rep in $(seq "$REPS"); do
 done
 
 echo
-echo "ratio to plain Caddy: per rep (against that rep's plain run), then the median"
-for r in "${ROUTES[@]:1}"; do
-	ratios=()
+median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+echo "medians of the $REPS reps: the ratio to plain (per rep, against that rep's plain run), CPU per request"
+echo "of Caddy, its extra over plain (per rep, against that rep's plain run) and of Redis, in µs"
+printf '%-16s %-22s %6s %10s %10s %10s\n' route "ratio per rep" ratio caddy extra redis
+for r in "${ROUTES[@]}"; do
+	ratios=() extras=()
 	for rep in $(seq "$REPS"); do
 		ratios+=("$(awk -v a="$(cat "$TMP/$r.$rep")" -v p="$(cat "$TMP/plain.$rep")" 'BEGIN { printf "%.2f", a / p }')")
+		extras+=("$(awk -v a="$(cat "$TMP/$r.$rep.caddy")" -v p="$(cat "$TMP/plain.$rep.caddy")" 'BEGIN { printf "%.2f", a - p }')")
 	done
-	median=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
-	printf '%-16s %s  median %s\n' "$r" "${ratios[*]}" "$median"
+	printf '%-16s %-22s %6s %10s %10s %10s\n' "$r" "${ratios[*]}" "$(printf '%s\n' "${ratios[@]}" | median)" \
+		"$(cat "$TMP/$r".*.caddy | median)" "$(printf '%s\n' "${extras[@]}" | median)" "$(cat "$TMP/$r".*.redis | median)"
 done
 
 # Constant rate: half, a quarter, then an eighth of plain's peak as vegeta
