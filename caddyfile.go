@@ -103,7 +103,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	err := cmp.Or(parseBlock(d, "", h, handlerOptions), h.refuseDistributedCaddyfile())
+	err := cmp.Or(parseBlock(d, "", h, handlerOptions), h.refuseDistributedCaddyfile(), checkConstantKeys(h))
 	if err == nil && len(h.Zones) == 0 {
 		err = d.Err("rate_limit needs at least one zone")
 	}

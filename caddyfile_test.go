@@ -120,6 +120,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		// An error about two options points at the second of them.
 		{"rate after max_concurrent", zone("\t\t\tmax_concurrent 5\n\t\t\tkey k\n\t\t\trate 1r/s"), `nodelay and ban do not apply, at Caddyfile:6`},
 		{"algorithm after nodelay", zone("\t\t\trate 1r/s\n\t\t\tnodelay\n\t\t\talgorithm fixed_window\n\t\t\tkey k"), `zone "api": nodelay applies to leaky_bucket only, at Caddyfile:6`},
+		{"burst before rate", zone("\t\t\tkey k\n\t\t\talgorithm fixed_window\n\t\t\tburst 5\n\t\t\trate 10r/s"), `its limit is N of the rate per window, at Caddyfile:6`},
+		{"log over its cap, key last", zone("\t\t\trate 20000r/s\n\t\t\talgorithm sliding_window_log\n\t\t\tkey k"), `use sliding_window_counter, at Caddyfile:5`},
 		{"zero rate", zone("\t\t\tkey k\n\t\t\trate 0r/s"), `out of range [1, 1099511627776]; write 10r/s, 1r/2s or 30r/m, at Caddyfile:5`},
 		{"negative rate", zone("\t\t\tkey k\n\t\t\trate -1r/s"), `-1 is out of range [1, 1099511627776]; write 10r/s, 1r/2s or 30r/m, at Caddyfile:5`},
 		{"unparseable rate", zone("\t\t\tkey k\n\t\t\trate fast"), `rate "fast": want <N>r/<s|m|h|d>, such as 10r/s, 1r/2s or 30r/m, at Caddyfile:5`},

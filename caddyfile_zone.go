@@ -4,8 +4,9 @@ package ratelimit
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
-	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -62,31 +63,49 @@ func (z *Zone) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// checkConstantKeys refuses, in a handler without Redis, a zone key that
+// is the same for every request (see checkConstantKey), at its line. With
+// Redis, a key such as {system.hostname} is one bucket per instance.
+func checkConstantKeys(h *Handler) error {
+	if h.Redis != nil {
+		return nil
+	}
+	for _, name := range sortedNames(h.Zones) {
+		z := h.Zones[name]
+		if err := checkConstantKey(z.Key); err != nil {
+			at := z.at
+			for _, tok := range z.subdirectives {
+				if tok.Text == "key" {
+					at = tok
+				}
+			}
+			d := caddyfile.NewDispenser([]caddyfile.Token{at})
+			d.Next()
+			return d.Errf("zone %q: %v", name, err)
+		}
+	}
+	return nil
+}
+
 // saw records a subdirective of the zone's block, for blame.
 func (z *Zone) saw(tok caddyfile.Token) { z.subdirectives = append(z.subdirectives, tok) }
 
 // blame is where an error of check points: at the last of the
-// subdirectives it names (the second of two that conflict), an algorithm
-// named standing for the algorithm line; else at the zone's line, first.
+// subdirectives it is about (the second of two that conflict); else, or
+// when none of them is written, at the zone's line, first.
 func (z *Zone) blame(err error, first caddyfile.Token) caddyfile.Token {
-	named := map[string]bool{}
-	for _, w := range optionWord.FindAllString(err.Error(), -1) {
-		named[w] = true
-		if _, algo := limiter.ParseAlgorithm(w); algo == nil {
-			named["algorithm"] = true
-		}
+	var ab *aboutError
+	if !errors.As(err, &ab) {
+		return first
 	}
 	at := first
 	for _, tok := range z.subdirectives {
-		if named[tok.Text] {
+		if slices.Contains(ab.options, tok.Text) {
 			at = tok
 		}
 	}
 	return at
 }
-
-// optionWord finds the words of an error that may name a subdirective.
-var optionWord = regexp.MustCompile(`[a-z][a-z0-9_]*`)
 
 // zoneOptions parse the subdirectives of a zone block, one each.
 var zoneOptions = map[string]func(*caddyfile.Dispenser, *Zone) error{
@@ -198,7 +217,7 @@ func parseZoneKey(d *caddyfile.Dispenser, z *Zone) error {
 	if err := oneArg(d, &z.Key); err != nil {
 		return err
 	}
-	if err := cmp.Or(checkPlaceholders("key", z.Key), checkConstantKey(z.Key)); err != nil {
+	if err := checkPlaceholders("key", z.Key); err != nil {
 		return d.Errf("zone %q: %v", z.name, err)
 	}
 	return nil

@@ -68,16 +68,16 @@ func (z *Zone) checkEvents() error {
 	case z.MaxEvents == 0 && z.Window == 0:
 		return nil
 	case z.Rate != "":
-		return fmt.Errorf("rate and events/window both set the limit: use one of them")
+		return about(fmt.Errorf("rate and events/window both set the limit: use one of them"), "rate", "events")
 	case z.MaxEvents < 1:
-		return fmt.Errorf("window needs events (JSON max_events): a number of at least 1")
+		return about(fmt.Errorf("window needs events (JSON max_events): a number of at least 1"), "window")
 	case z.Window == 0:
-		return fmt.Errorf("events %d needs a window: events <N> with window <duration>", z.MaxEvents)
+		return about(fmt.Errorf("events %d needs a window: events <N> with window <duration>", z.MaxEvents), "events")
 	case time.Duration(z.Window) < time.Millisecond || time.Duration(z.Window) > limiter.MaxPeriod:
-		return fmt.Errorf("window %s: want 1ms to 100 years", time.Duration(z.Window))
+		return about(fmt.Errorf("window %s: want 1ms to 100 years", time.Duration(z.Window)), "window")
 	case z.Algorithm == "" && z.MaxEvents > maxLogLimit:
-		return fmt.Errorf("events %d: the sliding log keeps one entry per event, at most %d per key; "+
-			"for more, add algorithm sliding_window_counter (two counters, close to exact)", z.MaxEvents, maxLogLimit)
+		return about(fmt.Errorf("events %d: the sliding log keeps one entry per event, at most %d per key; "+
+			"for more, add algorithm sliding_window_counter (two counters, close to exact)", z.MaxEvents, maxLogLimit), "events")
 	}
 	return nil
 }

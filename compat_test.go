@@ -466,7 +466,7 @@ func TestCaddyfileCompatErrors(t *testing.T) {
 		return ":8080 {\n\trate_limit {\n\t\t" + line + "\n\t\tzone z {\n\t\t\trate 1r/s\n\t\t}\n\t}\n}\n"
 	}
 	cases := []struct{ name, src, want string }{
-		{"rate and events", zone("\t\t\trate 1r/s\n\t\t\tevents 5\n\t\t\twindow 1m"), `zone "api": rate and events/window both set the limit: use one of them, at Caddyfile:6`},
+		{"rate and events", zone("\t\t\trate 1r/s\n\t\t\tevents 5\n\t\t\twindow 1m"), `zone "api": rate and events/window both set the limit: use one of them, at Caddyfile:5`},
 		{"events without window", zone("\t\t\tevents 5"), `zone "api": events 5 needs a window: events <N> with window <duration>, at Caddyfile:4`},
 		{"window without events", zone("\t\t\twindow 1m"), `zone "api": window needs events (JSON max_events): a number of at least 1, at Caddyfile:4`},
 		{"events zero", zone("\t\t\tevents 0\n\t\t\twindow 1m"), `events "0": want a whole number of at least 1, at Caddyfile:4`},

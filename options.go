@@ -42,3 +42,17 @@ func checkRange(field string, n, lo, hi int) error {
 	}
 	return nil
 }
+
+// aboutError is a configuration error about some of a block's
+// subdirectives: a Caddyfile error points at the last of them written
+// (the second of two that conflict).
+type aboutError struct {
+	options []string
+	err     error
+}
+
+func (e *aboutError) Error() string { return e.err.Error() }
+func (e *aboutError) Unwrap() error { return e.err }
+
+// about is err, about options.
+func about(err error, options ...string) error { return &aboutError{options, err} }

@@ -64,7 +64,8 @@ var constantFamilies = []string{"env.", "system.", "time.", "file."}
 
 // checkConstantKey refuses a key whose placeholders are all of
 // constantFamilies: every client would share one bucket, which a zone
-// says with key static, or no key.
+// says with key static, or no key. (Without Redis only: with a Redis that
+// instances share, {system.hostname} is a bucket per instance.)
 func checkConstantKey(key string) error {
 	names := placeholderName.FindAllStringSubmatch(key, -1)
 	for _, m := range names {

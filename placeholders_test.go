@@ -73,6 +73,11 @@ func TestConstantKeyRefused(t *testing.T) {
 			t.Errorf("key %s: %v; want it accepted", key, err)
 		}
 	}
+	// With a Redis that instances share, {system.hostname} is a bucket per instance.
+	withRedis := ":8080 {\n\trate_limit {\n\t\tzone z {\n\t\t\tkey {system.hostname}\n\t\t\trate 1r/s\n\t\t}\n\t\tredis {\n\t\t\taddresses 127.0.0.1:6379\n\t\t}\n\t}\n}\n"
+	if _, err := adapt(t, withRedis); err != nil {
+		t.Errorf("key {system.hostname} with Redis: %v; want it accepted", err)
+	}
 }
 
 // TestUnknownKeyPlaceholderWarned: a key placeholder that the replacer

@@ -82,7 +82,7 @@ func (h *Handler) reportDryRun(r *http.Request, zones []*Zone, v *limiter.Verdic
 
 // reportBans logs at info level each ban that v started: the zone, the
 // client's address as log_refusals writes it, and how long the ban lasts
-// (the key only with LogKeys). A client is banned once per ban, so the
+// (its configured length; the key only with LogKeys). A client is banned once per ban, so the
 // lines need no throttle.
 func (h *Handler) reportBans(r *http.Request, zones []*Zone, v *limiter.Verdict) {
 	for i, s := range v.States {
@@ -91,7 +91,7 @@ func (h *Handler) reportBans(r *http.Request, zones []*Zone, v *limiter.Verdict)
 		}
 		remote, client := clientAddresses(r)
 		fields := []zap.Field{zap.String("zone", zones[i].name), zap.String("client_ip", client), zap.String("remote_ip", remote),
-			zap.Duration("for", v.Decisions[i].RetryAfter)}
+			zap.Duration("for", v.Requests[i].Policy.Ban.For)}
 		if h.LogKeys {
 			fields = append(fields, zap.String("key", v.Requests[i].Key))
 		}

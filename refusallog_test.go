@@ -177,7 +177,7 @@ func TestDryRunLoggedAtInfo(t *testing.T) {
 func TestBanLogged(t *testing.T) {
 	for _, logKeys := range []bool{false, true} {
 		core, logs := observer.New(zap.InfoLevel)
-		h := &Handler{logger: zap.New(core), LogKeys: logKeys, Zones: map[string]*Zone{"login": {Key: "{http.request.header.X-Key}", Rate: "1r/m",
+		h := &Handler{logger: zap.New(core), LogKeys: logKeys, Zones: map[string]*Zone{"login": {Key: "{http.request.header.X-Key}", Rate: "1r/d", // a refusal's own wait is longer than the ban
 			Ban: &BanConfig{After: 2, Within: caddy.Duration(time.Minute), For: caddy.Duration(time.Hour)}}}}
 		h.now = (&fakeClock{t: time.Unix(1_700_000_000, 0)}).Now
 		if err := provision(t, h); err != nil {

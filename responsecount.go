@@ -33,19 +33,19 @@ func (z *Zone) settles() bool { return len(z.CountStatus) > 0 || z.CostFromRespo
 func (z *Zone) checkSettle() error {
 	for _, c := range z.CountStatus {
 		if (c < 1 || c > 5) && (c < 100 || c > 599) {
-			return fmt.Errorf("count_status %d: want a status from 100 to 599, or a class from 1 to 5 (4 for 4xx)", c)
+			return about(fmt.Errorf("count_status %d: want a status from 100 to 599, or a class from 1 to 5 (4 for 4xx)", c), "count_status")
 		}
 	}
 	switch {
 	case z.StripCostHeader && z.CostFromResponse == "":
-		return fmt.Errorf("strip_cost_header needs cost_from_response")
+		return about(fmt.Errorf("strip_cost_header needs cost_from_response"), "cost_from_response")
 	case z.CostFromResponse == "":
 		return nil
 	case strings.ContainsAny(z.CostFromResponse, " \t:{}"):
-		return fmt.Errorf("cost_from_response %q: want a header name", z.CostFromResponse)
+		return about(fmt.Errorf("cost_from_response %q: want a header name", z.CostFromResponse), "cost_from_response")
 	case !z.policy.Algorithm.Debt():
-		return fmt.Errorf("cost_from_response charges after the response, into debt if need be: "+
-			"it needs token_bucket or leaky_bucket, not %s", z.policy.Algorithm)
+		return about(fmt.Errorf("cost_from_response charges after the response, into debt if need be: "+
+			"it needs token_bucket or leaky_bucket, not %s", z.policy.Algorithm), "cost_from_response", "algorithm")
 	}
 	return nil
 }

@@ -213,6 +213,9 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 		if err := z.provision(ctx, name); err != nil {
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
+		if err := checkConstantKey(z.Key); err != nil && h.Redis == nil { // with Redis, one bucket per instance
+			return fmt.Errorf("zone %q: %w", name, err)
+		}
 		warnForgeableKey(h.logger, name, z.Key)
 		if _, err := limiter.LocalPolicy(z.policy, h.onError.Instances); err != nil {
 			return fmt.Errorf("zone %q: on_store_error local instances %d: %w", name, h.onError.Instances, err)
@@ -252,9 +255,6 @@ func (z *Zone) provision(ctx caddy.Context, name string) error {
 			return err
 		}
 	}
-	if err := checkConstantKey(z.Key); err != nil {
-		return err
-	}
 	if err := z.check(); err != nil {
 		return err
 	}
@@ -283,7 +283,7 @@ func (z *Zone) check() error {
 	case strings.Trim(z.name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") != "":
 		return fmt.Errorf("zone name %q: use letters, digits, '_', '-' and '.'", z.name)
 	case z.Key == "" && z.OnEmptyKey == onEmptyKeySkip:
-		return fmt.Errorf("on_empty_key skip needs a key: without one, the zone has a single bucket")
+		return about(fmt.Errorf("on_empty_key skip needs a key: without one, the zone has a single bucket"), "on_empty_key")
 	}
 	err := cmp.Or(onEmptyKeyChoices.check("on_empty_key", z.OnEmptyKey),
 		checkRange("ipv4_prefix", z.IPv4Prefix.bits(defaultIPv4Prefix, 32), 1, 32),
@@ -293,7 +293,7 @@ func (z *Zone) check() error {
 	case err != nil:
 		return err
 	case z.MaxConcurrent != 0 && z.settles():
-		return fmt.Errorf("count_status and cost_from_response do not apply to max_concurrent: a slot is given back when the request ends, whatever its response")
+		return about(fmt.Errorf("count_status and cost_from_response do not apply to max_concurrent: a slot is given back when the request ends, whatever its response"), "max_concurrent", "count_status", "cost_from_response")
 	case z.MaxConcurrent != 0:
 		return z.checkConcurrency()
 	case z.Rate == "" && z.MaxEvents == 0:
@@ -331,7 +331,7 @@ func (z *Zone) compilePolicy() error {
 		return err
 	}
 	if z.cost > z.policy.Limit() && !hasPlaceholder(string(z.Burst)) && !hasPlaceholder(z.Rate) {
-		return fmt.Errorf("cost %d is more than the limit, %d: every request would be refused", z.cost, z.policy.Limit())
+		return about(fmt.Errorf("cost %d is more than the limit, %d: every request would be refused", z.cost, z.policy.Limit()), "cost", "rate", "burst", "events")
 	}
 	return checkAlgorithmLimits(z.policy)
 }
@@ -345,7 +345,7 @@ func (z *Zone) staticRate() (int64, time.Duration, error) {
 	rate := z.Rate
 	if hasPlaceholder(rate) {
 		if z.DefaultRate == "" {
-			return 0, 0, fmt.Errorf("rate %q has placeholders: default_rate is required", rate)
+			return 0, 0, about(fmt.Errorf("rate %q has placeholders: default_rate is required", rate), "rate")
 		}
 		rate = z.DefaultRate
 	}
@@ -357,10 +357,10 @@ func (z *Zone) staticRate() (int64, time.Duration, error) {
 func checkAlgorithmLimits(p limiter.Policy) error {
 	switch {
 	case p.Algorithm == limiter.LeakyBucket && !p.NoDelay && time.Duration(float64(p.Burst)*p.Interval()) > maxLeakyWait:
-		return fmt.Errorf("leaky_bucket: burst %d at %s makes requests wait up to %s; at most %s (lower the burst, or use nodelay)",
-			p.Burst, p, time.Duration(float64(p.Burst)*p.Interval()).Round(time.Second), maxLeakyWait)
+		return about(fmt.Errorf("leaky_bucket: burst %d at %s makes requests wait up to %s; at most %s (lower the burst, or use nodelay)",
+			p.Burst, p, time.Duration(float64(p.Burst)*p.Interval()).Round(time.Second), maxLeakyWait), "burst", "rate", "algorithm", "nodelay")
 	case p.Algorithm == limiter.SlidingWindowLog && p.Rate > maxLogLimit:
-		return fmt.Errorf("sliding_window_log: limit %d is over %d entries per key; use sliding_window_counter", p.Rate, maxLogLimit)
+		return about(fmt.Errorf("sliding_window_log: limit %d is over %d entries per key; use sliding_window_counter", p.Rate, maxLogLimit), "rate", "algorithm")
 	}
 	return nil
 }
@@ -378,11 +378,11 @@ func defaultBurst(algo limiter.Algorithm, n int64) int64 {
 func (z *Zone) checkAlgorithmOptions(algo limiter.Algorithm) error {
 	switch {
 	case algo.Windowed() && (z.Burst != "" || z.DefaultBurst != 0):
-		return fmt.Errorf("burst does not apply to %s: its limit is N of the rate per window", algo)
+		return about(fmt.Errorf("burst does not apply to %s: its limit is N of the rate per window", algo), "burst", "algorithm")
 	case z.NoDelay && algo != limiter.LeakyBucket:
-		return fmt.Errorf("nodelay applies to leaky_bucket only")
+		return about(fmt.Errorf("nodelay applies to leaky_bucket only"), "nodelay", "algorithm")
 	case z.Lease != 0:
-		return fmt.Errorf("lease applies to max_concurrent only")
+		return about(fmt.Errorf("lease applies to max_concurrent only"), "lease")
 	}
 	return nil
 }
@@ -390,10 +390,10 @@ func (z *Zone) checkAlgorithmOptions(algo limiter.Algorithm) error {
 // checkConcurrency sets up a zone that limits requests in flight.
 func (z *Zone) checkConcurrency() error {
 	if z.Rate != "" || z.MaxEvents != 0 || z.Window != 0 || z.Algorithm != "" || z.Burst != "" || z.Cost != "" || z.NoDelay || z.Ban != nil {
-		return fmt.Errorf("max_concurrent limits requests in flight: rate, events, window, algorithm, burst, cost, nodelay and ban do not apply")
+		return about(fmt.Errorf("max_concurrent limits requests in flight: rate, events, window, algorithm, burst, cost, nodelay and ban do not apply"), "max_concurrent", "rate", "events", "window", "algorithm", "burst", "cost", "nodelay", "ban")
 	}
 	if z.MaxConcurrent < 0 {
-		return fmt.Errorf("max_concurrent %d: want at least 1", z.MaxConcurrent)
+		return about(fmt.Errorf("max_concurrent %d: want at least 1", z.MaxConcurrent), "max_concurrent")
 	}
 	z.static, z.cost = true, 1
 	z.policy = limiter.Policy{Algorithm: limiter.Concurrency, Burst: z.MaxConcurrent,
@@ -504,7 +504,7 @@ func (b *BanConfig) policy() (limiter.Ban, error) {
 	}
 	ban := limiter.Ban{After: b.After, Within: time.Duration(b.Within), For: time.Duration(b.For)}
 	if b.After < 1 {
-		return ban, fmt.Errorf("ban: after %d: want at least 1 refusal", b.After)
+		return ban, about(fmt.Errorf("ban: after %d: want at least 1 refusal", b.After), "ban")
 	}
 	return ban, ban.Validate()
 }

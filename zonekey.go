@@ -61,28 +61,32 @@ func (z *Zone) compileKey() {
 // placeholder is that placeholder's value as ReplaceAll would write it
 // (caddy.ToString), taken without building a string around it.
 func (z *Zone) resolveKey(repl *caddy.Replacer, logger *zap.Logger) string {
+	warned := z.warned[fieldKey].Load()
 	if z.placeholder == "" {
+		if warned {
+			return repl.ReplaceAll(z.Key, "")
+		}
 		key, err := repl.ReplaceOrErr(z.Key, false, true)
 		if err != nil {
-			z.warnUnknownKey(logger, err)
+			z.warnUnknownKey(logger, err.Error())
 			key = repl.ReplaceAll(z.Key, "")
 		}
 		return key
 	}
 	v, known := repl.Get(z.placeholder)
-	if !known {
-		z.warnUnknownKey(logger, fmt.Errorf("unknown placeholder {%s}", z.placeholder))
+	if !known && !warned {
+		z.warnUnknownKey(logger, "unknown placeholder {"+z.placeholder+"}")
 	}
 	return caddy.ToString(v)
 }
 
 // warnUnknownKey logs, once per zone, that a placeholder of its key was
 // unknown for a request (no handler before this one set it).
-func (z *Zone) warnUnknownKey(logger *zap.Logger, err error) {
+func (z *Zone) warnUnknownKey(logger *zap.Logger, why string) {
 	if z.warned[fieldKey].CompareAndSwap(false, true) {
 		logger.Warn("a placeholder of the zone's key is unknown for a request, and resolves to nothing: "+
 			"requests without it share one bucket; check its name, and that the handler that sets it runs before rate_limit (logged once per zone)",
-			zap.String("zone", z.name), zap.String("key", z.Key), zap.Error(err))
+			zap.String("zone", z.name), zap.String("key", z.Key), zap.String("error", why))
 	}
 }
 

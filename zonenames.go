@@ -1,8 +1,11 @@
 package ratelimit
 
 import (
-	"encoding/json"
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -10,6 +13,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
 // Zone names are global to a store: every handler that names a zone, in
@@ -28,7 +33,7 @@ func (z *Zone) sharedPolicy() string {
 	p := z.policy
 	s := fmt.Sprintf("key=%q %d %d/%d burst %d nodelay=%t lease=%d ban=%d/%d/%d v4=%d v6=%d empty=%q",
 		z.Key, p.Algorithm, p.Rate, p.Period, p.Burst, p.NoDelay, p.Lease, p.Ban.After, p.Ban.Within, p.Ban.For,
-		z.IPv4Prefix.bits(defaultIPv4Prefix, 32), z.IPv6Prefix.bits(defaultIPv6Prefix, 128), z.OnEmptyKey)
+		z.IPv4Prefix.bits(defaultIPv4Prefix, 32), z.IPv6Prefix.bits(defaultIPv6Prefix, 128), cmp.Or(z.OnEmptyKey, onEmptyKeyShared))
 	if hasPlaceholder(z.Rate) { // the policy above is the default's
 		s += fmt.Sprintf(" rate=%q", z.Rate)
 	}
@@ -58,7 +63,12 @@ func (z *Zone) describe(short bool) string {
 	add(z.MaxConcurrent != 0, "max_concurrent %d", z.MaxConcurrent)
 	add(z.Burst != "", "burst %s", z.Burst)
 	add(z.Algorithm != "", "algorithm %s", z.Algorithm)
-	add(z.Ban != nil, "a ban")
+	add(z.NoDelay, "nodelay")
+	add(z.Lease != 0, "lease %s", time.Duration(z.Lease))
+	add(z.Ban != nil, "ban %d %s %s", z.policy.Ban.After, z.policy.Ban.Within, z.policy.Ban.For)
+	add(z.IPv4Prefix != 0, "ipv4_prefix %d", z.IPv4Prefix.bits(defaultIPv4Prefix, 0))
+	add(z.IPv6Prefix != 0, "ipv6_prefix %d", z.IPv6Prefix.bits(defaultIPv6Prefix, 0))
+	add(z.OnEmptyKey != "", "on_empty_key %s", z.OnEmptyKey)
 	return strings.Join(parts, ", ")
 }
 
@@ -72,6 +82,25 @@ var asWritten = func() *strings.Replacer {
 	return strings.NewReplacer(pairs...)
 }()
 
+// namespace names where the buckets of c live: handlers of one namespace
+// share the buckets of a zone name, whatever their connection settings
+// (timeouts, pools, TLS). The memory store is one namespace; a Redis one
+// is its servers, database and key prefix, and its key_secret (a digest).
+func (c *RedisConfig) namespace() string {
+	if c == nil {
+		return "memory"
+	}
+	addrs := slices.Clone(c.Addresses)
+	slices.Sort(addrs)
+	secret := ""
+	if c.KeySecret != "" {
+		sum := sha256.Sum256([]byte(c.KeySecret))
+		secret = hex.EncodeToString(sum[:8])
+	}
+	return fmt.Sprintf("redis %q cluster=%t master=%q db=%d prefix=%q secret=%s", addrs, c.Cluster, c.MasterName, c.DB,
+		cmp.Or(c.KeyPrefix, limiter.DefaultKeyPrefix), secret)
+}
+
 // zoneSeen is a zone name's first definition in a Caddyfile being adapted.
 type zoneSeen struct {
 	policy, description string
@@ -80,16 +109,16 @@ type zoneSeen struct {
 
 // checkZoneNames refuses, in the Caddyfile being adapted, a zone that
 // reuses the name of an earlier one with another policy (in the same
-// store: the same redis block, or none), at its line.
+// namespace: see namespace), at its line.
 func checkZoneNames(h httpcaddyfile.Helper, rl *Handler) error {
 	seen, _ := h.State["rate_limit.zones"].(map[string]zoneSeen)
 	if seen == nil {
 		seen = make(map[string]zoneSeen)
 		h.State["rate_limit.zones"] = seen
 	}
-	store, _ := json.Marshal(rl.Redis)
+	store := rl.Redis.namespace()
 	for _, name := range sortedNames(rl.Zones) {
-		z, id := rl.Zones[name], name+"\x00"+string(store)
+		z, id := rl.Zones[name], name+"\x00"+store
 		first, ok := seen[id]
 		if !ok {
 			seen[id] = zoneSeen{z.sharedPolicy(), z.describe(true), z.at}
@@ -131,14 +160,14 @@ func (h *Handler) claimZoneNames(config *prometheus.Registry) error {
 	zoneClaims.Lock()
 	defer zoneClaims.Unlock()
 	for _, z := range h.zones {
-		k := zoneClaimKey{config, h.poolKey, z.name}
+		k := zoneClaimKey{config, h.Redis.namespace(), z.name}
 		if c := zoneClaims.m[k]; c != nil && c.policy != z.sharedPolicy() {
 			return fmt.Errorf("zone %q is defined twice in this config with different policies: %s, and %s; zones of one name "+
 				"share their buckets, so define them alike, or give one a name of its own", z.name, c.description, z.describe(false))
 		}
 	}
 	for _, z := range h.zones {
-		k := zoneClaimKey{config, h.poolKey, z.name}
+		k := zoneClaimKey{config, h.Redis.namespace(), z.name}
 		c := zoneClaims.m[k]
 		if c == nil {
 			c = &zoneClaim{policy: z.sharedPolicy(), description: z.describe(false)}

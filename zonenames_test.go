@@ -33,6 +33,21 @@ func TestZoneNameReused(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
+	// One Redis namespace, whatever the connection settings: one bucket.
+	redisBlock := func(extra string) string {
+		return "\t\tredis {\n\t\t\taddresses 127.0.0.1:6379\n" + extra + "\t\t}\n"
+	}
+	_, err = adapt(t, site("a.example", perIP("100r/m")+redisBlock(""))+site("b.example", perIP("3r/m")+redisBlock("\t\t\ttimeout 2s\n")))
+	if err == nil || !strings.Contains(err.Error(), "with another policy") {
+		t.Errorf("one Redis, two timeouts: %v; want the reuse refused", err)
+	}
+	if _, err := adapt(t, site("a.example", perIP("100r/m"))+site("b.example", strings.Replace(perIP("100r/m"), "\t\t}\n", "\t\t\ton_empty_key shared\n\t\t}\n", 1))); err != nil {
+		t.Errorf("on_empty_key shared written out: %v; want it the same policy", err)
+	}
+	_, err = adapt(t, site("a.example", perIP("100r/m"))+site("b.example", strings.Replace(perIP("100r/m"), "\t\t}\n", "\t\t\tipv4_prefix 24\n\t\t}\n", 1)))
+	if err == nil || !strings.Contains(err.Error(), "(key {client_ip}, rate 100r/m, ipv4_prefix 24) reuses") {
+		t.Errorf("another prefix: %v; want the reuse refused, naming the prefix", err)
+	}
 	// A different key or algorithm is another policy too.
 	for name, other := range map[string]string{
 		"key":       strings.Replace(perIP("100r/m"), "{client_ip}", "{http.request.header.X-Key}", 1),
