@@ -98,15 +98,9 @@ declare -A PORT
 ROUTES=(plain memory memory_noheaders memory_refused standalone cluster_1key cluster_10k cluster_refused)
 [ -z "$CRL_CADDY" ] || ROUTES+=(crl crl_refused)
 for r in "${ROUTES[@]}"; do PORT[$r]=$(free_port); done
-open='zone api {
-			key   {http.request.header.X-API-Key}
-			rate  100000000r/s
-		}'
-closed='zone api {
-			key   {http.request.header.X-API-Key}
-			rate  1r/h
-			burst 1
-		}'
+# A zone of each route's own name: zones of one name share their buckets.
+open() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  100000000r/s\n\t\t}' "$1"; }
+closed() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  1r/h\n\t\t\tburst 1\n\t\t}' "$1"; }
 site() { # name, rate_limit body
 	printf 'http://127.0.0.1:%s {\n\trate_limit {\n\t\t%s\n\t}\n\trespond "ok"\n}\n' "${PORT[$1]}" "$2"
 }
@@ -114,19 +108,20 @@ redis() { printf 'redis {\n\t\t\taddresses %s\n\t\t\ttimeout 1s\n\t\t}\n\t\ton_s
 {
 	printf '{\n\tadmin 127.0.0.1:%s\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n' "$ADMIN"
 	printf 'http://127.0.0.1:%s {\n\trespond "ok"\n}\n' "${PORT[plain]}"
-	site memory "$open"
+	site memory "$(open memory)"
 	site memory_noheaders "headers none
-		$open"
-	site memory_refused "$closed"
-	site standalone "$(redis "$RL_REDIS_STANDALONE" "$open")"
-	site cluster_1key "$(redis "$CLUSTER" "$open")"
-	site cluster_10k "$(redis "$CLUSTER" "$open")"
-	site cluster_refused "$(redis "$CLUSTER" "$closed")"
+		$(open memory_noheaders)"
+	site memory_refused "$(closed memory_refused)"
+	site standalone "$(redis "$RL_REDIS_STANDALONE" "$(open standalone)")"
+	site cluster_1key "$(redis "$CLUSTER" "$(open cluster_1key)")"
+	site cluster_10k "$(redis "$CLUSTER" "$(open cluster_10k)")"
+	site cluster_refused "$(redis "$CLUSTER" "$(closed cluster_refused)")"
 } >"$TMP/Caddyfile"
 HOME=$TMP XDG_DATA_HOME=$TMP XDG_CONFIG_HOME=$TMP ./caddy run --config "$TMP/Caddyfile" --adapter caddyfile >"$TMP/caddy.log" 2>&1 &
 CADDY_PID=$!
 PIDS+=($CADDY_PID)
 for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/${PORT[cluster_refused]}") 2>/dev/null && break; sleep 0.1; done
+kill -0 "$CADDY_PID" 2>/dev/null || { echo "caddy did not start:"; cat "$TMP/caddy.log"; exit 1; }
 
 # caddy-ratelimit's Caddy: the same routes in its syntax (a sliding log of
 # 10,000 events per second per key: never reached by 64 keys; 1 per hour:
