@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -131,7 +132,7 @@ func (b *batcher) queue(node string, client redis.Cmdable) (*nodeQueue, error) {
 }
 
 // do sends cmds, cmds[i] to the node nodes[i] through clients[i], and waits
-// for their replies, or until ctx ends. Then it returns ctx's error and
+// for their replies, or until ctx ends (a budget: until its deadline). Then it returns ctx's error and
 // which commands were answered; the others must not be read (they may
 // still be answered), nor be sent again.
 func (b *batcher) do(ctx context.Context, nodes []string, clients []redis.Cmdable, cmds []onceCmd) (answered []bool, err error) {
@@ -146,24 +147,32 @@ func (b *batcher) do(ctx context.Context, nodes []string, clients []redis.Cmdabl
 			c.finish(i)
 		}
 	}
+	done, expired := ctx.Done(), (<-chan time.Time)(nil)
+	if b, ok := ctx.(*budget); ok { // no Done: a pooled timer for its deadline
+		t := timers.Get().(*time.Timer)
+		t.Reset(time.Until(b.deadline))
+		defer func() { t.Stop(); timers.Put(t) }()
+		expired = t.C
+	}
 	select {
 	case <-c.done:
 		calls.Put(c)
 		return nil, nil
-	case <-ctx.Done():
-		answered = make([]bool, len(cmds))
-		all := true
-		for i := range answered {
-			answered[i] = c.answered[i].Load()
-			all = all && answered[i]
-		}
-		if all { // answered meanwhile
-			<-c.done
-			calls.Put(c)
-			return nil, nil
-		}
-		return answered, ctx.Err() // c is not reused: its replies may still come
+	case <-done:
+	case <-expired:
 	}
+	answered = make([]bool, len(cmds))
+	all := true
+	for i := range answered {
+		answered[i] = c.answered[i].Load()
+		all = all && answered[i]
+	}
+	if all { // answered meanwhile
+		<-c.done
+		calls.Put(c)
+		return nil, nil
+	}
+	return answered, cmp.Or(ctx.Err(), context.DeadlineExceeded) // c is not reused: its replies may still come
 }
 
 // enqueue pushes item on q, the queue of node; when forget closed q since
@@ -268,7 +277,13 @@ func (q *nodeQueue) send(s *sender, batch []queued) {
 		for _, u := range us {
 			_ = q.pipe.Process(newest, u.cmd)
 		}
-		ctx, cancel := context.WithoutCancel(newest), context.CancelFunc(func() {})
+		// A budget's values are none: the batch needs no parent of the
+		// callers'.
+		parent := context.WithoutCancel(newest)
+		if _, ok := newest.(*budget); ok {
+			parent = context.Background()
+		}
+		ctx, cancel := parent, context.CancelFunc(func() {})
 		if !unbounded {
 			ctx, cancel = context.WithDeadline(ctx, latest)
 		}

@@ -135,7 +135,7 @@ func TestBatchFailsEachOnItsOwn(t *testing.T) {
 }
 
 // TestBatcherCallerTimesOut: a caller waits for its batch no longer than
-// its context, even behind a batch stuck on a hung node.
+// its context or its budget, even behind a batch stuck on a hung node.
 func TestBatcherCallerTimesOut(t *testing.T) {
 	srv := redistest.NewServer(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
@@ -154,6 +154,9 @@ func TestBatcherCallerTimesOut(t *testing.T) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 			defer cancel()
+			if i%2 == 1 { // a decision's budget, as takeRedis gives: no timer of its own
+				ctx = newBudget(150 * time.Millisecond)
+			}
 			start := time.Now()
 			_, err := s.Take(ctx, []Request{{Zone: "z", Key: fmt.Sprint("t", i), Policy: p, Cost: 1}})
 			if err == nil {

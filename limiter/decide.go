@@ -200,11 +200,9 @@ func (l *Limiter) takeRedis(ctx context.Context, now time.Time, reqs []Request, 
 	if d, hit := l.cachedRefusal(reqs, now); hit {
 		return d, nil
 	}
-	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
 	start := time.Now()
-	decisions, err := l.redis.Take(tctx, reqs)
+	decisions, err := l.redis.Take(newBudget(l.timeout), reqs) // budget.go: no timer of its own
 	call.Store, call.Took = "redis", time.Since(start)
-	cancel()
 	var refund *RefundError
 	if errors.As(err, &refund) { // the request is refused either way
 		ev.Debug("refund of a refused request failed; its tokens stay taken", err)

@@ -1,0 +1,69 @@
+package ratelimit
+
+import (
+	"fmt"
+	"net/http"
+	"runtime"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+)
+
+// BenchmarkServeHTTPParallel serves 64 clients at once (64 goroutines
+// each with an API key of its own), as the load test's 64 connections,
+// through the handler alone: with Redis, concurrent decisions are batched
+// as they are under load. Besides ns/op (wall time per request across
+// the goroutines), it reports cpu-ns/op: this process's CPU time (user and
+// system, from getrusage) per request, the gateway's share without
+// net/http, wrk or Redis, which run elsewhere or not at all.
+func BenchmarkServeHTTPParallel(b *testing.B) {
+	b.Run("memory", func(b *testing.B) {
+		runParallelCPU(b, benchHandler(b, "par_mem", "{http.request.header.X-Key}", 1, "1000000000r/s"))
+	})
+	b.Run("redis_standalone", func(b *testing.B) {
+		h := &Handler{Zones: map[string]*Zone{"par_redis": {Key: "{http.request.header.X-Key}", Rate: "1000000000r/s"}},
+			Redis: &RedisConfig{Addresses: []string{redistest.StandaloneAddr(b)}}}
+		if err := provision(b, h); err != nil {
+			b.Fatal(err)
+		}
+		h.logger = infoLogger()
+		runParallelCPU(b, h)
+	})
+}
+
+// runParallelCPU runs h from 64 goroutines and reports cpu-ns/op.
+func runParallelCPU(b *testing.B, h *Handler) {
+	var client atomic.Int64
+	b.SetParallelism(max(64/max(1, testingProcs()), 1))
+	b.ReportAllocs()
+	before := processCPU(b)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		s := newBenchServer(b, h, http.StatusOK)
+		s.r = s.r.Clone(s.r.Context())
+		s.r.Header.Set("X-Key", fmt.Sprint("client-", client.Add(1)))
+		caddyhttp.NewTestReplacer(s.r)
+		for pb.Next() {
+			s.serve(b)
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(processCPU(b)-before)/float64(b.N), "cpu-ns/op")
+}
+
+// processCPU is this process's user and system CPU time so far, in ns.
+func processCPU(b *testing.B) int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
+// testingProcs is GOMAXPROCS, which RunParallel multiplies by the
+// parallelism.
+func testingProcs() int { return runtime.GOMAXPROCS(0) }

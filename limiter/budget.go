@@ -1,0 +1,43 @@
+package limiter
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// A decision's time budget (RedisOptions.Timeout) without a timer or a
+// context tree of its own. context.WithTimeout costs four allocations and
+// a timer per request (the context, its timer, its Done channel and the
+// WithoutCancel parent); a budget is one small value, and whoever must
+// wake at its deadline (batcher.do) waits on a timer from a pool.
+
+// budget is a context that ends at its deadline and is never canceled: a
+// client that leaves does not cut a call short (see takeRedis). Done is
+// nil: batcher.do waits until Deadline on a pooled timer; go-redis sets
+// its connections' deadlines from Deadline (ContextTimeoutEnabled), and a
+// context derived from a budget (refundContext) gets timers of its own.
+type budget struct{ deadline time.Time }
+
+// newBudget is a budget of d from now.
+func newBudget(d time.Duration) *budget { return &budget{deadline: time.Now().Add(d)} }
+
+func (b *budget) Deadline() (time.Time, bool) { return b.deadline, true }
+func (b *budget) Done() <-chan struct{}       { return nil }
+func (b *budget) Value(any) any               { return nil }
+
+// Err is context.DeadlineExceeded once the deadline has passed.
+func (b *budget) Err() error {
+	if !time.Now().Before(b.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// timers are stopped timers that batcher.do waits on (since Go 1.23, a
+// stopped or reset timer delivers no stale tick).
+var timers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
