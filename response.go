@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,7 +65,7 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp
 		return next.ServeHTTP(w, r)
 	}
 	o := h.outcome(zones[i], v.Requests[i], v.Decisions[i])
-	f := h.show(w.Header(), repl, o, dry)
+	f := h.show(r, w.Header(), repl, o, dry)
 	if !o.d.Allowed {
 		h.reportRefusal(r, repl, o) // refusallog.go: placeholder, event, logs
 		return h.refuse(w, &f, o)
@@ -83,8 +84,8 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp
 // refusal first drops the limit headers an outer handler set: none may
 // say that quota is left. It returns the fields, with room for a
 // refusal's.
-func (h *Handler) show(hdr http.Header, repl *caddy.Replacer, o outcome, dry *outcome) headerFields {
-	o.setPlaceholders(repl)
+func (h *Handler) show(r *http.Request, hdr http.Header, repl *caddy.Replacer, o outcome, dry *outcome) headerFields {
+	o.setPlaceholders(r, repl)
 	if !o.d.Allowed {
 		dropLimitHeaders(hdr)
 	}
@@ -154,20 +155,94 @@ func (h *Handler) withJitter(wait time.Duration) time.Duration {
 	return time.Duration(min(float64(wait)+extra, math.MaxInt64/2))
 }
 
-// setPlaceholders sets the {http.rate_limit.*} placeholders; the zone's
-// name and its policy's limit are given as values made once (int64 and
-// string, as ever), so as not to allocate them per request.
-func (o outcome) setPlaceholders(repl *caddy.Replacer) {
-	repl.Set("http.rate_limit.zone", o.z.shown.name)
-	if o.d.Limit == o.text.limit {
-		repl.Set("http.rate_limit.limit", o.text.limitValue)
-	} else {
-		repl.Set("http.rate_limit.limit", o.d.Limit)
+// setPlaceholders sets the {http.rate_limit.*} placeholders of r to o:
+// in the request's shownState, whose provider answers them (a value is
+// boxed only when read); without Caddy's request vars (a test's bare
+// request), in the replacer's own table.
+func (o outcome) setPlaceholders(r *http.Request, repl *caddy.Replacer) {
+	vars, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	if !ok {
+		for _, p := range o.shown().placeholders() {
+			repl.Set(p.name, p.value)
+		}
+		return
 	}
-	repl.Set("http.rate_limit.remaining", o.d.Remaining)
-	repl.Set("http.rate_limit.reset", o.d.ResetUnix())
-	repl.Set("http.rate_limit.exceeded", !o.d.Allowed)
-	repl.Set("http.rate_limit.retry_after", o.retry)
+	st, _ := vars[shownStateVar].(*shownState)
+	if st == nil {
+		st = new(shownState)
+		repl.Map(st.placeholder)
+		vars[shownStateVar] = st
+	}
+	st.mu.Lock()
+	st.shownValues = o.shown()
+	st.mu.Unlock()
+}
+
+// shownStateVar names the request's shownState among Caddy's request vars.
+const shownStateVar = "rate_limit_shown"
+
+// shownState is what a request's {http.rate_limit.*} placeholders show:
+// the decision of the last rate_limit handler that decided it (an inner
+// handler's replaces an outer's). One provider per request answers them.
+type shownState struct {
+	mu sync.Mutex // placeholders may be read from another goroutine (a log)
+	shownValues
+}
+
+// shownValues are the placeholders' values; the zone's name and its
+// policy's limit are values made once (string and int64, as ever).
+type shownValues struct {
+	zone, limit             any
+	remaining, reset, retry int64
+	exceeded                bool
+}
+
+// shown is what o shows in the placeholders.
+func (o outcome) shown() shownValues {
+	v := shownValues{zone: o.z.shown.name, limit: o.text.limitValue, remaining: o.d.Remaining, reset: o.d.ResetUnix(),
+		retry: o.retry, exceeded: !o.d.Allowed}
+	if o.d.Limit != o.text.limit {
+		v.limit = o.d.Limit
+	}
+	return v
+}
+
+// placeholders are v by placeholder name.
+func (v shownValues) placeholders() [6]struct {
+	name  string
+	value any
+} {
+	return [6]struct {
+		name  string
+		value any
+	}{{"http.rate_limit.zone", v.zone}, {"http.rate_limit.limit", v.limit}, {"http.rate_limit.remaining", v.remaining},
+		{"http.rate_limit.reset", v.reset}, {"http.rate_limit.exceeded", v.exceeded}, {"http.rate_limit.retry_after", v.retry}}
+}
+
+// placeholder answers {http.rate_limit.zone}, limit, remaining, reset,
+// exceeded and retry_after; other keys are not its own.
+func (st *shownState) placeholder(key string) (any, bool) {
+	name, ok := strings.CutPrefix(key, "http.rate_limit.")
+	if !ok {
+		return nil, false
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	switch name {
+	case "zone":
+		return st.zone, true
+	case "limit":
+		return st.limit, true
+	case "remaining":
+		return st.remaining, true
+	case "reset":
+		return st.reset, true
+	case "exceeded":
+		return st.exceeded, true
+	case "retry_after":
+		return st.retry, true
+	}
+	return nil, false
 }
 
 // setLimitHeaders sets the headers that the Headers option chooses: what

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -435,5 +436,36 @@ func TestLayeredRefusalShowsNoQuotaLeft(t *testing.T) {
 	}
 	if got := w.Header().Get("X-Ratelimit-Remaining"); got != "0" {
 		t.Errorf("X-RateLimit-Remaining %q; want 0 (the refusing zone's)", got)
+	}
+}
+
+// TestPlaceholdersLayered: in a request with Caddy's vars, the
+// {http.rate_limit.*} placeholders show the decision of the last handler
+// that decided (an inner one's over an outer one's), and read after the
+// handlers return; a refusal's exceeded and retry_after too.
+func TestPlaceholdersLayered(t *testing.T) {
+	outer := &Handler{Zones: map[string]*Zone{"ph_outer": {Key: "{http.request.header.X-Key}", Rate: "100r/m"}}}
+	inner := &Handler{Zones: map[string]*Zone{"ph_inner": {Key: "{http.request.header.X-Key}", Rate: "1r/m"}}}
+	for _, h := range []*Handler{outer, inner} {
+		if err := provision(t, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, want := range []string{"ph_inner 1 0 false 0", "ph_inner 1 0 true 60"} {
+		r := keyRequest("layered")
+		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{}))
+		repl := caddyhttp.NewTestReplacer(r)
+		w := httptest.NewRecorder()
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			return inner.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+		})
+		_ = outer.ServeHTTP(w, r, next)
+		got := repl.ReplaceAll("{http.rate_limit.zone} {http.rate_limit.limit} {http.rate_limit.remaining} {http.rate_limit.exceeded} {http.rate_limit.retry_after}", "")
+		if got != want {
+			t.Errorf("request %d: placeholders %q; want %q", i, got, want)
+		}
+		if reset := repl.ReplaceAll("{http.rate_limit.reset}", ""); len(reset) != 10 {
+			t.Errorf("request %d: reset %q; want Unix seconds", i, reset)
+		}
 	}
 }

@@ -101,7 +101,8 @@ type settlement struct {
 	v     limiter.Verdict // the request's, its decisions copied: settled zones' are replaced
 	idx   []int           // the zones that settle
 	repl  *caddy.Replacer
-	dry   *outcome // what dry-run zones show in the headers, or nil
+	r     *http.Request // the request, for its placeholders (set by serve)
+	dry   *outcome      // what dry-run zones show in the headers, or nil
 	done  bool
 }
 
@@ -131,6 +132,7 @@ func (h *Handler) settlement(zones []*Zone, v *limiter.Verdict, repl *caddy.Repl
 // error's (as Caddy answers it: a HandlerError's status, else 500), or
 // 200.
 func (s *settlement) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	s.r = r
 	sw := &settleWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, s: s}
 	err := next.ServeHTTP(sw, r)
 	if !s.done {
@@ -188,7 +190,7 @@ func (s *settlement) settle(status int, hdr http.Header) {
 	}
 	if len(refund)+len(charge) > 0 {
 		i := s.v.Shown(false)
-		s.h.show(hdr, s.repl, s.h.outcome(s.zones[i], s.v.Requests[i], s.v.Decisions[i]), s.dry)
+		s.h.show(s.r, hdr, s.repl, s.h.outcome(s.zones[i], s.v.Requests[i], s.v.Decisions[i]), s.dry)
 	}
 }
 
