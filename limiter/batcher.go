@@ -259,8 +259,9 @@ func (q *nodeQueue) send(s *sender, batch []queued) {
 	var latest time.Time
 	unbounded := false
 	live := s.live[:0]
+	now := time.Now() // for the budgets: one clock reading per batch
 	for _, it := range batch {
-		if err := it.ctx.Err(); err != nil {
+		if err := ctxErr(it.ctx, now); err != nil {
 			it.cmd.SetErr(fmt.Errorf("%w: %w", errNotSent, err))
 			continue
 		}
@@ -301,6 +302,17 @@ func (q *nodeQueue) send(s *sender, batch []queued) {
 	}
 	clear(live) // let go of the commands
 	s.live = live[:0]
+}
+
+// ctxErr is ctx.Err(), a budget's at now.
+func ctxErr(ctx context.Context, now time.Time) error {
+	if b, ok := ctx.(*budget); ok {
+		if b.expired(now) {
+			return context.DeadlineExceeded
+		}
+		return nil
+	}
+	return ctx.Err()
 }
 
 // sender is the room a flusher's batches reuse.

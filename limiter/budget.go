@@ -17,10 +17,18 @@ import (
 // nil: batcher.do waits until Deadline on a pooled timer; go-redis sets
 // its connections' deadlines from Deadline (ContextTimeoutEnabled), and a
 // context derived from a budget (refundContext) gets timers of its own.
-type budget struct{ deadline time.Time }
+type budget struct{ start, deadline time.Time }
 
 // newBudget is a budget of d from now.
-func newBudget(d time.Duration) *budget { return &budget{deadline: time.Now().Add(d)} }
+func newBudget(d time.Duration) *budget { return budgetFrom(time.Now(), d) }
+
+// budgetFrom is a budget of d from start (a clock reading the caller has).
+func budgetFrom(start time.Time, d time.Duration) *budget {
+	return &budget{start: start, deadline: start.Add(d)}
+}
+
+// expired reports whether the budget is spent at now.
+func (b *budget) expired(now time.Time) bool { return !now.Before(b.deadline) }
 
 func (b *budget) Deadline() (time.Time, bool) { return b.deadline, true }
 func (b *budget) Done() <-chan struct{}       { return nil }
@@ -28,7 +36,7 @@ func (b *budget) Value(any) any               { return nil }
 
 // Err is context.DeadlineExceeded once the deadline has passed.
 func (b *budget) Err() error {
-	if !time.Now().Before(b.deadline) {
+	if b.expired(time.Now()) {
 		return context.DeadlineExceeded
 	}
 	return nil

@@ -201,7 +201,7 @@ func (l *Limiter) takeRedis(ctx context.Context, now time.Time, reqs []Request, 
 		return d, nil
 	}
 	start := time.Now()
-	decisions, err := l.redis.Take(newBudget(l.timeout), reqs) // budget.go: no timer of its own
+	decisions, err := l.redis.Take(budgetFrom(start, l.timeout), reqs) // budget.go: no timer of its own
 	call.Store, call.Took = "redis", time.Since(start)
 	var refund *RefundError
 	if errors.As(err, &refund) { // the request is refused either way

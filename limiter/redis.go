@@ -170,7 +170,10 @@ func (e *RefundError) Unwrap() error { return e.Err }
 // *RefundError. When a run fails (a cluster then reloads its slot map) or
 // a reply is malformed, take returns the error and no decisions.
 func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]Decision, error) {
-	start := time.Now()
+	var start time.Time // a budget knows its own
+	if _, ok := ctx.(*budget); !ok {
+		start = time.Now()
+	}
 	runs := s.scriptRuns(reqs)
 	if err := s.run(ctx, runs, now, "take", reqs); err != nil {
 		s.reloadTopology(err)
@@ -207,6 +210,9 @@ func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]De
 // start under ctx: a time budget of its own, as long as the take's, even
 // when the take's is spent.
 func refundContext(ctx context.Context, start time.Time) (context.Context, context.CancelFunc) {
+	if b, ok := ctx.(*budget); ok {
+		return context.WithTimeout(context.Background(), b.deadline.Sub(b.start))
+	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		return context.WithCancel(context.WithoutCancel(ctx))
