@@ -95,10 +95,17 @@ func TestCompatJSON(t *testing.T) {
 	if err := loadJSON(c, fmt.Sprintf(crlconfigs.TestRateLimits, 60, 10)); err != nil {
 		t.Fatal(err)
 	}
-	for range 10 {
+	// As with caddy-ratelimit: no limit headers on the allowed responses,
+	// and an empty 429 (no handle_errors here) with Retry-After alone.
+	if resp, _ := send(t, c, "GET", "/"); resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Limit") != "" || resp.Header.Get("RateLimit") != "" {
+		t.Errorf("allowed: status %d, headers %v; want 200 without limit headers", resp.StatusCode, resp.Header)
+	}
+	for range 9 {
 		expectRetry(t, c, "GET", 200, "")
 	}
-	expectRetry(t, c, "GET", 429, "60")
+	if body := expectRetry(t, c, "GET", 429, "60"); body != "" {
+		t.Errorf("429 body %q; want caddy-ratelimit's empty one", body)
+	}
 
 	if err := loadJSON(c, fmt.Sprintf(crlconfigs.TestMetrics, 10, 2)); err != nil {
 		t.Fatal(err)
