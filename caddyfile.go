@@ -58,7 +58,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		headers x_ratelimit | ietf | both | none
 //		retry_after_jitter <duration>
 //		log_keys
-//		log_refusals [<interval>]
+//		log_refusals [<interval> | off]
 //		memory_capacity <n>
 //		jitter          <fraction>
 //		log_key
@@ -175,14 +175,22 @@ var handlerOptions = map[string]func(*caddyfile.Dispenser, *Handler) error{
 	"storage":     parseDistributed,
 }
 
-// parseLogRefusals parses: log_refusals [<interval>].
+// parseLogRefusals parses: log_refusals [<interval> | off].
 func parseLogRefusals(d *caddyfile.Dispenser, h *Handler) error {
 	h.LogRefusals = new(RefusalLog)
 	if d.CountRemainingArgs() == 0 {
 		return nil
 	}
+	if d.NextArg() && d.Val() == "off" {
+		h.LogRefusals.Off = true
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		return nil
+	}
+	d.Prev() // the interval, for durationArg
 	var err error
-	h.LogRefusals.Interval, err = durationArg(d, 1, "log_refusals %q: want an interval such as 1m")
+	h.LogRefusals.Interval, err = durationArg(d, 1, "log_refusals %q: want an interval such as 1m, or off")
 	return err
 }
 

@@ -476,7 +476,7 @@ func TestCaddyfileCompatErrors(t *testing.T) {
 		{"jitter over 1", top("jitter 20"), `jitter "20": want a fraction of the wait from 0 to 1 (0.2 adds up to 20%), at Caddyfile:3`},
 		{"jitter word", top("jitter some"), `jitter "some"`},
 		{"sweep_interval", top("sweep_interval never"), `sweep_interval "never": want a positive duration such as 1m, at Caddyfile:3`},
-		{"log_refusals", top("log_refusals often"), `log_refusals "often": want an interval such as 1m, at Caddyfile:3`},
+		{"log_refusals", top("log_refusals often"), `log_refusals "often": want an interval such as 1m, or off, at Caddyfile:3`},
 		{"distributed", top("distributed {\n\t\t\tread_interval 5s\n\t\t}"), "distributed: caddy-ratelimit's distributed rate limiting (instances trading approximate counts through storage) is not supported, and each instance limiting alone in its place would be a silent downgrade. Share one exact limit through Redis: replace distributed and storage with\n\n\tredis {\n\t\taddresses <host:port>\n\t}\n\nin the rate_limit block, at Caddyfile:3"},
 		{"storage redis", top("storage redis cluster {\n\t\t\taddress {\n\t\t\t\t10.0.0.1:6379\n\t\t\t\t10.0.0.2:6379\n\t\t\t}\n\t\t\tpassword secret\n\t\t}"),
 			"storage: caddy-ratelimit's distributed rate limiting (instances trading approximate counts through storage) is not supported, and each instance limiting alone in its place would be a silent downgrade. Share one exact limit through Redis: replace distributed and storage with\n\n\tredis {\n\t\taddresses 10.0.0.1:6379 10.0.0.2:6379\n\t\tcluster\n\t\tpassword {env.REDIS_PASSWORD}\n\t}\n\nin the rate_limit block, at Caddyfile:3"},

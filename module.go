@@ -154,7 +154,8 @@ type Handler struct {
 	// interval. Default: refusals are logged at debug level only; a
 	// handler in caddy-ratelimit's spelling (every zone with events and
 	// window) logs caddy-ratelimit's info line (zone, wait, remote_ip, and
-	// key with LogKeys), at most once a second per client and zone.
+	// key with LogKeys), at most once a second per client and zone. With
+	// off, no info line at all.
 	LogRefusals *RefusalLog `json:"log_refusals,omitempty"`
 
 	// MemoryCapacity is how many buckets this process's memory store keeps,

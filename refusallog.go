@@ -27,6 +27,10 @@ type RefusalLog struct {
 	// client address in the same zone; the refusals between them are not
 	// logged. Default: 1m.
 	Interval caddy.Duration `json:"interval,omitempty"`
+
+	// Off logs no info line for refusals, not even caddy-ratelimit's
+	// (see Handler.LogRefusals); they stay in the debug log.
+	Off bool `json:"off,omitempty"`
 }
 
 const (
@@ -48,7 +52,9 @@ func (h *Handler) provisionRefusals(ctx caddy.Context) error {
 		if every = time.Duration(h.LogRefusals.Interval); every < 0 {
 			return fmt.Errorf("log_refusals: interval %s: want a positive duration", every)
 		}
-		h.refusals = newRefusalThrottle(cmp.Or(every, defaultRefusalLogInterval), refusalLogClients)
+		if !h.LogRefusals.Off {
+			h.refusals = newRefusalThrottle(cmp.Or(every, defaultRefusalLogInterval), refusalLogClients)
+		}
 	}
 	dry := h.DryRun
 	for _, z := range h.Zones {

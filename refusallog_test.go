@@ -201,3 +201,29 @@ func TestBanLogged(t *testing.T) {
 		}
 	}
 }
+
+// TestLogRefusalsOff: log_refusals off writes no info line for refusals,
+// not even caddy-ratelimit's in its spelling; an interval still parses.
+func TestLogRefusalsOff(t *testing.T) {
+	out, err := adapt(t, ":8080 {\n\trate_limit {\n\t\tlog_refusals off\n\t\tzone z {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n")
+	if err != nil || !strings.Contains(out, `"log_refusals":{"off":true}`) {
+		t.Fatalf("adapt: %v\n%s", err, out)
+	}
+	for _, bad := range []string{"log_refusals off 1m", "log_refusals never"} {
+		if _, err := adapt(t, ":8080 {\n\trate_limit {\n\t\t"+bad+"\n\t\tzone z {\n\t\t\trate 1r/s\n\t\t}\n\t}\n}\n"); err == nil {
+			t.Errorf("%s: adapted; want an error", bad)
+		}
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	h := &Handler{logger: zap.New(core), LogRefusals: &RefusalLog{Off: true},
+		Zones: map[string]*Zone{"quiet": {Key: "{http.request.header.X-Key}", MaxEvents: 1, Window: caddy.Duration(time.Minute)}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		serve(h, keyRequest("off"))
+	}
+	if l := logs.FilterMessage("rate limit exceeded").All(); len(l) != 0 {
+		t.Fatalf("log_refusals off: %d refusal lines", len(l))
+	}
+}
