@@ -168,9 +168,12 @@ type Zone struct {
 	// placeholder is the name of the one placeholder that Key is, if so:
 	// its value is the key, without a template to replace.
 	placeholder string
-	shown       zoneShown          // what its responses show, written once (response.go)
-	hasher      *limiter.KeyHasher // digests its client keys (see RedisConfig.KeySecret)
-	counters    decisionCounters   // its decision counters (metrics.go)
+	// header and variable: the placeholder is a request header's (its
+	// canonical name) or a request variable's (its name), read directly.
+	header, variable string
+	shown            zoneShown          // what its responses show, written once (response.go)
+	hasher           *limiter.KeyHasher // digests its client keys (see RedisConfig.KeySecret)
+	counters         decisionCounters   // its decision counters (metrics.go)
 	// subdirectives are the zone block's, as the Caddyfile wrote them,
 	// for the line its errors point at (caddyfile_zone.go).
 	subdirectives []caddyfile.Token

@@ -111,13 +111,13 @@ func TestResolveKeyAsReplaceAll(t *testing.T) {
 	caddyhttp.SetVar(r.Context(), "n", 42)
 	repl.Set("static.number", int64(7))
 	for _, key := range []string{"{http.request.header.X-Key}", "{http.request.header.x-key}", "{http.request.header.X-Twice}",
-		"{http.request.header.Absent}", "{http.request.uri.query.q}", "{http.vars.v}", "{http.vars.n}", "{http.vars.none}",
+		"{http.request.header.Absent}", "{http.request.header.x-twice}", "{http.vars.client_ip}", "{http.request.uri.query.q}", "{http.vars.v}", "{http.vars.n}", "{http.vars.none}",
 		"{static.number}", "{unknown}", "{}", "{a}{b}", "{http.vars.v}-x", "\\{http.vars.v}", "{http.vars.v\\}", "plain", "", "a}b"} {
 		z := &Zone{Key: key}
 		z.compileKey()
 		got := z.Key // a key with no placeholder is itself
 		if !z.fixedKey {
-			got = z.resolveKey(repl, zap.NewNop())
+			got = z.resolveKey(r, repl, zap.NewNop())
 		}
 		if want := repl.ReplaceAll(key, ""); got != want {
 			t.Errorf("key %q resolves to %q; ReplaceAll gives %q", key, got, want)

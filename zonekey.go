@@ -6,11 +6,13 @@ package ratelimit
 import (
 	"fmt"
 	"net/http"
+	"net/textproto"
 	"strings"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/clientkey"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 )
 
@@ -29,7 +31,7 @@ func (z *Zone) request(r *http.Request, repl *caddy.Replacer, logger *zap.Logger
 	if z.fixedKey {
 		req = z.fixed
 	} else {
-		key := z.resolveKey(repl, logger)
+		key := z.resolveKey(r, repl, logger)
 		if key == "" && z.OnEmptyKey == onEmptyKeySkip {
 			return limiter.Request{}, false, nil
 		}
@@ -53,14 +55,32 @@ func (z *Zone) compileKey() {
 	if open && closed && name != "" && !strings.ContainsAny(name, "{}\\") {
 		z.placeholder = name
 	}
+	// Two placeholders read straight from the request, as Caddy's replacer
+	// reads them, without walking its providers: a header, a variable.
+	if field, ok := strings.CutPrefix(z.placeholder, "http.request.header."); ok && field != "" {
+		z.header = textproto.CanonicalMIMEHeaderKey(field)
+	}
+	if v, ok := strings.CutPrefix(z.placeholder, "http.vars."); ok && v != "" {
+		z.variable = v
+	}
 }
 
-// resolveKey is the client key of a request: Key with its placeholders
+// resolveKey is the client key of r: Key with its placeholders
 // replaced, unknown ones by nothing (logged once per zone: a key that
 // resolves to nothing puts the requests in one bucket). A key that is one
 // placeholder is that placeholder's value as ReplaceAll would write it
 // (caddy.ToString), taken without building a string around it.
-func (z *Zone) resolveKey(repl *caddy.Replacer, logger *zap.Logger) string {
+func (z *Zone) resolveKey(r *http.Request, repl *caddy.Replacer, logger *zap.Logger) string {
+	switch {
+	case z.header != "": // as the replacer: the values joined by commas
+		vals := r.Header[z.header]
+		if len(vals) == 1 {
+			return vals[0]
+		}
+		return strings.Join(vals, ",")
+	case z.variable != "":
+		return caddy.ToString(caddyhttp.GetVar(r.Context(), z.variable))
+	}
 	warned := z.warned[fieldKey].Load()
 	if z.placeholder == "" {
 		if warned {
