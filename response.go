@@ -162,8 +162,10 @@ func (h *Handler) withJitter(wait time.Duration) time.Duration {
 func (o outcome) setPlaceholders(r *http.Request, repl *caddy.Replacer) {
 	vars, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	if !ok {
-		for _, p := range o.shown().placeholders() {
-			repl.Set(p.name, p.value)
+		st := &shownState{shownValues: o.shown()}
+		for _, name := range shownNames {
+			v, _ := st.placeholder(name)
+			repl.Set(name, v)
 		}
 		return
 	}
@@ -207,17 +209,9 @@ func (o outcome) shown() shownValues {
 	return v
 }
 
-// placeholders are v by placeholder name.
-func (v shownValues) placeholders() [6]struct {
-	name  string
-	value any
-} {
-	return [6]struct {
-		name  string
-		value any
-	}{{"http.rate_limit.zone", v.zone}, {"http.rate_limit.limit", v.limit}, {"http.rate_limit.remaining", v.remaining},
-		{"http.rate_limit.reset", v.reset}, {"http.rate_limit.exceeded", v.exceeded}, {"http.rate_limit.retry_after", v.retry}}
-}
+// shownNames are the placeholders a shownState answers.
+var shownNames = [...]string{"http.rate_limit.zone", "http.rate_limit.limit", "http.rate_limit.remaining",
+	"http.rate_limit.reset", "http.rate_limit.exceeded", "http.rate_limit.retry_after"}
 
 // placeholder answers {http.rate_limit.zone}, limit, remaining, reset,
 // exceeded and retry_after; other keys are not its own.
