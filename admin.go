@@ -140,6 +140,9 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 		}
 		return writeJSON(w, listZones())
 	}
+	if path == "overrides" || strings.HasPrefix(path, "overrides/") {
+		return serveOverrides(w, r, path)
+	}
 	zone, key, method, err := keyRequestOf(r, path)
 	if err != nil {
 		return err

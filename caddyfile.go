@@ -5,6 +5,7 @@ import (
 	"maps"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -159,6 +160,11 @@ var handlerOptions = map[string]func(*caddyfile.Dispenser, *Handler) error{
 	"headers":            func(d *caddyfile.Dispenser, h *Handler) error { return oneOf(d, &h.Headers, headersChoices) },
 	"retry_after_jitter": parseJitter,
 	"log_refusals":       parseLogRefusals,
+	"overrides_poll": func(d *caddyfile.Dispenser, h *Handler) error {
+		var err error
+		h.OverridesPoll, err = durationArg(d, 100*time.Millisecond, "overrides_poll %q: want an interval of at least 100ms, such as 10s")
+		return err
+	},
 	"memory_capacity": func(d *caddyfile.Dispenser, h *Handler) error {
 		return intArg(d, &h.MemoryCapacity, limiter.MinMemoryCapacity)
 	},

@@ -26,6 +26,7 @@ var metrics = struct {
 	storeLatency      *prometheus.HistogramVec
 	storeErrors       *prometheus.CounterVec
 	breakerOpen       *prometheus.GaugeVec
+	overrides         *prometheus.GaugeVec
 	scriptErrors      prometheus.Counter
 	cacheHits         *prometheus.CounterVec
 	bans              *prometheus.CounterVec
@@ -64,6 +65,10 @@ func initMetrics() {
 		Namespace: ns, Subsystem: sub, Name: "circuit_breaker_open",
 		Help: "1 while the circuit breaker of a Redis node is open (the node is skipped), else 0; node is a cluster master's address, or the configured addresses outside a cluster.",
 	}, []string{"node"})
+	metrics.overrides = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "overrides",
+		Help: "Run-time overrides in force, of zones (scope zone) and of client keys (scope key), by store: memory, or the Redis's configured addresses.",
+	}, []string{"store", "scope"})
 	metrics.scriptErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "script_errors_total",
 		Help: "Requests whose Redis script failed in a Redis that answered (decided by on_store_error, counted toward no breaker).",
@@ -87,7 +92,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.fallbackDecisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.scriptErrors, metrics.cacheHits, metrics.bans, metrics.jwksFetches, metrics.jwksAge, metrics.memoryEvictions} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.fallbackDecisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.overrides, metrics.scriptErrors, metrics.cacheHits, metrics.bans, metrics.jwksFetches, metrics.jwksAge, metrics.memoryEvictions} {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
 			return err

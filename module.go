@@ -171,6 +171,14 @@ type Handler struct {
 	// that one of them sets, or else the default.
 	MemoryCapacity int `json:"memory_capacity,omitempty"`
 
+	// OverridesPoll is how often this instance reads the version of the
+	// run-time overrides in Redis (set through the admin API, at
+	// /rate_limit/overrides), besides the change messages Redis pushes
+	// to it: a message missed heals within this interval. Handlers that
+	// share a Redis share the shortest they set. No effect with the memory
+	// store, whose overrides are this instance's alone. Default: 10s.
+	OverridesPoll caddy.Duration `json:"overrides_poll,omitempty"`
+
 	// RateLimits are zones under caddy-ratelimit's JSON name, with its
 	// fields (key, window, max_events, ipv4_prefix, ipv6_prefix, match);
 	// they join Zones, and a name in both is an error.
@@ -270,6 +278,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err = h.provisionStore(); err != nil {
 		return err
 	}
+	h.provisionOverrides()
 	if err = h.claimZoneNames(ctx.GetMetricsRegistry()); err != nil { // zonenames.go
 		return err
 	}
@@ -342,16 +351,20 @@ func (h *Handler) identify(r *http.Request, repl *caddy.Replacer, s *scratch) ([
 	}
 	reqs, zones := s.reqs[:0], s.zones[:0]
 	var id string
+	set, clock := h.store.overrides.Current(), overrideClock{now: h.now}
 	for _, z := range h.zones {
+		if set != nil && zoneDisabled(set, z, &clock) {
+			continue
+		}
 		req, ok, err := z.request(r, repl, h.logger)
 		if err != nil {
 			s.reqs, s.zones = reqs, zones // for recycle
 			return nil, nil, err
 		}
-		if !ok {
+		req.DryRun = h.DryRun || z.DryRun
+		if !ok || set != nil && !z.override(set, &req, &clock, h.logger) {
 			continue
 		}
-		req.DryRun = h.DryRun || z.DryRun
 		if a := req.Policy.Algorithm; a == limiter.Concurrency || a == limiter.SlidingWindowLog {
 			if id == "" {
 				id = rand.Text() // names this request's slot or log entries

@@ -174,7 +174,8 @@ func (h *Handler) provisionRedis() error {
 // in the metrics and logs, with the cache of refused clients.
 func newSharedRedis(cfg RedisConfig, opts *redis.UniversalOptions) (*sharedStore, error) {
 	s := newSharedStore(strings.Join(cfg.Addresses, ",")) // the label outside a cluster
-	l, err := limiter.NewRedisLimiter(redis.NewUniversalClient(opts), limiter.RedisOptions{
+	client := redis.NewUniversalClient(opts)
+	l, err := limiter.NewRedisLimiter(client, limiter.RedisOptions{
 		KeyPrefix: cfg.KeyPrefix, Timeout: time.Duration(cfg.Timeout),
 		LocalCache: localCacheSize(cfg.LocalCache), LocalCacheMaxAge: localCacheMaxAge,
 	}, s)
@@ -182,6 +183,7 @@ func newSharedRedis(cfg RedisConfig, opts *redis.UniversalOptions) (*sharedStore
 		return nil, err
 	}
 	s.Limiter = l
+	s.overrides = limiter.NewRedisOverrides(client, cmp.Or(cfg.KeyPrefix, limiter.DefaultKeyPrefix), overrideEvents{s})
 	return s, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
@@ -31,12 +32,15 @@ const memoryPoolKey = "memory"
 // its memory store's evictions.
 type sharedStore struct {
 	*limiter.Limiter
+	overrides *limiter.Overrides // the run-time overrides of the zones (overrides.go)
 	logger *zap.Logger
 	whole  string   // a Redis node's label outside a cluster: the addresses
 	nodes  sync.Map // the breakers' node labels shown in metrics
 
 	capacityMu sync.Mutex
 	capacities map[*Handler]int // the memory_capacity of each handler that holds the store and sets one
+	polls      map[*Handler]time.Duration // the overrides_poll of each handler that sets one
+	poll       time.Duration              // the overrides' poll, as last set
 	capacity   atomic.Int64     // the memory store's capacity, as last set
 	watchOnce  sync.Once        // the evictions are watched
 	// evictionLogged is when evictions were last logged (Unix ns);
@@ -56,6 +60,7 @@ func newSharedStore(whole string) *sharedStore {
 func newSharedMemory() (caddy.Destructor, error) {
 	s := newSharedStore("")
 	s.Limiter = limiter.NewMemoryLimiter()
+	s.overrides = limiter.NewMemoryOverrides(overrideEvents{s})
 	return s, nil
 }
 
@@ -65,6 +70,8 @@ func (s *sharedStore) Destruct() error {
 		metrics.breakerOpen.DeleteLabelValues(label.(string))
 		return true
 	})
+	s.overrides.Close()
+	metrics.overrides.DeletePartialMatch(prometheus.Labels{"store": s.label()})
 	return s.Close()
 }
 
@@ -155,6 +162,7 @@ func (h *Handler) releaseStore() error {
 		return nil
 	}
 	h.store.holdCapacity(h, -1)
+	h.store.holdPoll(h, -1)
 	_, err := stores.Delete(h.poolKey)
 	h.poolKey = ""
 	return err

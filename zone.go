@@ -432,11 +432,12 @@ const (
 	fieldPolicy                    // rate and burst together (e.g. a leaky bucket's wait)
 	fieldResponseCost              // cost_from_response's header
 	fieldKey                       // a placeholder of the key unknown for a request
+	fieldOverride                  // an override that gives no valid policy
 	numDynamicFields
 )
 
 func (f dynamicField) String() string {
-	return [...]string{"rate", "burst", "cost", "rate and burst", "cost_from_response", "key"}[f]
+	return [...]string{"rate", "burst", "cost", "rate and burst", "cost_from_response", "key", "override"}[f]
 }
 
 // limits are the zone's policy and cost for one request: the static ones,

@@ -103,6 +103,15 @@ func both(a, b func()) func() {
 // call; it returns the decisions and the release of the slots taken.
 func (l *Limiter) decidePart(ctx context.Context, now time.Time, reqs []Request, c Caller, states []State, call *Call) ([]Decision, func()) {
 	dryRun := reqs[0].DryRun
+	if d, blocked := blocked(now, reqs); blocked {
+		stateOf(d, states)
+		for i := range states {
+			if dryRun && states[i] == Banned {
+				states[i] = WouldRefuse
+			}
+		}
+		return d, nil
+	}
 	if !dryRun {
 		if d, banned := l.banned(ctx, now, reqs, c.Events); banned {
 			stateOf(d, states)
@@ -131,6 +140,27 @@ func (l *Limiter) decidePart(ctx context.Context, now time.Time, reqs []Request,
 	}
 	l.countRefusals(ctx, now, reqs, d, states, c.Events)
 	return d, release
+}
+
+// blocked refuses reqs at now when one of them is blocked (the longest
+// block shows; the other zones are not asked): nothing is charged.
+func blocked(now time.Time, reqs []Request) ([]Decision, bool) {
+	best := -1
+	for i, r := range reqs {
+		if r.Block > 0 && (best < 0 || r.Block > reqs[best].Block) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil, false
+	}
+	if now.IsZero() {
+		now = time.Now()
+	}
+	r := reqs[best]
+	d := make([]Decision, len(reqs))
+	d[best] = Decision{Limit: r.Policy.Limit(), Reset: now.Add(r.Block), RetryAfter: r.Block, Banned: true, At: now}
+	return d, true
 }
 
 // stateOf sets the state of each decision of d: a zero one (Limit 0) was

@@ -36,6 +36,10 @@ type Request struct {
 	// it apart from the others, and it never refuses (its refusal is the
 	// state WouldRefuse). Stores ignore it.
 	DryRun bool
+	// Block, when positive, refuses the request at once, for that long,
+	// whatever its bucket holds, and charges nothing: an operator's block
+	// of the client (an override). Stores ignore it.
+	Block time.Duration
 }
 
 // Store keeps the state of every bucket.

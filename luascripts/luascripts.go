@@ -40,3 +40,13 @@ var (
 	//go:embed ban.lua
 	Ban string
 )
+
+// The overrides' scripts (see limiter/overridesync.go): one writes or
+// deletes an override, drops the expired ones and moves the version on;
+// the other reads the version and every override at once.
+var (
+	//go:embed overrides_write.lua
+	OverridesWrite string
+	//go:embed overrides_read.lua
+	OverridesRead string
+)

@@ -1,0 +1,428 @@
+package ratelimit
+
+// The admin API of the run-time overrides:
+//
+//	GET    /rate_limit/overrides             the overrides in force
+//	PUT    /rate_limit/overrides/<zone>      a zone's override (JSON body)
+//	DELETE /rate_limit/overrides/<zone>      removes it
+//	PUT    /rate_limit/overrides/<zone>/key  a client key's override, the key in the body
+//	DELETE /rate_limit/overrides/<zone>/key  removes it, {"key": ...} or {"key_digest": ...}
+//
+// A change is written to the store of every running handler with a zone
+// of that name (with Redis, for the whole fleet), logged at info level,
+// and emitted as the Caddy event rate_limit_override. A client key travels
+// in the body only, never in the URI, and is kept, listed and logged as
+// its digest.
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+)
+
+// overrideEvent is the Caddy event emitted for every change of an override.
+const overrideEvent = "rate_limit_override"
+
+// overrideBody is the body of a PUT or DELETE of an override.
+type overrideBody struct {
+	Key           *string `json:"key,omitempty"`
+	KeyDigest     string  `json:"key_digest,omitempty"`
+	Rate          string  `json:"rate,omitempty"`
+	Burst         *int64  `json:"burst,omitempty"`
+	MaxConcurrent *int64  `json:"max_concurrent,omitempty"`
+	DryRun        *bool   `json:"dry_run,omitempty"`
+	Disabled      bool    `json:"disabled,omitempty"`
+	Block         bool    `json:"block,omitempty"`
+	Exempt        bool    `json:"exempt,omitempty"`
+	ExpiresIn     string  `json:"expires_in,omitempty"`
+	ExpiresAt     string  `json:"expires_at,omitempty"`
+}
+
+// overrideTarget is what a request names: a zone, and maybe a key.
+type overrideTarget struct {
+	zone   string
+	refs   []zoneRef // the zone in each store that has it
+	key    bool      // a key's override
+	digest [16]byte  // of the key, in the first ref's zone
+}
+
+// serveOverrides serves the paths under /rate_limit/overrides.
+func serveOverrides(w http.ResponseWriter, r *http.Request, path string) error {
+	rest := strings.TrimPrefix(strings.TrimPrefix(path, "overrides"), "/")
+	if rest == "" {
+		if r.Method != http.MethodGet {
+			return apiError(http.StatusMethodNotAllowed, "method %s not allowed: GET lists the overrides; PUT or DELETE /rate_limit/overrides/<zone>[/key] changes one", r.Method)
+		}
+		return writeJSON(w, listOverrides())
+	}
+	zone, sub, _ := strings.Cut(rest, "/")
+	zone, err := url.PathUnescape(zone)
+	if err != nil || sub != "" && sub != "key" {
+		return apiError(http.StatusNotFound, "want /rate_limit/overrides/<zone> or /rate_limit/overrides/<zone>/key (the key in the JSON body)")
+	}
+	if r.Method != http.MethodPut && r.Method != http.MethodDelete {
+		return apiError(http.StatusMethodNotAllowed, "method %s not allowed: PUT or DELETE", r.Method)
+	}
+	t := overrideTarget{zone: zone, refs: zoneRefs(zone), key: sub == "key"}
+	if len(t.refs) == 0 {
+		return apiError(http.StatusNotFound, "no zone %q", zone)
+	}
+	body, err := readOverrideBody(r)
+	if err != nil {
+		return err
+	}
+	if err := t.readKey(body); err != nil {
+		return err
+	}
+	if r.Method == http.MethodDelete {
+		return deleteOverride(w, r, t, body)
+	}
+	return putOverride(w, r, t, body)
+}
+
+func apiError(status int, format string, args ...any) error {
+	return caddy.APIError{HTTPStatus: status, Err: fmt.Errorf(format, args...)}
+}
+
+// maxOverrideBody bounds the body of a PUT or DELETE.
+const maxOverrideBody = 64 << 10
+
+func readOverrideBody(r *http.Request) (overrideBody, error) {
+	var b overrideBody
+	raw, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxOverrideBody))
+	if err != nil {
+		return b, apiError(http.StatusBadRequest, "reading the body: %v", err)
+	}
+	if len(bytes.TrimSpace(raw)) == 0 && r.Method == http.MethodDelete {
+		return b, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil || dec.More() {
+		return b, apiError(http.StatusBadRequest, "want a JSON object of rate, burst, max_concurrent, dry_run, disabled, block, exempt, expires_in, expires_at (and key for a key's override): %s", jsonProblem(err))
+	}
+	return b, nil
+}
+
+// jsonProblem is what is wrong with a body, without its content (which may
+// hold a client key).
+func jsonProblem(err error) string {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case err == nil:
+		return "data after the object"
+	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
+		return "malformed JSON: it ends early"
+	case errors.As(err, &syntax):
+		return fmt.Sprintf("malformed JSON at byte %d", syntax.Offset)
+	case errors.As(err, &typ):
+		return fmt.Sprintf("field %s: want a %s", typ.Field, typ.Type)
+	case strings.HasPrefix(err.Error(), "json: unknown field"):
+		return strings.TrimPrefix(err.Error(), "json: ")
+	}
+	return "not a JSON object"
+}
+
+// readKey reads the key (or its digest) of a key's override, and refuses
+// one on a zone's.
+func (t *overrideTarget) readKey(b overrideBody) error {
+	if !t.key {
+		if b.Key != nil || b.KeyDigest != "" {
+			return apiError(http.StatusBadRequest, "a key's override goes to /rate_limit/overrides/%s/key", url.PathEscape(t.zone))
+		}
+		return nil
+	}
+	switch {
+	case b.Key != nil && b.KeyDigest != "":
+		return apiError(http.StatusBadRequest, "give key or key_digest, not both")
+	case b.Key != nil:
+		if len(t.refs) > 1 && !sameHasher(t.refs) {
+			return apiError(http.StatusConflict, "zone %q is in stores whose key digests differ (key_secret): change it in one config at a time", t.zone)
+		}
+		t.digest = t.refs[0].z.bucket(*b.Key).Digest()
+	case b.KeyDigest != "":
+		d, err := limiter.ParseDigest(b.KeyDigest)
+		if err != nil {
+			return apiError(http.StatusBadRequest, "%v", err)
+		}
+		t.digest = d
+	default:
+		return apiError(http.StatusBadRequest, `a key's override needs {"key": "<client key as the zone computes it>"} (or "key_digest" from GET /rate_limit/overrides)`)
+	}
+	return nil
+}
+
+// sameHasher reports whether refs' zones digest keys alike.
+func sameHasher(refs []zoneRef) bool {
+	for _, r := range refs[1:] {
+		if r.z.hasher != refs[0].z.hasher {
+			return false
+		}
+	}
+	return true
+}
+
+// putOverride validates the override against every zone it changes, then
+// writes it to each of their stores.
+func putOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b overrideBody) error {
+	o, err := b.override(t.key, time.Now())
+	if err != nil {
+		return apiError(http.StatusBadRequest, "%v", err)
+	}
+	for _, ref := range t.refs {
+		if err := ref.z.checkOverride(&o); err != nil {
+			return apiError(http.StatusBadRequest, "zone %q: %v", t.zone, err)
+		}
+	}
+	o.By = adminIdentity(r)
+	var digest *[16]byte
+	if t.key {
+		digest = &t.digest
+	}
+	for _, s := range t.stores() {
+		if err := s.overrides.Put(context.Background(), t.zone, digest, o); err != nil {
+			return apiError(http.StatusBadGateway, "store %s: %v", s.label(), err)
+		}
+	}
+	t.changed("set", &o)
+	entry := limiter.OverrideEntry{Zone: t.zone, Override: o}
+	if t.key {
+		entry.Digest = hex.EncodeToString(t.digest[:])
+	}
+	return writeJSON(w, overrideView(entry))
+}
+
+// deleteOverride removes the override from every store of the zone.
+func deleteOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b overrideBody) error {
+	if b != (overrideBody{Key: b.Key, KeyDigest: b.KeyDigest}) {
+		return apiError(http.StatusBadRequest, `a DELETE takes no fields but the key ({"key": ...} or {"key_digest": ...})`)
+	}
+	var digest *[16]byte
+	if t.key {
+		digest = &t.digest
+	}
+	found := false
+	for _, s := range t.stores() {
+		f, err := s.overrides.Delete(context.Background(), t.zone, digest)
+		if err != nil {
+			return apiError(http.StatusBadGateway, "store %s: %v", s.label(), err)
+		}
+		found = found || f
+	}
+	if !found {
+		return apiError(http.StatusNotFound, "zone %q has no such override", t.zone)
+	}
+	t.changed("deleted", &limiter.Override{By: adminIdentity(r)})
+	out := map[string]any{"zone": t.zone, "deleted": true}
+	if t.key {
+		out["key_digest"] = hex.EncodeToString(t.digest[:])
+	}
+	return writeJSON(w, out)
+}
+
+// stores are the distinct stores of t's zones.
+func (t overrideTarget) stores() []*sharedStore {
+	var list []*sharedStore
+	for _, r := range t.refs {
+		if !slices.Contains(list, r.h.store) {
+			list = append(list, r.h.store)
+		}
+	}
+	return list
+}
+
+// changed logs a change at info level and emits it as a Caddy event.
+func (t overrideTarget) changed(action string, o *limiter.Override) {
+	fields := []zap.Field{zap.String("zone", t.zone), zap.String("action", action), zap.String("by", o.By)}
+	data := map[string]any{"zone": t.zone, "action": action, "by": o.By}
+	if t.key {
+		d := hex.EncodeToString(t.digest[:])
+		fields, data["key_digest"] = append(fields, zap.String("key_digest", d)), d
+	}
+	if action == "set" {
+		v := overrideView(limiter.OverrideEntry{Override: *o})
+		fields = append(fields, zap.String("kind", o.Kind()), zap.String("rate", o.Rate), zap.Int64("burst", o.Burst),
+			zap.Int64("max_concurrent", o.MaxConcurrent), zap.String("until", cmp.Or(v.ExpiresAt, "deleted")))
+		data["kind"], data["override"] = o.Kind(), v
+	}
+	ref := t.refs[len(t.refs)-1]
+	ref.h.logger.Info("rate limit override "+action, fields...)
+	if ref.h.events != nil {
+		ref.h.events.Emit(ref.h.eventCtx, overrideEvent, data)
+	}
+}
+
+// maxOverrideExpiry bounds how far an override's expiry may be.
+const maxOverrideExpiry = 10 * 365 * 24 * time.Hour
+
+// override is b as an override set at now, checked for its shape.
+func (b overrideBody) override(key bool, now time.Time) (limiter.Override, error) {
+	o := limiter.Override{Rate: b.Rate, DryRun: b.DryRun, Disabled: b.Disabled, Block: b.Block, Exempt: b.Exempt, Set: now.UnixMilli()}
+	for _, f := range []struct {
+		name string
+		v    *int64
+		dst  *int64
+	}{{"burst", b.Burst, &o.Burst}, {"max_concurrent", b.MaxConcurrent, &o.MaxConcurrent}} {
+		if f.v != nil && *f.v < 1 {
+			return o, fmt.Errorf("%s %d: want a whole number of at least 1", f.name, *f.v)
+		}
+		if f.v != nil {
+			*f.dst = *f.v
+		}
+	}
+	expires, err := b.expiry(now)
+	if err != nil {
+		return o, err
+	}
+	o.Expires = expires
+	return o, o.Check(key)
+}
+
+// expiry is the override's expiry in Unix ms (0: none), from expires_in
+// (a duration such as 1h or 2d) or expires_at (RFC 3339).
+func (b overrideBody) expiry(now time.Time) (int64, error) {
+	var at time.Time
+	switch {
+	case b.ExpiresIn != "" && b.ExpiresAt != "":
+		return 0, errors.New("give expires_in or expires_at, not both")
+	case b.ExpiresIn != "":
+		d, err := caddy.ParseDuration(b.ExpiresIn)
+		if err != nil || d <= 0 {
+			return 0, fmt.Errorf("expires_in %.40q: want a positive duration such as 30m, 1h or 2d", b.ExpiresIn)
+		}
+		at = now.Add(d)
+	case b.ExpiresAt != "":
+		t, err := time.Parse(time.RFC3339, b.ExpiresAt)
+		if err != nil {
+			return 0, fmt.Errorf("expires_at %.40q: want an RFC 3339 time such as 2026-12-24T18:00:00Z", b.ExpiresAt)
+		}
+		if !t.After(now) {
+			return 0, fmt.Errorf("expires_at %s is in the past", b.ExpiresAt)
+		}
+		at = t
+	default:
+		return 0, nil
+	}
+	if at.Sub(now) > maxOverrideExpiry {
+		return 0, fmt.Errorf("expiry more than 10 years away: leave it out for an override until deleted")
+	}
+	return max(at.UnixMilli(), now.UnixMilli()+1), nil
+}
+
+// checkOverride reports whether o applies to z's algorithm, and gives
+// it a valid policy.
+func (z *Zone) checkOverride(o *limiter.Override) error {
+	algo := z.policy.Algorithm
+	switch {
+	case algo == limiter.Concurrency && (o.Rate != "" || o.Burst != 0):
+		return errors.New("a max_concurrent zone takes max_concurrent, not rate or burst")
+	case algo != limiter.Concurrency && o.MaxConcurrent != 0:
+		return fmt.Errorf("max_concurrent applies to max_concurrent zones; this one is %s (give rate or burst)", algo)
+	case algo.Windowed() && o.Burst != 0:
+		return fmt.Errorf("burst does not apply to %s: its limit is N of the rate per window", algo)
+	}
+	p := z.withOverride(z.policy, o)
+	return cmp.Or(p.Validate(), checkAlgorithmLimits(p))
+}
+
+// zoneRefs are the zones named name of the newest config, one per store.
+func zoneRefs(name string) []zoneRef {
+	registry.Lock()
+	defer registry.Unlock()
+	var refs []zoneRef
+	for i := len(registry.zones) - 1; i >= 0; i-- {
+		r := registry.zones[i]
+		if r.z.name == name && !slices.ContainsFunc(refs, func(x zoneRef) bool { return x.h.store == r.h.store }) {
+			refs = append(refs, r)
+		}
+	}
+	return refs
+}
+
+// overrideListing is GET /rate_limit/overrides: the overrides in force in
+// each store.
+type overrideListing struct {
+	Store     string           `json:"store"`
+	Version   int64            `json:"version"`
+	Overrides []overrideOutput `json:"overrides"`
+}
+
+// overrideOutput is an override as the admin API shows it.
+type overrideOutput struct {
+	Zone          string `json:"zone"`
+	KeyDigest     string `json:"key_digest,omitempty"`
+	Kind          string `json:"kind"`
+	Rate          string `json:"rate,omitempty"`
+	Burst         int64  `json:"burst,omitempty"`
+	MaxConcurrent int64  `json:"max_concurrent,omitempty"`
+	DryRun        *bool  `json:"dry_run,omitempty"`
+	Disabled      bool   `json:"disabled,omitempty"`
+	Block         bool   `json:"block,omitempty"`
+	Exempt        bool   `json:"exempt,omitempty"`
+	ExpiresAt     string `json:"expires_at,omitempty"`
+	SetAt         string `json:"set_at,omitempty"`
+	By            string `json:"by,omitempty"`
+}
+
+func overrideView(e limiter.OverrideEntry) overrideOutput {
+	o := e.Override
+	v := overrideOutput{Zone: e.Zone, KeyDigest: e.Digest, Kind: o.Kind(), Rate: o.Rate, Burst: o.Burst, MaxConcurrent: o.MaxConcurrent,
+		DryRun: o.DryRun, Disabled: o.Disabled, Block: o.Block, Exempt: o.Exempt, By: o.By}
+	if at := o.ExpiresAt(); !at.IsZero() {
+		v.ExpiresAt = at.UTC().Format(time.RFC3339Nano)
+	}
+	if o.Set != 0 {
+		v.SetAt = time.UnixMilli(o.Set).UTC().Format(time.RFC3339Nano)
+	}
+	return v
+}
+
+// listOverrides lists the overrides in force in the stores of the
+// running handlers.
+func listOverrides() []overrideListing {
+	registry.Lock()
+	var stores []*sharedStore
+	for _, r := range registry.zones {
+		if !slices.Contains(stores, r.h.store) {
+			stores = append(stores, r.h.store)
+		}
+	}
+	registry.Unlock()
+	list := make([]overrideListing, 0, len(stores))
+	now := time.Now()
+	for _, s := range stores {
+		set := s.overrides.Current()
+		l := overrideListing{Store: s.label(), Version: set.Version(), Overrides: []overrideOutput{}}
+		for _, e := range set.Entries(now) {
+			l.Overrides = append(l.Overrides, overrideView(e))
+		}
+		list = append(list, l)
+	}
+	return list
+}
+
+// adminIdentity is who made an admin request, as far as Caddy's admin
+// endpoint tells: the subject of its client certificate (remote admin),
+// else its remote address.
+func adminIdentity(r *http.Request) string {
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		return r.TLS.PeerCertificates[0].Subject.String()
+	}
+	return r.RemoteAddr
+}

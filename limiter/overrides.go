@@ -1,0 +1,318 @@
+package limiter
+
+// Overrides change limits at run time, without a config change. An
+// override is of a zone (its rate and burst, its dry run, the whole zone
+// disabled) or of one client key in a zone (a limit of its own, a block,
+// an exemption), each in force until an optional expiry. An OverrideSet is
+// one immutable snapshot of them; Overrides (overridesync.go) holds the
+// snapshot in force and keeps it current from where the overrides live:
+// this process's memory, or a Redis that a fleet shares.
+//
+// What an override does to a zone's policy is the caller's to say (the
+// Caddy handler applies them); this file keeps them, checks their shape,
+// and looks them up at the cost of a map read.
+
+import (
+	"cmp"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Override is one override, as the admin API takes it and as it is kept
+// (in Redis, its JSON). Absent fields keep the config's value.
+type Override struct {
+	// Rate replaces the zone's rate (or a window's limit and window):
+	// "10r/m". Parsed by Check.
+	Rate string `json:"rate,omitempty"`
+	// Burst replaces the burst of a token or leaky bucket.
+	Burst int64 `json:"burst,omitempty"`
+	// MaxConcurrent replaces a concurrency limit.
+	MaxConcurrent int64 `json:"max_concurrent,omitempty"`
+	// DryRun, when set, turns the zone's dry run on or off.
+	DryRun *bool `json:"dry_run,omitempty"`
+	// Disabled turns a zone off: its requests are not counted.
+	Disabled bool `json:"disabled,omitempty"`
+	// Block refuses a client key, whatever its bucket holds.
+	Block bool `json:"block,omitempty"`
+	// Exempt lets a client key through a zone uncounted.
+	Exempt bool `json:"exempt,omitempty"`
+	// Expires is when the override ends, in Unix milliseconds; 0: when
+	// it is deleted.
+	Expires int64 `json:"expires,omitempty"`
+	// Set is when it was set (Unix milliseconds), By who set it.
+	Set int64  `json:"set,omitempty"`
+	By  string `json:"by,omitempty"`
+
+	rate   int64 // Rate, parsed by Check
+	period time.Duration
+}
+
+// RatePeriod is the parsed Rate: n requests per period; 0 when none.
+func (o *Override) RatePeriod() (n int64, period time.Duration) { return o.rate, o.period }
+
+// Active reports whether o is in force at now.
+func (o *Override) Active(now time.Time) bool {
+	return o.Expires == 0 || now.UnixMilli() < o.Expires
+}
+
+// ExpiresAt is when o ends; the zero time when it does not.
+func (o *Override) ExpiresAt() time.Time {
+	if o.Expires == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(o.Expires)
+}
+
+// maxOverrideBy bounds who set an override, as stored.
+const maxOverrideBy = 256
+
+// Check parses o's rate and reports what is wrong with its shape: the
+// fields of a key's override (key) or of a zone's, their values. Whether
+// they apply to the zone's algorithm is the caller's to check.
+func (o *Override) Check(key bool) error {
+	if o.Rate != "" {
+		n, period, err := ParseRate(o.Rate)
+		if err != nil {
+			return fmt.Errorf("rate: %w", err)
+		}
+		o.rate, o.period = n, period
+	}
+	limits := o.Rate != "" || o.Burst != 0 || o.MaxConcurrent != 0
+	switch {
+	case o.Burst < 0 || o.Burst > maxRate:
+		return fmt.Errorf("burst %d: want a whole number from 1 to %d", o.Burst, int64(maxRate))
+	case o.MaxConcurrent < 0 || o.MaxConcurrent > maxRate:
+		return fmt.Errorf("max_concurrent %d: want a whole number from 1 to %d", o.MaxConcurrent, int64(maxRate))
+	case o.Expires < 0 || o.Set < 0:
+		return errors.New("expires and set: want Unix milliseconds")
+	case len(o.By) > maxOverrideBy:
+		return fmt.Errorf("by: at most %d bytes", maxOverrideBy)
+	case key && (o.Disabled || o.DryRun != nil):
+		return errors.New("disabled and dry_run apply to a zone's override, not a key's (exempt lets a key through uncounted)")
+	case !key && (o.Block || o.Exempt):
+		return errors.New("block and exempt apply to a key's override: give the key")
+	case o.Block && o.Exempt:
+		return errors.New("block and exempt: choose one")
+	case (o.Block || o.Exempt) && limits:
+		return errors.New("block and exempt take no rate, burst or max_concurrent")
+	case o.Disabled && (limits || o.DryRun != nil):
+		return errors.New("disabled takes no rate, burst, max_concurrent or dry_run: the zone counts nothing")
+	case !limits && !o.Block && !o.Exempt && !o.Disabled && o.DryRun == nil:
+		return errors.New("nothing to override: give rate, burst, max_concurrent, dry_run, disabled, block or exempt")
+	}
+	return nil
+}
+
+// Kind is what o does, in a word, for logs and listings.
+func (o *Override) Kind() string {
+	switch {
+	case o.Disabled:
+		return "disabled"
+	case o.Block:
+		return "block"
+	case o.Exempt:
+		return "exempt"
+	case o.Rate == "" && o.Burst == 0 && o.MaxConcurrent == 0:
+		return "dry_run"
+	}
+	return "limit"
+}
+
+// OverrideSet is one snapshot of the overrides: never changed once made.
+// The nil *OverrideSet holds none.
+type OverrideSet struct {
+	version int64 // of the overrides it was read at
+	zones   map[string]Override
+	keys    map[string]map[[16]byte]Override // by zone, by key digest
+	skipped int                              // entries not read (malformed)
+}
+
+// Zone is the override of zone, whether in force or not.
+func (s *OverrideSet) Zone(zone string) (Override, bool) {
+	if s == nil || len(s.zones) == 0 {
+		return Override{}, false
+	}
+	o, ok := s.zones[zone]
+	return o, ok
+}
+
+// HasKeys reports whether some key of zone has an override.
+func (s *OverrideSet) HasKeys(zone string) bool {
+	return s != nil && len(s.keys[zone]) > 0
+}
+
+// Key is the override of the key whose digest is digest in zone.
+func (s *OverrideSet) Key(zone string, digest [16]byte) (Override, bool) {
+	if s == nil {
+		return Override{}, false
+	}
+	o, ok := s.keys[zone][digest]
+	return o, ok
+}
+
+// Count is how many overrides of zones and of keys are in force at now.
+func (s *OverrideSet) Count(now time.Time) (zones, keys int) {
+	if s == nil {
+		return 0, 0
+	}
+	for _, o := range s.zones {
+		zones += btoi(o.Active(now))
+	}
+	for _, m := range s.keys {
+		for _, o := range m {
+			keys += btoi(o.Active(now))
+		}
+	}
+	return zones, keys
+}
+
+// Skipped is how many entries could not be read into s.
+func (s *OverrideSet) Skipped() int {
+	if s == nil {
+		return 0
+	}
+	return s.skipped
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// NextExpiry is the earliest expiry after now among s's overrides; the
+// zero time when none expires.
+func (s *OverrideSet) NextExpiry(now time.Time) time.Time {
+	next := int64(0)
+	visit := func(o Override) {
+		if o.Expires != 0 && o.Active(now) && (next == 0 || o.Expires < next) {
+			next = o.Expires
+		}
+	}
+	if s != nil {
+		for _, o := range s.zones {
+			visit(o)
+		}
+		for _, m := range s.keys {
+			for _, o := range m {
+				visit(o)
+			}
+		}
+	}
+	if next == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(next)
+}
+
+// OverrideEntry is one override of a listing: of Zone, and of the key
+// whose digest is Digest (hex; "" for the zone's own).
+type OverrideEntry struct {
+	Zone   string `json:"zone"`
+	Digest string `json:"key_digest,omitempty"`
+	Override
+}
+
+// Entries lists the overrides in force at now, by zone, the zone's own
+// first, then by digest.
+func (s *OverrideSet) Entries(now time.Time) []OverrideEntry {
+	var list []OverrideEntry
+	if s == nil {
+		return list
+	}
+	for zone, o := range s.zones {
+		if o.Active(now) {
+			list = append(list, OverrideEntry{Zone: zone, Override: o})
+		}
+	}
+	for zone, m := range s.keys {
+		for d, o := range m {
+			if o.Active(now) {
+				list = append(list, OverrideEntry{Zone: zone, Digest: hex.EncodeToString(d[:]), Override: o})
+			}
+		}
+	}
+	slices.SortFunc(list, func(a, b OverrideEntry) int {
+		return cmp.Or(cmp.Compare(a.Zone, b.Zone), cmp.Compare(a.Digest, b.Digest))
+	})
+	return list
+}
+
+// with is a copy of s with zone's override (of the key of digest, when
+// not nil) set to o, or removed when o is nil, at version.
+func (s *OverrideSet) with(zone string, digest *[16]byte, o *Override, version int64) *OverrideSet {
+	n := &OverrideSet{version: version, zones: map[string]Override{}, keys: map[string]map[[16]byte]Override{}}
+	if s != nil {
+		for z, x := range s.zones {
+			n.zones[z] = x
+		}
+		for z, m := range s.keys {
+			n.keys[z] = m // shared: only the changed zone's map is copied
+		}
+	}
+	if digest == nil {
+		if o == nil {
+			delete(n.zones, zone)
+		} else {
+			n.zones[zone] = *o
+		}
+		return n
+	}
+	m := make(map[[16]byte]Override, len(n.keys[zone])+1)
+	for d, x := range n.keys[zone] {
+		m[d] = x
+	}
+	if o == nil {
+		delete(m, *digest)
+	} else {
+		m[*digest] = *o
+	}
+	n.keys[zone] = m
+	if len(m) == 0 {
+		delete(n.keys, zone)
+	}
+	return n
+}
+
+// overrideField is the name of an override's entry where it is stored:
+// "zone:<zone>", or "key:<digest in hex>:<zone>" for a key's.
+func overrideField(zone string, digest *[16]byte) string {
+	if digest == nil {
+		return "zone:" + zone
+	}
+	return "key:" + hex.EncodeToString(digest[:]) + ":" + zone
+}
+
+// parseOverrideField is the zone and digest an entry's name gives.
+func parseOverrideField(field string) (zone string, digest *[16]byte, err error) {
+	if zone, ok := strings.CutPrefix(field, "zone:"); ok && zone != "" {
+		return zone, nil, nil
+	}
+	rest, ok := strings.CutPrefix(field, "key:")
+	hexDigest, zone, cut := strings.Cut(rest, ":")
+	var d [16]byte
+	if !ok || !cut || zone == "" || len(hexDigest) != 32 {
+		return "", nil, fmt.Errorf("entry %.80q: not an override's name", field)
+	}
+	if _, err := hex.Decode(d[:], []byte(hexDigest)); err != nil {
+		return "", nil, fmt.Errorf("entry %.80q: not an override's name", field)
+	}
+	return zone, &d, nil
+}
+
+// ParseDigest reads a key digest as Entries writes it (32 hex digits).
+func ParseDigest(s string) ([16]byte, error) {
+	var d [16]byte
+	if len(s) != 32 {
+		return d, fmt.Errorf("key_digest %.80q: want 32 hex digits", s)
+	}
+	if _, err := hex.Decode(d[:], []byte(s)); err != nil {
+		return d, fmt.Errorf("key_digest %.80q: want 32 hex digits", s)
+	}
+	return d, nil
+}

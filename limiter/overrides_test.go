@@ -1,0 +1,341 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+)
+
+// overrideRecorder records the events of an Overrides.
+type overrideRecorder struct {
+	mu       sync.Mutex
+	vias     []string
+	skipped  []string
+	failing  []error
+	expired  []OverrideEntry
+	lastSeen *OverrideSet
+}
+
+func (r *overrideRecorder) OverridesLoaded(s *OverrideSet, via string, expired []OverrideEntry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.vias, r.lastSeen = append(r.vias, via), s
+	r.expired = append(r.expired, expired...)
+}
+
+func (r *overrideRecorder) OverrideSkipped(entry string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.skipped = append(r.skipped, entry+": "+err.Error())
+}
+
+func (r *overrideRecorder) OverridesFailing(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failing = append(r.failing, err)
+}
+
+func (r *overrideRecorder) snapshot() (vias, skipped []string, failing []error, expired []OverrideEntry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.vias...), append([]string(nil), r.skipped...), append([]error(nil), r.failing...), append([]OverrideEntry(nil), r.expired...)
+}
+
+func TestOverrideCheck(t *testing.T) {
+	yes := true
+	for _, c := range []struct {
+		name string
+		o    Override
+		key  bool
+		err  string
+	}{
+		{"zone rate", Override{Rate: "10r/m", Burst: 5}, false, ""},
+		{"zone dry run", Override{DryRun: &yes}, false, ""},
+		{"zone disabled", Override{Disabled: true, Expires: 1}, false, ""},
+		{"key block", Override{Block: true}, true, ""},
+		{"key exempt", Override{Exempt: true}, true, ""},
+		{"key limit", Override{Rate: "100r/m", Burst: 100}, true, ""},
+		{"bad rate", Override{Rate: "10r/x"}, false, "rate: "},
+		{"negative burst", Override{Burst: -1}, false, "burst -1"},
+		{"nothing", Override{}, false, "nothing to override"},
+		{"block on a zone", Override{Block: true}, false, "apply to a key's override"},
+		{"disabled on a key", Override{Disabled: true}, true, "apply to a zone's override"},
+		{"block and exempt", Override{Block: true, Exempt: true}, true, "choose one"},
+		{"block with a rate", Override{Block: true, Rate: "1r/s"}, true, "take no rate"},
+		{"disabled with a rate", Override{Disabled: true, Rate: "1r/s"}, false, "disabled takes no"},
+		{"by too long", Override{Rate: "1r/s", By: strings.Repeat("x", 300)}, false, "by: at most"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.o.Check(c.key)
+			switch {
+			case c.err == "" && err != nil:
+				t.Fatalf("Check: %v", err)
+			case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+				t.Fatalf("Check = %v, want an error with %q", err, c.err)
+			}
+		})
+	}
+	o := Override{Rate: "30r/10m"}
+	if err := o.Check(false); err != nil {
+		t.Fatal(err)
+	}
+	if n, p := o.RatePeriod(); n != 30 || p != 10*time.Minute {
+		t.Fatalf("RatePeriod = %d, %s", n, p)
+	}
+}
+
+// TestMemoryOverrides: a change is in force at once, a delete removes it,
+// an expired one leaves the set (and is reported), lookups tell zones and
+// keys apart.
+func TestMemoryOverrides(t *testing.T) {
+	rec := &overrideRecorder{}
+	o := NewMemoryOverrides(rec)
+	now := time.Unix(1_700_000_000, 0)
+	o.now = func() time.Time { return now }
+	if err := o.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	ctx := context.Background()
+	key := KeyHash("alice")
+	if err := o.Put(ctx, "api", nil, Override{Rate: "10r/m"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Put(ctx, "api", &key, Override{Rate: "100r/m", Expires: now.Add(time.Hour).UnixMilli()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Put(ctx, "api", &key, Override{Rate: "1r/x"}); err == nil {
+		t.Fatal("Put of a malformed override: no error")
+	}
+	set := o.Current()
+	if z, ok := set.Zone("api"); !ok || z.Rate != "10r/m" {
+		t.Fatalf("zone override = %+v, %v", z, ok)
+	}
+	if k, ok := set.Key("api", key); !ok || k.Rate != "100r/m" {
+		t.Fatalf("key override = %+v, %v", k, ok)
+	}
+	if _, ok := set.Key("api", KeyHash("bob")); ok || set.HasKeys("other") {
+		t.Fatal("bob, or zone other, has an override")
+	}
+	if z, k := set.Count(now); z != 1 || k != 1 {
+		t.Fatalf("Count = %d zones, %d keys", z, k)
+	}
+	now = now.Add(time.Hour)
+	if err := o.refresh(ctx, "poll", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := o.Current().Key("api", key); ok {
+		t.Fatal("the key's override outlived its expiry")
+	}
+	if _, _, _, expired := rec.snapshot(); len(expired) != 1 || expired[0].Zone != "api" || expired[0].Digest == "" {
+		t.Fatalf("expired reported: %+v", expired)
+	}
+	if found, err := o.Delete(ctx, "api", nil); err != nil || !found {
+		t.Fatalf("Delete = %v, %v", found, err)
+	}
+	if found, _ := o.Delete(ctx, "api", nil); found {
+		t.Fatal("a second Delete found the override")
+	}
+	if _, ok := o.Current().Zone("api"); ok {
+		t.Fatal("the zone's override survived its delete")
+	}
+}
+
+// redisOverridesPair is two instances' overrides on one Redis, under a
+// prefix of their own, with a short poll.
+func redisOverridesPair(t *testing.T, c redis.UniversalClient) (a, b *Overrides, recB *overrideRecorder) {
+	t.Helper()
+	prefix := fmt.Sprintf("ovr%x:", rand.Uint64())
+	a, recB = NewRedisOverrides(c, prefix, &overrideRecorder{}), &overrideRecorder{}
+	b = NewRedisOverrides(c, prefix, recB)
+	for _, o := range []*Overrides{a, b} {
+		o.SetPoll(200 * time.Millisecond)
+		if err := o.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(o.Close)
+	}
+	return a, b, recB
+}
+
+// waitFor polls cond until it holds, or fails after d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRedisOverridesReachEveryInstance: a change made through one
+// instance reaches another through the push (well before its poll), in a
+// standalone Redis and in a Cluster (its shard channel).
+func TestRedisOverridesReachEveryInstance(t *testing.T) {
+	for name, c := range map[string]redis.UniversalClient{
+		"standalone": redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)}),
+		"cluster":    redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t)}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			defer c.Close()
+			a, b, recB := redisOverridesPair(t, c)
+			b.SetPoll(time.Hour) // only the push can bring it
+			time.Sleep(300 * time.Millisecond)
+			key := KeyHash("premium")
+			ctx := context.Background()
+			if err := a.Put(ctx, "api", &key, Override{Rate: "100r/m", Burst: 100}); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 2*time.Second, "the key's override at b", func() bool {
+				o, ok := b.Current().Key("api", key)
+				return ok && o.Burst == 100
+			})
+			if vias, _, _, _ := recB.snapshot(); !contains(vias, "push") {
+				t.Fatalf("b read the change through %v, want a push", vias)
+			}
+			if _, err := a.Delete(ctx, "api", &key); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 2*time.Second, "the delete at b", func() bool {
+				_, ok := b.Current().Key("api", key)
+				return !ok
+			})
+			if name == "cluster" && !b.src.(*redisOverrides).shardedChannels(ctx) {
+				t.Error("the cluster's instances do not use the shard channel (Redis 7 has it)")
+			}
+		})
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// TestRedisOverridesPollHeals: a change whose message is lost (none is
+// published, as when the subscription was down) arrives at the next poll;
+// a malformed or foreign entry is skipped and reported, the others load.
+func TestRedisOverridesPollHeals(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	a, b, recB := redisOverridesPair(t, c)
+	a.src.(*redisOverrides).publish = false
+	src := b.src.(*redisOverrides)
+	ctx := context.Background()
+	c.HSet(ctx, src.hash, "zone:junk", "{not json", "key:zz:api", `{"rate":"1r/s"}`, "zone:foreign", `{"rate":"1r/s","colour":"red"}`)
+	if err := a.Put(ctx, "api", nil, Override{Rate: "5r/m"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Second, "the zone's override at b through the poll", func() bool {
+		o, ok := b.Current().Zone("api")
+		return ok && o.Rate == "5r/m"
+	})
+	vias, skipped, _, _ := recB.snapshot()
+	if !contains(vias, "poll") {
+		t.Fatalf("b read the change through %v, want the poll", vias)
+	}
+	if len(skipped) != 3 || b.Current().Skipped() != 3 {
+		t.Fatalf("skipped = %q, want the 3 malformed entries", skipped)
+	}
+	for _, s := range skipped {
+		if strings.Contains(s, "red") || strings.Contains(s, "{not json") {
+			t.Errorf("a skipped entry's report shows its value: %s", s)
+		}
+	}
+}
+
+// TestRedisOverridesKeepLastWhenDown: while Redis cannot be read, the last
+// overrides stay in force, and the failure is reported once, as is the
+// recovery.
+func TestRedisOverridesKeepLastWhenDown(t *testing.T) {
+	srv := redistest.NewServer(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	a, b, recB := redisOverridesPair(t, c)
+	ctx := context.Background()
+	if err := a.Put(ctx, "api", nil, Override{Rate: "5r/m", Expires: time.Now().Add(time.Hour).UnixMilli()}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Second, "the override at b", func() bool { _, ok := b.Current().Zone("api"); return ok })
+	srv.Pause()
+	time.Sleep(time.Second) // several polls fail
+	if _, ok := b.Current().Zone("api"); !ok {
+		t.Fatal("the override was dropped while Redis was down")
+	}
+	srv.Resume()
+	waitFor(t, 3*time.Second, "the recovery reported", func() bool {
+		_, _, failing, _ := recB.snapshot()
+		return len(failing) == 2
+	})
+	_, _, failing, _ := recB.snapshot()
+	if failing[0] == nil || failing[1] != nil {
+		t.Fatalf("failing = %v, want an error then nil", failing)
+	}
+}
+
+// TestRedisOverridesExpireInRedis: an expired override is dropped from
+// Redis by the next change, and never loaded.
+func TestRedisOverridesExpireInRedis(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	a, _, _ := redisOverridesPair(t, c)
+	ctx := context.Background()
+	key := KeyHash("k")
+	if err := a.Put(ctx, "api", &key, Override{Block: true, Expires: time.Now().Add(150 * time.Millisecond).UnixMilli()}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := a.Put(ctx, "api", nil, Override{Rate: "1r/s"}); err != nil {
+		t.Fatal(err)
+	}
+	src := a.src.(*redisOverrides)
+	if n := c.HLen(ctx, src.hash).Val(); n != 1 {
+		t.Fatalf("the hash holds %d entries, want the zone's alone", n)
+	}
+	if n := c.ZCard(ctx, src.expiry).Val(); n != 0 {
+		t.Fatalf("the expiries hold %d entries, want none", n)
+	}
+	if _, ok := a.Current().Key("api", key); ok {
+		t.Fatal("the expired override is in force")
+	}
+}
+
+// TestBlockedRequest: a blocked request is refused with the block's time
+// left, nothing charged, in the enforced zones; a dry-run zone would refuse.
+func TestBlockedRequest(t *testing.T) {
+	l := NewMemoryLimiter()
+	defer l.Close()
+	now := time.Unix(1_700_000_000, 0)
+	p := Policy{Algorithm: TokenBucket, Rate: 5, Period: time.Minute, Burst: 5}
+	reqs := []Request{{Zone: "a", Key: "k", Policy: p, Cost: 1}, {Zone: "b", Key: "k", Policy: p, Cost: 1, Block: time.Minute}}
+	var v Verdict
+	l.Decide(context.Background(), now, reqs, Caller{}, &v)
+	if v.States[1] != Banned || v.States[0] != NotAsked || v.Decisions[1].RetryAfter != time.Minute || v.Decisions[1].Limit != 5 {
+		t.Fatalf("states %v, decisions %+v", v.States, v.Decisions)
+	}
+	v.Release()
+	d, err := l.Peek(context.Background(), reqs[0])
+	if err != nil || d.Remaining != 5 {
+		t.Fatalf("zone a charged: %+v, %v", d, err)
+	}
+	reqs[1].DryRun = true
+	l.Decide(context.Background(), now, reqs[1:], Caller{}, &v)
+	if v.States[0] != WouldRefuse {
+		t.Fatalf("dry-run block: state %v", v.States[0])
+	}
+	v.Release()
+}

@@ -1,0 +1,189 @@
+package ratelimit
+
+// Run-time overrides of the zones' limits (limiter.Overrides keeps them
+// current): what they do to a request, where each store keeps them, and
+// what is logged and counted when they change. The admin API that changes
+// them is in admin_overrides.go.
+
+import (
+	"cmp"
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+)
+
+// maxBlockRetry is the Retry-After of a block without an expiry.
+const maxBlockRetry = 24 * time.Hour
+
+// overridesStartTimeout bounds the first read of the overrides when a
+// config loads: past it, the config serves with the overrides it has
+// (none at first start) and reads them in the background.
+const overridesStartTimeout = 3 * time.Second
+
+// overrideClock reads the clock once, when an override with an expiry
+// first needs it.
+type overrideClock struct {
+	now func() time.Time
+	at  time.Time
+}
+
+func (c *overrideClock) time() time.Time {
+	if c.at.IsZero() {
+		c.at = c.now()
+	}
+	return c.at
+}
+
+// zoneDisabled reports whether an override in force turns z off.
+func zoneDisabled(set *limiter.OverrideSet, z *Zone, c *overrideClock) bool {
+	o, ok := set.Zone(z.name)
+	return ok && o.Disabled && o.Active(c.time())
+}
+
+// override applies the overrides in force of set to req, z's request: the
+// zone's, then its key's (a limit of its own, a block, an exemption).
+// False when the key is exempt: z does not count the request.
+func (z *Zone) override(set *limiter.OverrideSet, req *limiter.Request, c *overrideClock, logger *zap.Logger) bool {
+	p := req.Policy
+	if o, ok := set.Zone(z.name); ok && o.Active(c.time()) {
+		p = z.withOverride(p, &o)
+		if o.DryRun != nil {
+			req.DryRun = *o.DryRun
+		}
+	}
+	if set.HasKeys(z.name) {
+		if o, ok := set.Key(z.name, req.Digest()); ok && o.Active(c.time()) {
+			switch {
+			case o.Exempt:
+				return false
+			case o.Block:
+				req.Block = maxBlockRetry
+				if at := o.ExpiresAt(); !at.IsZero() {
+					req.Block = min(at.Sub(c.time()), maxBlockRetry)
+				}
+			}
+			p = z.withOverride(p, &o)
+		}
+	}
+	if p != req.Policy {
+		if err := cmp.Or(p.Validate(), checkAlgorithmLimits(p)); err != nil {
+			z.warn(fieldOverride, logger, err)
+			return true
+		}
+		req.Policy = p
+	}
+	return true
+}
+
+// withOverride is p with o's rate, burst or max_concurrent. A rate
+// replaced brings the burst the zone's config gives it: the burst written
+// in the config (a number, or a placeholder's value), else the default of
+// the new rate (its N; none for the leaky bucket), and N for the windows;
+// unless o sets the burst too.
+func (z *Zone) withOverride(p limiter.Policy, o *limiter.Override) limiter.Policy {
+	if n, period := o.RatePeriod(); n > 0 {
+		p.Rate, p.Period = n, period
+		if z.Burst == "" || p.Algorithm.Windowed() {
+			p.Burst = defaultBurst(p.Algorithm, n)
+		}
+	}
+	if o.Burst > 0 {
+		p.Burst = o.Burst
+	}
+	if o.MaxConcurrent > 0 {
+		p.Burst = o.MaxConcurrent
+	}
+	return p
+}
+
+// provisionOverrides has the store read its overrides before h serves,
+// and h's overrides_poll join those of the store's other handlers.
+func (h *Handler) provisionOverrides() {
+	h.store.holdPoll(h, time.Duration(h.OverridesPoll))
+	ctx, cancel := context.WithTimeout(context.Background(), overridesStartTimeout)
+	defer cancel()
+	if err := h.store.overrides.Start(ctx); err != nil {
+		h.logger.Warn("rate limit overrides not read as the config loads: those last read apply (none at first start) until they are",
+			zap.String("store", h.store.Kind()), zap.Error(err))
+	}
+}
+
+// holdPoll records the overrides_poll of h (0: none set; -1: h lets go of
+// the store) and sets the store's poll to the shortest that the handlers
+// holding it set, or else the default.
+func (s *sharedStore) holdPoll(h *Handler, d time.Duration) {
+	s.capacityMu.Lock()
+	defer s.capacityMu.Unlock()
+	switch {
+	case d > 0:
+		if s.polls == nil {
+			s.polls = make(map[*Handler]time.Duration)
+		}
+		s.polls[h] = d
+	default:
+		delete(s.polls, h)
+	}
+	poll := time.Duration(0)
+	for _, p := range s.polls {
+		if poll == 0 || p < poll {
+			poll = p
+		}
+	}
+	poll = cmp.Or(poll, limiter.DefaultOverridesPoll)
+	if poll != s.poll {
+		s.poll = poll
+		s.overrides.SetPoll(poll)
+	}
+}
+
+// overrideEvents logs and counts what happens to a store's overrides
+// (limiter.OverrideEvents).
+type overrideEvents struct{ s *sharedStore }
+
+// OverridesLoaded counts the overrides now in force, and logs those that
+// expired; the loads themselves are logged at debug level.
+func (e overrideEvents) OverridesLoaded(set *limiter.OverrideSet, via string, expired []limiter.OverrideEntry) {
+	zones, keys := set.Count(time.Now())
+	label := e.s.label()
+	metrics.overrides.WithLabelValues(label, "zone").Set(float64(zones))
+	metrics.overrides.WithLabelValues(label, "key").Set(float64(keys))
+	e.s.logger.Debug("rate limit overrides read", zap.String("store", label), zap.String("via", via),
+		zap.Int64("version", set.Version()), zap.Int("zones", zones), zap.Int("keys", keys))
+	for _, x := range expired {
+		e.s.logger.Info("rate limit override expired: the config's limit applies again",
+			zap.String("zone", x.Zone), zap.String("key_digest", x.Digest), zap.String("kind", x.Kind()),
+			zap.Time("expired", x.ExpiresAt()))
+	}
+}
+
+// OverrideSkipped logs an entry that could not be read.
+func (e overrideEvents) OverrideSkipped(entry string, err error) {
+	e.s.logger.Warn("rate limit override skipped: its entry in the store is not one this version reads",
+		zap.String("store", e.s.label()), zap.String("entry", entry), zap.Error(err))
+}
+
+// OverridesFailing logs that the overrides cannot be read, and when they
+// can again.
+func (e overrideEvents) OverridesFailing(err error) {
+	if err != nil {
+		e.s.logger.Warn("rate limit overrides cannot be read: the last ones read stay in force until they can",
+			zap.String("store", e.s.label()), zap.Error(err))
+		return
+	}
+	e.s.logger.Info("rate limit overrides read again", zap.String("store", e.s.label()))
+}
+
+// label names the store in the overrides' metric and logs: "memory", or
+// the Redis's addresses.
+func (s *sharedStore) label() string {
+	if s.Kind() == "memory" {
+		return "memory"
+	}
+	return s.whole
+}
+
+// Interface guard.
+var _ limiter.OverrideEvents = overrideEvents{}

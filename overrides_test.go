@@ -1,0 +1,260 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+)
+
+// adminCall sends a request to the admin API's handler and returns the
+// status and the body.
+func adminCall(t *testing.T, method, path, body string) (int, string) {
+	t.Helper()
+	r := httptest.NewRequest(method, path, strings.NewReader(body))
+	w := httptest.NewRecorder()
+	if err := serveAdmin(w, r); err != nil {
+		var apiErr caddy.APIError
+		if !errors.As(err, &apiErr) {
+			t.Fatalf("%s %s: not an API error: %v", method, path, err)
+		}
+		return apiErr.HTTPStatus, apiErr.Err.Error()
+	}
+	return w.Code, w.Body.String()
+}
+
+// overrideZone provisions a handler with one zone of a name of its own,
+// keyed by X-Key, and removes its overrides when the test ends.
+func overrideZone(t *testing.T, zone *Zone, redis *RedisConfig) (*Handler, string) {
+	t.Helper()
+	name := fmt.Sprintf("ovr_%x", rand.Uint64())
+	zone.Key = "{http.request.header.X-Key}"
+	h := &Handler{Zones: map[string]*Zone{name: zone}, Redis: redis}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, e := range h.store.overrides.Current().Entries(time.Now()) {
+			if e.Zone == name {
+				body := ""
+				path := "/rate_limit/overrides/" + name
+				if e.Digest != "" {
+					path, body = path+"/key", `{"key_digest":"`+e.Digest+`"}`
+				}
+				adminCall(t, http.MethodDelete, path, body)
+			}
+		}
+	})
+	return h, name
+}
+
+// passes sends n requests of key and counts those that pass.
+func passes(h *Handler, key string, n int) int {
+	ok := 0
+	for range n {
+		if serve(h, keyRequest(key)).Code == http.StatusOK {
+			ok++
+		}
+	}
+	return ok
+}
+
+func mustAdmin(t *testing.T, method, path, body string) string {
+	t.Helper()
+	status, out := adminCall(t, method, path, body)
+	if status != http.StatusOK {
+		t.Fatalf("%s %s %s: %d %s", method, path, body, status, out)
+	}
+	return out
+}
+
+// TestOverridesChangeDecisions: every kind of override, set and deleted
+// through the admin API, changes the decisions of the next request.
+func TestOverridesChangeDecisions(t *testing.T) {
+	h, zone := overrideZone(t, &Zone{Rate: "5r/m"}, nil)
+	base := "/rate_limit/overrides/" + zone
+	if n := passes(h, "a", 7); n != 5 {
+		t.Fatalf("key a: %d passed, want the config's 5", n)
+	}
+	mustAdmin(t, "PUT", base+"/key", `{"key":"b","rate":"100r/m","burst":100}`)
+	if n := passes(h, "b", 120); n != 100 {
+		t.Fatalf("key b with its override: %d passed, want 100", n)
+	}
+	if got := serve(h, keyRequest("b")).Header().Get("X-Ratelimit-Limit"); got != "100" {
+		t.Fatalf("key b's X-RateLimit-Limit = %q, want the override's 100", got)
+	}
+	mustAdmin(t, "PUT", base, `{"rate":"2r/m","expires_in":"1h"}`)
+	if n := passes(h, "c", 5); n != 2 {
+		t.Fatalf("key c under the zone's override: %d passed, want 2", n)
+	}
+	mustAdmin(t, "PUT", base+"/key", `{"key":"d","block":true,"expires_in":"30s"}`)
+	w := serve(h, keyRequest("d"))
+	if ra, _ := strconv.Atoi(w.Header().Get("Retry-After")); w.Code != http.StatusTooManyRequests || ra < 29 || ra > 30 {
+		t.Fatalf("blocked key d: %d, Retry-After %q, want 429 and 30", w.Code, w.Header().Get("Retry-After"))
+	}
+	mustAdmin(t, "PUT", base+"/key", `{"key":"e","exempt":true}`)
+	if n := passes(h, "e", 20); n != 20 {
+		t.Fatalf("exempt key e: %d of 20 passed", n)
+	}
+	mustAdmin(t, "PUT", base, `{"dry_run":true}`)
+	if n := passes(h, "a", 3); n != 3 {
+		t.Fatalf("key a, the zone in dry run: %d of 3 passed", n)
+	}
+	mustAdmin(t, "PUT", base, `{"disabled":true}`)
+	w = serve(h, keyRequest("a"))
+	if w.Code != http.StatusOK || w.Header().Get("X-Ratelimit-Limit") != "" {
+		t.Fatalf("key a, the zone disabled: %d, headers %v", w.Code, w.Header())
+	}
+	mustAdmin(t, "DELETE", base, "")
+	if n := passes(h, "f", 7); n != 5 {
+		t.Fatalf("key f after the zone's override was deleted: %d passed, want 5", n)
+	}
+	mustAdmin(t, "DELETE", base+"/key", `{"key":"b"}`)
+	if n := passes(h, "b", 3); n != 0 {
+		t.Fatalf("key b after its override was deleted: %d passed, want none (its bucket, at 5, is spent)", n)
+	}
+}
+
+// TestOverridesListing: GET lists the overrides in force, a key as its
+// digest; the raw key appears nowhere in the answers.
+func TestOverridesListing(t *testing.T) {
+	_, zone := overrideZone(t, &Zone{Rate: "5r/m"}, nil)
+	secret := "sk_live_very_secret"
+	out := mustAdmin(t, "PUT", "/rate_limit/overrides/"+zone+"/key", `{"key":"`+secret+`","rate":"50r/m","expires_in":"2h"}`)
+	list := mustAdmin(t, "GET", "/rate_limit/overrides", "")
+	if strings.Contains(out+list, secret) {
+		t.Fatalf("an answer shows the raw key:\n%s\n%s", out, list)
+	}
+	var stores []overrideListing
+	if err := json.Unmarshal([]byte(list), &stores); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, s := range stores {
+		for _, o := range s.Overrides {
+			if o.Zone == zone {
+				found = o.KeyDigest != "" && o.Rate == "50r/m" && o.ExpiresAt != "" && o.Kind == "limit" && o.By != ""
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("the override is not listed as set: %s", list)
+	}
+}
+
+// TestOverrideAdminErrors: malformed or inapplicable input is a 400 (an
+// unknown zone a 404) with a message that says what is wrong, and
+// nothing is stored.
+func TestOverrideAdminErrors(t *testing.T) {
+	_, zone := overrideZone(t, &Zone{Rate: "5r/m"}, nil)
+	_, window := overrideZone(t, &Zone{Rate: "5r/m", Algorithm: "fixed_window"}, nil)
+	_, conc := overrideZone(t, &Zone{MaxConcurrent: 3}, nil)
+	base := "/rate_limit/overrides/"
+	for _, c := range []struct {
+		method, path, body string
+		status             int
+		want               string
+	}{
+		{"PUT", base + zone, `{"rate":"10r/x"}`, 400, "rate: "},
+		{"PUT", base + zone, `{"burst":-1}`, 400, "burst -1"},
+		{"PUT", base + zone, `{"burst":0}`, 400, "burst 0"},
+		{"PUT", base + zone, `{"rate":"1r/s","expires_at":"2001-01-01T00:00:00Z"}`, 400, "in the past"},
+		{"PUT", base + zone, `{"rate":"1r/s","expires_in":"-5m"}`, 400, "expires_in"},
+		{"PUT", base + zone, `{"rate":"1r/s","expires_in":"1h","expires_at":"2099-01-01T00:00:00Z"}`, 400, "not both"},
+		{"PUT", base + zone, `{}`, 400, "nothing to override"},
+		{"PUT", base + zone, `{"rate":"1r/s","colour":"red"}`, 400, `unknown field "colour"`},
+		{"PUT", base + zone, `{"rate":`, 400, "malformed JSON"},
+		{"PUT", base + zone, `{"block":true}`, 400, "key's override"},
+		{"PUT", base + zone, `{"key":"sk_secret_1","rate":"1r/s"}`, 400, "/key"},
+		{"PUT", base + zone + "/key", `{"rate":"1r/s"}`, 400, `needs {"key"`},
+		{"PUT", base + zone + "/key", `{"key":"sk_secret_1","disabled":true}`, 400, "zone's override"},
+		{"PUT", base + zone + "/key", `{"key_digest":"00","rate":"1r/s"}`, 400, "32 hex digits"},
+		{"PUT", base + window, `{"burst":5}`, 400, "burst does not apply to fixed_window"},
+		{"PUT", base + conc, `{"rate":"1r/s"}`, 400, "max_concurrent zone"},
+		{"PUT", base + zone, `{"max_concurrent":3}`, 400, "max_concurrent applies to max_concurrent zones"},
+		{"PUT", base + zone, `{"rate":"1r/s","burst":2000000000000}`, 400, "burst"},
+		{"PUT", base + "no_such_zone", `{"rate":"1r/s"}`, 404, "no zone"},
+		{"POST", base + zone, `{"rate":"1r/s"}`, 405, "PUT or DELETE"},
+		{"PUT", base + zone + "/keys", `{"rate":"1r/s"}`, 404, "want /rate_limit/overrides"},
+		{"DELETE", base + zone, "", 404, "no such override"},
+		{"DELETE", base + zone + "/key", `{"key_digest":"xyz"}`, 400, "32 hex digits"},
+		{"DELETE", base + zone + "/key", `{"key":"sk_secret_1","rate":"1r/s"}`, 400, "takes no fields"},
+	} {
+		status, out := adminCall(t, c.method, c.path, c.body)
+		if status != c.status || !strings.Contains(out, c.want) {
+			t.Errorf("%s %s %s: %d %q, want %d and %q", c.method, c.path, c.body, status, out, c.status, c.want)
+		}
+		if strings.Contains(out, "sk_secret_1") {
+			t.Errorf("%s %s: the answer shows the key: %s", c.method, c.path, out)
+		}
+	}
+	list := mustAdmin(t, "GET", "/rate_limit/overrides", "")
+	for _, z := range []string{zone, window, conc} {
+		if strings.Contains(list, z) {
+			t.Fatalf("a refused change was stored: %s", list)
+		}
+	}
+}
+
+// TestOverrideExpiryRestores: when an override expires, the config's
+// limit applies again.
+func TestOverrideExpiryRestores(t *testing.T) {
+	h, zone := overrideZone(t, &Zone{Rate: "2r/h"}, nil)
+	mustAdmin(t, "PUT", "/rate_limit/overrides/"+zone+"/key", `{"key":"x","rate":"10r/h","expires_in":"300ms"}`)
+	if n := passes(h, "x", 5); n != 5 {
+		t.Fatalf("with the override: %d of 5 passed", n)
+	}
+	time.Sleep(350 * time.Millisecond)
+	// The bucket keeps its state: 5 of 10r/h spent is 30 minutes until
+	// full, which the config's burst of 2 (an hour) caps at nothing: one
+	// token is left.
+	w := serve(h, keyRequest("x"))
+	if w.Code != http.StatusOK || w.Header().Get("X-Ratelimit-Limit") != "2" {
+		t.Fatalf("after the expiry: %d, limit %q; want 200 under the config's limit of 2", w.Code, w.Header().Get("X-Ratelimit-Limit"))
+	}
+	if n := passes(h, "x", 3); n != 0 {
+		t.Fatalf("after the expiry: %d more passed, want none", n)
+	}
+}
+
+// TestKeyOverrideEveryAlgorithm: a key's override gives its bucket its own
+// limit in every algorithm, in memory and in Redis.
+func TestKeyOverrideEveryAlgorithm(t *testing.T) {
+	stores := map[string]*RedisConfig{"memory": nil, "redis": {Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: fmt.Sprintf("ovr%x:", rand.Uint64())}}
+	for store, redis := range stores {
+		for _, algo := range []string{"token_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter", "leaky_bucket"} {
+			t.Run(store+"/"+algo, func(t *testing.T) {
+				z := &Zone{Rate: "2r/h", Algorithm: algo}
+				body := `{"key":"vip","rate":"6r/h"}`
+				if algo == "leaky_bucket" {
+					z.NoDelay, z.Burst, body = true, "1", `{"key":"vip","burst":5}`
+				}
+				h, zone := overrideZone(t, z, redis)
+				mustAdmin(t, "PUT", "/rate_limit/overrides/"+zone+"/key", body)
+				if n := passes(h, "vip", 8); n != 6 {
+					t.Errorf("vip: %d passed, want its override's 6", n)
+				}
+				if n := passes(h, "other", 8); n != 2 {
+					t.Errorf("other: %d passed, want the config's 2", n)
+				}
+			})
+		}
+	}
+	t.Run("concurrency", func(t *testing.T) {
+		h, zone := overrideZone(t, &Zone{MaxConcurrent: 1}, nil)
+		mustAdmin(t, "PUT", "/rate_limit/overrides/"+zone+"/key", `{"key":"vip","max_concurrent":4}`)
+		if got := serve(h, keyRequest("vip")).Header().Get("X-Ratelimit-Limit"); got != "4" {
+			t.Fatalf("vip's limit %q, want 4", got)
+		}
+	})
+}
