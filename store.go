@@ -33,16 +33,16 @@ const memoryPoolKey = "memory"
 type sharedStore struct {
 	*limiter.Limiter
 	overrides *limiter.Overrides // the run-time overrides of the zones (overrides.go)
-	logger *zap.Logger
-	whole  string   // a Redis node's label outside a cluster: the addresses
-	nodes  sync.Map // the breakers' node labels shown in metrics
+	logger    *zap.Logger
+	whole     string   // a Redis node's label outside a cluster: the addresses
+	nodes     sync.Map // the breakers' node labels shown in metrics
 
 	capacityMu sync.Mutex
-	capacities map[*Handler]int // the memory_capacity of each handler that holds the store and sets one
+	capacities map[*Handler]int           // the memory_capacity of each handler that holds the store and sets one
 	polls      map[*Handler]time.Duration // the overrides_poll of each handler that sets one
 	poll       time.Duration              // the overrides' poll, as last set
-	capacity   atomic.Int64     // the memory store's capacity, as last set
-	watchOnce  sync.Once        // the evictions are watched
+	capacity   atomic.Int64               // the memory store's capacity, as last set
+	watchOnce  sync.Once                  // the evictions are watched
 	// evictionLogged is when evictions were last logged (Unix ns);
 	// evictedUnlogged, how many came since.
 	evictionLogged  atomic.Int64
