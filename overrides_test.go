@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
 // adminCall sends a request to the admin API's handler and returns the
@@ -257,4 +258,45 @@ func TestKeyOverrideEveryAlgorithm(t *testing.T) {
 			t.Fatalf("vip's limit %q, want 4", got)
 		}
 	})
+}
+
+// BenchmarkServeHTTPOverrides: the request path (the handler alone, as
+// BenchmarkServeHTTP, memory store) with no override, with 10,000 key
+// overrides in the zone (the client's key not among them, and among them:
+// its own limit), and with a zone's override.
+func BenchmarkServeHTTPOverrides(b *testing.B) {
+	for _, c := range []struct {
+		name       string
+		keys       int
+		hit, zoned bool
+	}{{"none", 0, false, false}, {"10000_keys", 10000, false, false}, {"10000_keys_hit", 10000, true, false}, {"zone", 0, false, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			h := benchHandler(b, fmt.Sprintf("bench_ovr%x", rand.Uint64()), "{http.request.header.X-Key}", 1, "1000000r/s")
+			z := h.zones[0]
+			ctx := b.Context()
+			for i := range c.keys {
+				d := z.bucket(fmt.Sprint("customer-", i)).Digest()
+				if err := h.store.overrides.Put(ctx, z.name, &d, limiter.Override{Rate: "2000000r/s"}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if c.hit {
+				d := z.bucket("client-1").Digest()
+				if err := h.store.overrides.Put(ctx, z.name, &d, limiter.Override{Rate: "2000000r/s"}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if c.zoned {
+				if err := h.store.overrides.Put(ctx, z.name, nil, limiter.Override{Rate: "2000000r/s", Expires: time.Now().Add(time.Hour).UnixMilli()}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			s := newBenchServer(b, h, http.StatusOK)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				s.serve(b)
+			}
+		})
+	}
 }
