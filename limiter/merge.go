@@ -132,6 +132,14 @@ type joiner struct {
 	units []unit
 	open  map[joinKey]int // in a cluster, the latest unit of each joinKey
 	last  map[string]int  // in a cluster, the unit of the latest item of each hash tag
+	// The room the batches reuse: the items and parts of the units that
+	// grew past one (spare, once a batch is answered), and the arguments
+	// and key counts of the batched calls (args, sizes: room handed out,
+	// never moved, until reset).
+	spareItems [][]queued
+	spareParts [][]evalParts
+	args       []any
+	sizes      []int
 }
 
 // join returns the commands for items: those that may be one call (see
@@ -162,6 +170,9 @@ func (j *joiner) join(items []queued, mode joinMode) []unit {
 		u, ok := j.into(k, p.tag, w, mode)
 		if ok {
 			uu := &j.units[u]
+			if len(uu.items) == cap(uu.items) {
+				uu.items, uu.parts = j.grow(uu.items, uu.parts)
+			}
 			uu.items, uu.parts, uu.weight = append(uu.items, it), append(uu.parts, p), uu.weight+w
 			uu.tags = uu.tags || p.tag != uu.parts[0].tag
 		} else {
@@ -175,11 +186,37 @@ func (j *joiner) join(items []queued, mode joinMode) []unit {
 	for k := range j.units {
 		u := &j.units[k]
 		if len(u.items) > 1 {
-			u.cmd, u.sizes = batchCmd(u.items[0].ctx, u.parts, u.tags)
+			u.cmd, u.sizes = j.batchCmd(u.items[0].ctx, u.parts, u.tags)
 		}
-		u.parts = nil
 	}
 	return j.units
+}
+
+// grow returns room for more items and parts than items and parts hold,
+// with them copied in: spare room of an earlier batch when there is some
+// large enough, else new room (twice as large, at least 8).
+func (j *joiner) grow(items []queued, parts []evalParts) ([]queued, []evalParts) {
+	need := 2 * len(items)
+	var ni []queued
+	var np []evalParts
+	if n := len(j.spareItems); n > 0 && cap(j.spareItems[n-1]) >= need && cap(j.spareParts[n-1]) >= need {
+		ni, np = j.spareItems[n-1], j.spareParts[n-1]
+		j.spareItems, j.spareParts = j.spareItems[:n-1], j.spareParts[:n-1]
+	} else {
+		ni, np = make([]queued, 0, max(need, 8)), make([]evalParts, 0, max(need, 8))
+	}
+	return append(ni, items...), append(np, parts...)
+}
+
+// room returns n elements of room from *arena (handed out, never moved
+// until the arena's reset), a new arena when it has too little left.
+func room[T any](arena *[]T, n int) []T {
+	a := *arena
+	if cap(a)-len(a) < n {
+		a = make([]T, 0, max(n, 2*cap(a), 256))
+	}
+	*arena = a[:len(a)+n]
+	return a[len(a) : len(a) : len(a)+n]
 }
 
 // into returns the unit that a command of joinKey k, hash tag tag and
@@ -206,6 +243,15 @@ func (j *joiner) add(it queued, p evalParts, k joinKey, w int) {
 // reset lets go of the last batch's units (their commands and callers'
 // contexts), keeping the room.
 func (j *joiner) reset() {
+	for _, u := range j.units {
+		if cap(u.items) > 1 { // room of its own: spare for the next batches
+			clear(u.items)
+			clear(u.parts)
+			j.spareItems, j.spareParts = append(j.spareItems, u.items[:0]), append(j.spareParts, u.parts[:0])
+		}
+	}
+	clear(j.args)
+	j.args, j.sizes = j.args[:0], j.sizes[:0]
 	clear(j.units)
 	j.units = j.units[:0]
 	clear(j.last)
@@ -217,14 +263,14 @@ func (j *joiner) reset() {
 // then the number of keys of each (see common.lua). Its keys are declared
 // unless undeclared (ps hold several slots' keys: then the call declares
 // none, and its arguments start with the number of keys, then the keys).
-func batchCmd(ctx context.Context, ps []evalParts, undeclared bool) (onceCmd, []int) {
-	sizes := make([]int, len(ps))
+func (j *joiner) batchCmd(ctx context.Context, ps []evalParts, undeclared bool) (onceCmd, []int) {
+	sizes := room(&j.sizes, len(ps))[:len(ps)]
 	keys, argv := 0, 0
 	for i, p := range ps {
 		sizes[i] = len(p.keys)
 		keys, argv = keys+len(p.keys), argv+len(p.argv)
 	}
-	a := make([]any, 0, 6+keys+argv+len(ps))
+	a := room(&j.args, 6+keys+argv+len(ps))
 	a = append(a, "evalsha", ps[0].sha, keys)
 	if undeclared {
 		a = append(a[:2], 0, keys)
@@ -279,6 +325,7 @@ func (u unit) answer() {
 		err = fmt.Errorf("%w: %d integers for a batch, want %d", errReply, len(reply), want)
 	}
 	pos := 1
+	var own []int64
 	for j, it := range u.items {
 		end := pos + 1 + replyPerKey*u.sizes[j]
 		switch {
@@ -290,10 +337,13 @@ func (u unit) answer() {
 			it.cmd.SetErr(errBatchScript)
 		case reply[pos] == -3:
 			it.cmd.SetErr(errBatchElsewhere)
-		default:
-			own := make([]int64, 1, end-pos+1)
-			own[0] = reply[0]
-			it.cmd.SetVal(append(own, reply[pos:end]...))
+		default: // each its own part of one array
+			if own == nil {
+				own = make([]int64, 0, len(reply)-1+len(u.items))
+			}
+			start := len(own)
+			own = append(append(own, reply[0]), reply[pos:end]...)
+			it.cmd.SetVal(own[start:len(own):len(own)])
 		}
 		pos = end
 	}

@@ -138,6 +138,7 @@ func (s *RedisStore) Close() error {
 // has run it, the script's reply. flags, in a refund, are the keys' flags
 // in the same order (their takes': see takenFlag); nil otherwise.
 type scriptRun struct {
+	pooled *oneRun // the oneRun it is in, from oneRuns; nil for others
 	script *luaScript
 	idx    []int
 	keys   []string
@@ -152,6 +153,21 @@ type oneRun struct {
 	run  [1]scriptRun
 	key  [1]string
 	args [5 + 1 + argsPerKey]any
+}
+
+// oneRuns are the oneRuns of takes that ended: a take's run is done with
+// once its reply is decoded (the pipeline that carried it has answered,
+// and nothing reads a command after its answer).
+var oneRuns = sync.Pool{New: func() any { return new(oneRun) }}
+
+// recycleRuns gives back the oneRun of runs, if any: none of runs may be
+// read afterwards.
+func recycleRuns(runs []scriptRun) {
+	if len(runs) == 1 && runs[0].pooled != nil {
+		one := runs[0].pooled
+		*one = oneRun{}
+		oneRuns.Put(one)
+	}
 }
 
 // RefundError reports that a request refused by one zone was refused, but
@@ -195,6 +211,7 @@ func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]De
 		}
 		allowed = allowed && ok
 	}
+	recycleRuns(runs) // a single run is never refunded
 	if !allowed && len(runs) > 1 {
 		rctx, cancel := refundContext(ctx, start)
 		defer cancel()
@@ -240,9 +257,9 @@ var firstIndex = []int{0}
 // run per algorithm and hash slot (that is, per client key).
 func (s *RedisStore) scriptRuns(reqs []Request) []scriptRun {
 	if len(reqs) == 1 { // the common case, without the grouping
-		r, one := reqs[0], new(oneRun)
+		r, one := reqs[0], oneRuns.Get().(*oneRun)
 		one.key[0] = s.key(r)
-		one.run[0] = scriptRun{script: scripts[min(int(r.Policy.Algorithm), len(scripts)-1)], idx: firstIndex,
+		one.run[0] = scriptRun{pooled: one, script: scripts[min(int(r.Policy.Algorithm), len(scripts)-1)], idx: firstIndex,
 			keys: one.key[:], args: one.args[:0]}
 		return one.run[:]
 	}
