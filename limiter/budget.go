@@ -27,6 +27,11 @@ func budgetFrom(start time.Time, d time.Duration) *budget {
 	return &budget{start: start, deadline: start.Add(d)}
 }
 
+// budgets are the budgets of takes that ended with every command
+// answered (a command whose caller left may still be queued, with its
+// budget: such a budget is not given back).
+var budgets = sync.Pool{New: func() any { return new(budget) }}
+
 // expired reports whether the budget is spent at now.
 func (b *budget) expired(now time.Time) bool { return !now.Before(b.deadline) }
 

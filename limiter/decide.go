@@ -231,8 +231,13 @@ func (l *Limiter) takeRedis(ctx context.Context, now time.Time, reqs []Request, 
 		return d, nil
 	}
 	start := time.Now()
-	decisions, err := l.redis.Take(budgetFrom(start, l.timeout), reqs) // budget.go: no timer of its own
+	b := budgets.Get().(*budget) // budget.go: no timer of its own
+	*b = budget{start: start, deadline: start.Add(l.timeout)}
+	decisions, err := l.redis.Take(b, reqs)
 	call.Store, call.Took = "redis", time.Since(start)
+	if err == nil { // every command answered: nothing holds b
+		budgets.Put(b)
+	}
 	var refund *RefundError
 	if errors.As(err, &refund) { // the request is refused either way
 		ev.Debug("refund of a refused request failed; its tokens stay taken", err)

@@ -153,6 +153,7 @@ type oneRun struct {
 	run  [1]scriptRun
 	key  [1]string
 	args [5 + 1 + argsPerKey]any
+	cmd  redis.IntSliceCmd // the run's command (evalCmd)
 }
 
 // oneRuns are the oneRuns of takes that ended: a take's run is done with

@@ -50,6 +50,10 @@ func evalCmd(ctx context.Context, sr scriptRun, sha bool, now, mode string, reqs
 		pa := policyArgs(p.Rate, period, p.Burst)
 		a = append(a, pa[0], pa[1], pa[2], reqs[i].Cost, flag, reqs[i].ID)
 	}
+	if sr.pooled != nil && sr.pooled.cmd.Args() == nil { // the command lives in the run's room
+		sr.pooled.cmd = *redis.NewIntSliceCmd(ctx, a...)
+		return onceCmd{&sr.pooled.cmd}
+	}
 	return onceCmd{redis.NewIntSliceCmd(ctx, a...)}
 }
 
