@@ -26,6 +26,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,6 +41,7 @@ const overrideEvent = "rate_limit_override"
 
 // overrideBody is the body of a PUT or DELETE of an override.
 type overrideBody struct {
+	Store         string  `json:"store,omitempty"`
 	Key           *string `json:"key,omitempty"`
 	KeyDigest     string  `json:"key_digest,omitempty"`
 	Rate          string  `json:"rate,omitempty"`
@@ -56,9 +58,11 @@ type overrideBody struct {
 // overrideTarget is what a request names: a zone, and maybe a key.
 type overrideTarget struct {
 	zone   string
-	refs   []zoneRef // the zone in each store that has it
-	key    bool      // a key's override
-	digest [16]byte  // of the key, in the first ref's zone
+	refs   []zoneRef    // the zone, in the store (none: an orphan)
+	store  *sharedStore // where the override is
+	orphan bool         // the running config has no zone of that name (a DELETE)
+	key    bool         // a key's override
+	digest [16]byte     // of the key, as the zone digests it
 }
 
 // serveOverrides serves the paths under /rate_limit/overrides.
@@ -78,12 +82,12 @@ func serveOverrides(w http.ResponseWriter, r *http.Request, path string) error {
 	if r.Method != http.MethodPut && r.Method != http.MethodDelete {
 		return apiError(http.StatusMethodNotAllowed, "method %s not allowed: PUT or DELETE", r.Method)
 	}
-	t := overrideTarget{zone: zone, refs: zoneRefs(zone), key: sub == "key"}
-	if len(t.refs) == 0 {
-		return apiError(http.StatusNotFound, "no zone %q", zone)
-	}
 	body, err := readOverrideBody(r)
 	if err != nil {
+		return err
+	}
+	t := overrideTarget{zone: zone, key: sub == "key"}
+	if err := t.find(body.Store, r.Method); err != nil {
 		return err
 	}
 	if err := t.readKey(body); err != nil {
@@ -93,6 +97,53 @@ func serveOverrides(w http.ResponseWriter, r *http.Request, path string) error {
 		return deleteOverride(w, r, t, body)
 	}
 	return putOverride(w, r, t, body)
+}
+
+// find sets the zone's store: the one named (store), or the only one the
+// running config has the zone in. A DELETE may name a zone no longer in
+// the config, whose override is still in a store.
+func (t *overrideTarget) find(store, method string) error {
+	t.refs = zoneRefs(t.zone)
+	if store != "" {
+		t.refs = slices.DeleteFunc(t.refs, func(r zoneRef) bool { return r.h.store.label() != store })
+	}
+	switch {
+	case len(t.refs) == 1:
+		t.store = t.refs[0].h.store
+		return nil
+	case len(t.refs) > 1:
+		labels := make([]string, len(t.refs))
+		for i, r := range t.refs {
+			labels[i] = strconv.Quote(r.h.store.label())
+		}
+		return apiError(http.StatusConflict, "zone %q is in %d stores (%s): name one with \"store\" in the body", t.zone, len(t.refs), strings.Join(labels, ", "))
+	case method == http.MethodDelete:
+		return t.findOrphan(store)
+	case store != "":
+		return apiError(http.StatusNotFound, "no zone %q in store %q", t.zone, store)
+	}
+	return apiError(http.StatusNotFound, "no zone %q", t.zone)
+}
+
+// findOrphan finds the store holding overrides of a zone that the running
+// config no longer has, for a DELETE.
+func (t *overrideTarget) findOrphan(store string) error {
+	var found []*sharedStore
+	for _, s := range runningStores() {
+		set := s.overrides.Current()
+		_, zoned := set.Zone(t.zone)
+		if (store == "" || s.label() == store) && (zoned && !t.key || t.key && set.HasKeys(t.zone)) {
+			found = append(found, s)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return apiError(http.StatusNotFound, "no zone %q, and no override of it", t.zone)
+	case 1:
+		t.store, t.orphan = found[0], true
+		return nil
+	}
+	return apiError(http.StatusConflict, "zone %q has overrides in %d stores: name one with \"store\" in the body", t.zone, len(found))
 }
 
 func apiError(status int, format string, args ...any) error {
@@ -151,10 +202,11 @@ func (t *overrideTarget) readKey(b overrideBody) error {
 	switch {
 	case b.Key != nil && b.KeyDigest != "":
 		return apiError(http.StatusBadRequest, "give key or key_digest, not both")
+	case b.Key != nil && *b.Key == "":
+		return apiError(http.StatusBadRequest, "an empty key names the one bucket of every request without a key: refused")
+	case b.Key != nil && t.orphan:
+		return apiError(http.StatusBadRequest, "zone %q is not in the running config: give the key_digest that GET /rate_limit/overrides shows", t.zone)
 	case b.Key != nil:
-		if len(t.refs) > 1 && !sameHasher(t.refs) {
-			return apiError(http.StatusConflict, "zone %q is in stores whose key digests differ (key_secret): change it in one config at a time", t.zone)
-		}
 		t.digest = t.refs[0].z.bucket(*b.Key).Digest()
 	case b.KeyDigest != "":
 		d, err := limiter.ParseDigest(b.KeyDigest)
@@ -168,90 +220,89 @@ func (t *overrideTarget) readKey(b overrideBody) error {
 	return nil
 }
 
-// sameHasher reports whether refs' zones digest keys alike.
-func sameHasher(refs []zoneRef) bool {
-	for _, r := range refs[1:] {
-		if r.z.hasher != refs[0].z.hasher {
-			return false
-		}
-	}
-	return true
-}
-
-// putOverride validates the override against every zone it changes, then
-// writes it to each of their stores.
+// putOverride validates the override against the zone, with the zone's
+// own override for a key's, then writes it.
 func putOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b overrideBody) error {
-	o, err := b.override(t.key, time.Now())
+	now, err := t.store.overrides.Now(context.Background())
+	if err != nil {
+		return apiError(http.StatusBadGateway, "store %s: reading its clock: %v", t.store.label(), err)
+	}
+	o, err := b.override(t.key, now)
 	if err != nil {
 		return apiError(http.StatusBadRequest, "%v", err)
 	}
-	for _, ref := range t.refs {
-		if err := ref.z.checkOverride(&o); err != nil {
-			return apiError(http.StatusBadRequest, "zone %q: %v", t.zone, err)
-		}
+	if err := t.check(&o, now); err != nil {
+		return apiError(http.StatusBadRequest, "zone %q: %v", t.zone, err)
 	}
 	o.By = adminIdentity(r)
-	var digest *[16]byte
-	if t.key {
-		digest = &t.digest
-	}
-	for _, s := range t.stores() {
-		if err := s.overrides.Put(context.Background(), t.zone, digest, o); err != nil {
-			return apiError(http.StatusBadGateway, "store %s: %v", s.label(), err)
-		}
+	if err := t.store.overrides.Put(context.Background(), t.zone, t.digestPtr(), o); err != nil {
+		return apiError(http.StatusBadGateway, "store %s: %v", t.store.label(), err)
 	}
 	t.changed("set", &o)
 	entry := limiter.OverrideEntry{Zone: t.zone, Override: o}
 	if t.key {
 		entry.Digest = hex.EncodeToString(t.digest[:])
 	}
-	return writeJSON(w, overrideView(entry))
+	out := overrideView(entry)
+	out.Store = t.store.label()
+	return writeJSON(w, out)
 }
 
-// deleteOverride removes the override from every store of the zone.
-func deleteOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b overrideBody) error {
-	if b != (overrideBody{Key: b.Key, KeyDigest: b.KeyDigest}) {
-		return apiError(http.StatusBadRequest, `a DELETE takes no fields but the key ({"key": ...} or {"key_digest": ...})`)
+// check reports whether o fits t's zone, and, for a key's, with the
+// zone's own override in force.
+func (t overrideTarget) check(o *limiter.Override, now time.Time) error {
+	z := t.refs[0].z
+	p := z.policy
+	if zo, ok := t.store.overrides.Current().Zone(z.name); ok && t.key && zo.Active(now) && overrideFits(p.Algorithm, &zo) == nil {
+		p = z.withOverride(p, &zo)
 	}
-	var digest *[16]byte
-	if t.key {
-		digest = &t.digest
+	if err := overrideFits(p.Algorithm, o); err != nil {
+		return err
 	}
-	found := false
-	for _, s := range t.stores() {
-		f, err := s.overrides.Delete(context.Background(), t.zone, digest)
-		if err != nil {
-			return apiError(http.StatusBadGateway, "store %s: %v", s.label(), err)
+	p = z.withOverride(p, o)
+	if err := cmp.Or(p.Validate(), checkAlgorithmLimits(p)); err != nil {
+		if t.key {
+			return fmt.Errorf("with the zone's override: %w", err)
 		}
-		found = found || f
+		return err
+	}
+	return nil
+}
+
+func (t overrideTarget) digestPtr() *[16]byte {
+	if t.key {
+		return &t.digest
+	}
+	return nil
+}
+
+// deleteOverride removes the override.
+func deleteOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b overrideBody) error {
+	if b != (overrideBody{Key: b.Key, KeyDigest: b.KeyDigest, Store: b.Store}) {
+		return apiError(http.StatusBadRequest, `a DELETE takes no fields but the key ({"key": ...} or {"key_digest": ...}) and the store`)
+	}
+	found, err := t.store.overrides.Delete(context.Background(), t.zone, t.digestPtr())
+	if err != nil {
+		return apiError(http.StatusBadGateway, "store %s: %v", t.store.label(), err)
 	}
 	if !found {
 		return apiError(http.StatusNotFound, "zone %q has no such override", t.zone)
 	}
 	t.changed("deleted", &limiter.Override{By: adminIdentity(r)})
-	out := map[string]any{"zone": t.zone, "deleted": true}
+	out := map[string]any{"zone": t.zone, "deleted": true, "store": t.store.label()}
 	if t.key {
 		out["key_digest"] = hex.EncodeToString(t.digest[:])
 	}
 	return writeJSON(w, out)
 }
 
-// stores are the distinct stores of t's zones.
-func (t overrideTarget) stores() []*sharedStore {
-	var list []*sharedStore
-	for _, r := range t.refs {
-		if !slices.Contains(list, r.h.store) {
-			list = append(list, r.h.store)
-		}
-	}
-	return list
-}
-
-// changed logs a change at info level and emits it as a Caddy event.
+// changed logs a change at info level and emits it as a Caddy event. A
+// key's digest is shown when it is keyed (key_secret, or the memory
+// store's): a plain SHA-256 of a guessable key (an address) would tell it.
 func (t overrideTarget) changed(action string, o *limiter.Override) {
-	fields := []zap.Field{zap.String("zone", t.zone), zap.String("action", action), zap.String("by", o.By)}
-	data := map[string]any{"zone": t.zone, "action": action, "by": o.By}
-	if t.key {
+	fields := []zap.Field{zap.String("zone", t.zone), zap.String("store", t.store.label()), zap.String("action", action), zap.String("by", o.By)}
+	data := map[string]any{"zone": t.zone, "store": t.store.label(), "action": action, "by": o.By}
+	if t.key && t.keyedDigest() {
 		d := hex.EncodeToString(t.digest[:])
 		fields, data["key_digest"] = append(fields, zap.String("key_digest", d)), d
 	}
@@ -261,11 +312,19 @@ func (t overrideTarget) changed(action string, o *limiter.Override) {
 			zap.Int64("max_concurrent", o.MaxConcurrent), zap.String("until", cmp.Or(v.ExpiresAt, "deleted")))
 		data["kind"], data["override"] = o.Kind(), v
 	}
-	ref := t.refs[len(t.refs)-1]
-	ref.h.logger.Info("rate limit override "+action, fields...)
-	if ref.h.events != nil {
-		ref.h.events.Emit(ref.h.eventCtx, overrideEvent, data)
+	logger := caddy.Log().Named("http.handlers.rate_limit")
+	if len(t.refs) > 0 {
+		logger = t.refs[0].h.logger
 	}
+	logger.Info("rate limit override "+action, fields...)
+	if len(t.refs) > 0 && t.refs[0].h.events != nil {
+		t.refs[0].h.events.Emit(t.refs[0].h.eventCtx, overrideEvent, data)
+	}
+}
+
+// keyedDigest reports whether the zone's key digests are keyed.
+func (t overrideTarget) keyedDigest() bool {
+	return len(t.refs) > 0 && t.refs[0].z.hasher != nil
 }
 
 // maxOverrideExpiry bounds how far an override's expiry may be.
@@ -325,22 +384,6 @@ func (b overrideBody) expiry(now time.Time) (int64, error) {
 	return max(at.UnixMilli(), now.UnixMilli()+1), nil
 }
 
-// checkOverride reports whether o applies to z's algorithm, and gives
-// it a valid policy.
-func (z *Zone) checkOverride(o *limiter.Override) error {
-	algo := z.policy.Algorithm
-	switch {
-	case algo == limiter.Concurrency && (o.Rate != "" || o.Burst != 0):
-		return errors.New("a max_concurrent zone takes max_concurrent, not rate or burst")
-	case algo != limiter.Concurrency && o.MaxConcurrent != 0:
-		return fmt.Errorf("max_concurrent applies to max_concurrent zones; this one is %s (give rate or burst)", algo)
-	case algo.Windowed() && o.Burst != 0:
-		return fmt.Errorf("burst does not apply to %s: its limit is N of the rate per window", algo)
-	}
-	p := z.withOverride(z.policy, o)
-	return cmp.Or(p.Validate(), checkAlgorithmLimits(p))
-}
-
 // zoneRefs are the zones named name of the newest config, one per store.
 func zoneRefs(name string) []zoneRef {
 	registry.Lock()
@@ -365,6 +408,7 @@ type overrideListing struct {
 
 // overrideOutput is an override as the admin API shows it.
 type overrideOutput struct {
+	Store         string `json:"store,omitempty"`
 	Zone          string `json:"zone"`
 	KeyDigest     string `json:"key_digest,omitempty"`
 	Kind          string `json:"kind"`
@@ -396,14 +440,7 @@ func overrideView(e limiter.OverrideEntry) overrideOutput {
 // listOverrides lists the overrides in force in the stores of the
 // running handlers.
 func listOverrides() []overrideListing {
-	registry.Lock()
-	var stores []*sharedStore
-	for _, r := range registry.zones {
-		if !slices.Contains(stores, r.h.store) {
-			stores = append(stores, r.h.store)
-		}
-	}
-	registry.Unlock()
+	stores := runningStores()
 	list := make([]overrideListing, 0, len(stores))
 	now := time.Now()
 	for _, s := range stores {
@@ -415,6 +452,19 @@ func listOverrides() []overrideListing {
 		list = append(list, l)
 	}
 	return list
+}
+
+// runningStores are the distinct stores of the running handlers.
+func runningStores() []*sharedStore {
+	registry.Lock()
+	defer registry.Unlock()
+	var stores []*sharedStore
+	for _, r := range registry.zones {
+		if !slices.Contains(stores, r.h.store) {
+			stores = append(stores, r.h.store)
+		}
+	}
+	return stores
 }
 
 // adminIdentity is who made an admin request, as far as Caddy's admin

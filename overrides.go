@@ -8,6 +8,10 @@ package ratelimit
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -45,15 +49,21 @@ func zoneDisabled(set *limiter.OverrideSet, z *Zone, c *overrideClock) bool {
 
 // override applies the overrides in force of set to req, z's request: the
 // zone's, then its key's (a limit of its own, a block, an exemption).
-// False when the key is exempt: z does not count the request.
+// False when the key is exempt: z does not count the request. An
+// override's limit that z's algorithm does not take (an override set for
+// an earlier config, or another instance's zone of that name), or that
+// gives no valid policy with the other, is left out, with a warning once
+// per zone: the key's first, then the zone's too.
 func (z *Zone) override(set *limiter.OverrideSet, req *limiter.Request, c *overrideClock, logger *zap.Logger) bool {
-	p := req.Policy
+	base := req.Policy
+	p := base
 	if o, ok := set.Zone(z.name); ok && o.Active(c.time()) {
-		p = z.withOverride(p, &o)
+		p = z.limitsOf(p, &o, logger)
 		if o.DryRun != nil {
 			req.DryRun = *o.DryRun
 		}
 	}
+	zoned := p
 	if set.HasKeys(z.name) {
 		if o, ok := set.Key(z.name, req.Digest()); ok && o.Active(c.time()) {
 			switch {
@@ -65,17 +75,53 @@ func (z *Zone) override(set *limiter.OverrideSet, req *limiter.Request, c *overr
 					req.Block = min(at.Sub(c.time()), maxBlockRetry)
 				}
 			}
-			p = z.withOverride(p, &o)
+			p = z.limitsOf(p, &o, logger)
 		}
 	}
-	if p != req.Policy {
-		if err := cmp.Or(p.Validate(), checkAlgorithmLimits(p)); err != nil {
-			z.warn(fieldOverride, logger, err)
+	for _, q := range [...]limiter.Policy{p, zoned} {
+		if q == base {
 			return true
 		}
-		req.Policy = p
+		if err := cmp.Or(q.Validate(), checkAlgorithmLimits(q)); err == nil {
+			req.Policy = q
+			return true
+		} else {
+			z.warnOverride(logger, err)
+		}
 	}
 	return true
+}
+
+// limitsOf is p with o's limits, when z's algorithm takes them; else p,
+// with a warning.
+func (z *Zone) limitsOf(p limiter.Policy, o *limiter.Override, logger *zap.Logger) limiter.Policy {
+	if err := overrideFits(p.Algorithm, o); err != nil {
+		z.warnOverride(logger, err)
+		return p
+	}
+	return z.withOverride(p, o)
+}
+
+// overrideFits reports whether a zone of algo takes o's limits.
+func overrideFits(algo limiter.Algorithm, o *limiter.Override) error {
+	switch {
+	case algo == limiter.Concurrency && (o.Rate != "" || o.Burst != 0):
+		return errors.New("a max_concurrent zone takes max_concurrent, not rate or burst")
+	case algo != limiter.Concurrency && o.MaxConcurrent != 0:
+		return fmt.Errorf("max_concurrent applies to max_concurrent zones; this one is %s (give rate or burst)", algo)
+	case algo.Windowed() && o.Burst != 0:
+		return fmt.Errorf("burst does not apply to %s: its limit is N of the rate per window", algo)
+	}
+	return nil
+}
+
+// warnOverride logs, once per zone, that an override was left out.
+func (z *Zone) warnOverride(logger *zap.Logger, err error) {
+	if z.warned[fieldOverride].CompareAndSwap(false, true) {
+		logger.Warn("a run-time override does not fit this zone and is left out: the config's limit applies to what it would change; "+
+			"see GET /rate_limit/overrides, and set it again or delete it (logged once per zone)",
+			zap.String("zone", z.name), zap.Error(err))
+	}
 }
 
 // withOverride is p with o's rate, burst or max_concurrent. A rate
@@ -144,7 +190,8 @@ func (s *sharedStore) holdPoll(h *Handler, d time.Duration) {
 type overrideEvents struct{ s *sharedStore }
 
 // OverridesLoaded counts the overrides now in force, and logs those that
-// expired; the loads themselves are logged at debug level.
+// expired (a zone's on a line of its own, the keys' counted per zone); the
+// loads themselves are logged at debug level.
 func (e overrideEvents) OverridesLoaded(set *limiter.OverrideSet, via string, expired []limiter.OverrideEntry) {
 	zones, keys := set.Count(time.Now())
 	label := e.s.label()
@@ -152,11 +199,26 @@ func (e overrideEvents) OverridesLoaded(set *limiter.OverrideSet, via string, ex
 	metrics.overrides.WithLabelValues(label, "key").Set(float64(keys))
 	e.s.logger.Debug("rate limit overrides read", zap.String("store", label), zap.String("via", via),
 		zap.Int64("version", set.Version()), zap.Int("zones", zones), zap.Int("keys", keys))
+	keyed := map[string]int{}
 	for _, x := range expired {
+		if x.Digest != "" {
+			keyed[x.Zone]++
+			continue
+		}
 		e.s.logger.Info("rate limit override expired: the config's limit applies again",
-			zap.String("zone", x.Zone), zap.String("key_digest", x.Digest), zap.String("kind", x.Kind()),
-			zap.Time("expired", x.ExpiresAt()))
+			zap.String("zone", x.Zone), zap.String("kind", x.Kind()), zap.Time("expired", x.ExpiresAt()))
 	}
+	for _, zone := range slices.Sorted(maps.Keys(keyed)) {
+		e.s.logger.Info("rate limit overrides of keys expired: the config's limit applies to them again",
+			zap.String("zone", zone), zap.Int("keys", keyed[zone]))
+	}
+}
+
+// OverridesNotPushed logs that changes arrive through the poll alone.
+func (e overrideEvents) OverridesNotPushed(err error) {
+	e.s.logger.Warn("rate limit overrides: Redis does not confirm the subscription to their changes, which other instances "+
+		"then reach here only at each overrides_poll; if Redis has ACLs, allow the channel (see the Redis docs)",
+		zap.String("store", e.s.label()), zap.Error(err))
 }
 
 // OverrideSkipped logs an entry that could not be read.
@@ -176,13 +238,14 @@ func (e overrideEvents) OverridesFailing(err error) {
 	e.s.logger.Info("rate limit overrides read again", zap.String("store", e.s.label()))
 }
 
-// label names the store in the overrides' metric and logs: "memory", or
-// the Redis's addresses.
+// label names the store in the overrides' admin API, metric and logs:
+// "memory", or the Redis's addresses, then its db and key prefix when
+// they are not the defaults ("10.0.1.2:6379 db 1 prefix api:").
 func (s *sharedStore) label() string {
 	if s.Kind() == "memory" {
 		return "memory"
 	}
-	return s.whole
+	return s.namespace
 }
 
 // Interface guard.

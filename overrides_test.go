@@ -188,6 +188,8 @@ func TestOverrideAdminErrors(t *testing.T) {
 		{"POST", base + zone, `{"rate":"1r/s"}`, 405, "PUT or DELETE"},
 		{"PUT", base + zone + "/keys", `{"rate":"1r/s"}`, 404, "want /rate_limit/overrides"},
 		{"DELETE", base + zone, "", 404, "no such override"},
+		{"PUT", base + zone + "/key", `{"key":"","exempt":true}`, 400, "empty key"},
+		{"PUT", base + zone, `{"rate":"1r/s","store":"elsewhere"}`, 404, "no zone"},
 		{"DELETE", base + zone + "/key", `{"key_digest":"xyz"}`, 400, "32 hex digits"},
 		{"DELETE", base + zone + "/key", `{"key":"sk_secret_1","rate":"1r/s"}`, 400, "takes no fields"},
 	} {
@@ -204,6 +206,91 @@ func TestOverrideAdminErrors(t *testing.T) {
 		if strings.Contains(list, z) {
 			t.Fatalf("a refused change was stored: %s", list)
 		}
+	}
+}
+
+// TestOverrideLeftOutWhereItDoesNotFit: an override kept from a zone of
+// another algorithm (the config changed, or another instance's zone of
+// that name) does not change this zone's limit; a key's override that
+// gives no valid limit with the zone's is refused.
+func TestOverrideLeftOutWhereItDoesNotFit(t *testing.T) {
+	name := fmt.Sprintf("ovr_fit_%x", rand.Uint64())
+	conc := &Handler{Zones: map[string]*Zone{name: {Key: "{http.request.header.X-Key}", MaxConcurrent: 5}}}
+	if err := provision(t, conc); err != nil {
+		t.Fatal(err)
+	}
+	mustAdmin(t, "PUT", "/rate_limit/overrides/"+name, `{"max_concurrent":1000}`)
+	t.Cleanup(func() { adminCall(t, "DELETE", "/rate_limit/overrides/"+name, "") })
+	conc.Cleanup()
+	rated := &Handler{Zones: map[string]*Zone{name: {Key: "{http.request.header.X-Key}", Rate: "1r/m"}}}
+	if err := provision(t, rated); err != nil {
+		t.Fatal(err)
+	}
+	if n := passes(rated, "k", 5); n != 1 {
+		t.Fatalf("a rate zone under a max_concurrent zone's override: %d of 5 passed, want its own 1", n)
+	}
+
+	h, leaky := overrideZone(t, &Zone{Rate: "1r/s", Algorithm: "leaky_bucket", Burst: "5"}, nil)
+	mustAdmin(t, "PUT", "/rate_limit/overrides/"+leaky, `{"rate":"1r/10s"}`)
+	status, out := adminCall(t, "PUT", "/rate_limit/overrides/"+leaky+"/key", `{"key":"k","burst":120}`)
+	if status != 400 || !strings.Contains(out, "with the zone's override") {
+		t.Fatalf("a key's burst that the zone's override makes wait too long: %d %s, want 400", status, out)
+	}
+	_ = h
+}
+
+// TestOverrideStoreNamed: a zone name in two stores (a site on the memory
+// store, another on Redis) takes a change only for the store named.
+func TestOverrideStoreNamed(t *testing.T) {
+	name := fmt.Sprintf("ovr_two_%x", rand.Uint64())
+	mem := &Handler{Zones: map[string]*Zone{name: {Key: "{http.request.header.X-Key}", Rate: "2r/m"}}}
+	red := &Handler{Zones: map[string]*Zone{name: {Key: "{http.request.header.X-Key}", Rate: "2r/m"}},
+		Redis: &RedisConfig{Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: fmt.Sprintf("two%x:", rand.Uint64())}}
+	for _, h := range []*Handler{mem, red} {
+		if err := provision(t, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status, out := adminCall(t, "PUT", "/rate_limit/overrides/"+name, `{"disabled":true}`)
+	if status != 409 || !strings.Contains(out, `"memory"`) {
+		t.Fatalf("a zone in two stores, no store named: %d %s, want 409 naming them", status, out)
+	}
+	mustAdmin(t, "PUT", "/rate_limit/overrides/"+name, `{"disabled":true,"store":"memory"}`)
+	t.Cleanup(func() { adminCall(t, "DELETE", "/rate_limit/overrides/"+name, `{"store":"memory"}`) })
+	if n := passes(mem, "k", 4); n != 4 {
+		t.Fatalf("the memory store's zone, disabled: %d of 4 passed", n)
+	}
+	if n := passes(red, "k", 4); n != 2 {
+		t.Fatalf("the Redis store's zone, not named: %d of 4 passed, want its 2", n)
+	}
+}
+
+// TestOverrideOfAZoneGone: an override of a zone that the config no
+// longer has can be deleted, by its digest for a key's.
+func TestOverrideOfAZoneGone(t *testing.T) {
+	name := fmt.Sprintf("ovr_gone_%x", rand.Uint64())
+	h := &Handler{Zones: map[string]*Zone{name: {Key: "{http.request.header.X-Key}", Rate: "2r/m"}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	keep := &Handler{Zones: map[string]*Zone{name + "_other": {Key: "{http.request.header.X-Key}", Rate: "2r/m"}}}
+	if err := provision(t, keep); err != nil { // the memory store stays in use
+		t.Fatal(err)
+	}
+	mustAdmin(t, "PUT", "/rate_limit/overrides/"+name, `{"disabled":true}`)
+	out := mustAdmin(t, "PUT", "/rate_limit/overrides/"+name+"/key", `{"key":"k","block":true}`)
+	var set overrideOutput
+	if err := json.Unmarshal([]byte(out), &set); err != nil {
+		t.Fatal(err)
+	}
+	h.Cleanup()
+	if status, out := adminCall(t, "DELETE", "/rate_limit/overrides/"+name+"/key", `{"key":"k"}`); status != 400 || !strings.Contains(out, "key_digest") {
+		t.Fatalf("a key's delete by key, its zone gone: %d %s, want 400 asking for the digest", status, out)
+	}
+	mustAdmin(t, "DELETE", "/rate_limit/overrides/"+name+"/key", `{"key_digest":"`+set.KeyDigest+`"}`)
+	mustAdmin(t, "DELETE", "/rate_limit/overrides/"+name, "")
+	if list := mustAdmin(t, "GET", "/rate_limit/overrides", ""); strings.Contains(list, name+`"`) {
+		t.Fatalf("the overrides of the zone gone are still listed: %s", list)
 	}
 }
 

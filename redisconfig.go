@@ -183,7 +183,15 @@ func newSharedRedis(cfg RedisConfig, opts *redis.UniversalOptions) (*sharedStore
 		return nil, err
 	}
 	s.Limiter = l
-	s.overrides = limiter.NewRedisOverrides(client, cmp.Or(cfg.KeyPrefix, limiter.DefaultKeyPrefix), overrideEvents{s})
+	prefix := cmp.Or(cfg.KeyPrefix, limiter.DefaultKeyPrefix)
+	s.overrides = limiter.NewRedisOverrides(client, prefix, overrideEvents{s})
+	s.namespace = s.whole
+	if cfg.DB != 0 {
+		s.namespace += fmt.Sprintf(" db %d", cfg.DB)
+	}
+	if prefix != limiter.DefaultKeyPrefix {
+		s.namespace += " prefix " + prefix
+	}
 	return s, nil
 }
 

@@ -33,6 +33,7 @@ const memoryPoolKey = "memory"
 type sharedStore struct {
 	*limiter.Limiter
 	overrides *limiter.Overrides // the run-time overrides of the zones (overrides.go)
+	namespace string             // a Redis store's label (sharedStore.label)
 	logger    *zap.Logger
 	whole     string   // a Redis node's label outside a cluster: the addresses
 	nodes     sync.Map // the breakers' node labels shown in metrics

@@ -67,6 +67,10 @@ func (o *Override) ExpiresAt() time.Time {
 	return time.UnixMilli(o.Expires)
 }
 
+// maxOverrideMillis bounds an override's times: the year 2200, so that
+// every duration to it from now fits a time.Duration.
+const maxOverrideMillis = 7258118400000
+
 // maxOverrideBy bounds who set an override, as stored.
 const maxOverrideBy = 256
 
@@ -87,8 +91,8 @@ func (o *Override) Check(key bool) error {
 		return fmt.Errorf("burst %d: want a whole number from 1 to %d", o.Burst, int64(maxRate))
 	case o.MaxConcurrent < 0 || o.MaxConcurrent > maxRate:
 		return fmt.Errorf("max_concurrent %d: want a whole number from 1 to %d", o.MaxConcurrent, int64(maxRate))
-	case o.Expires < 0 || o.Set < 0:
-		return errors.New("expires and set: want Unix milliseconds")
+	case o.Expires < 0 || o.Set < 0 || o.Expires > maxOverrideMillis || o.Set > maxOverrideMillis:
+		return errors.New("expires and set: want Unix milliseconds before the year 2200")
 	case len(o.By) > maxOverrideBy:
 		return fmt.Errorf("by: at most %d bytes", maxOverrideBy)
 	case key && (o.Disabled || o.DryRun != nil):
@@ -125,7 +129,11 @@ func (o *Override) Kind() string {
 // OverrideSet is one snapshot of the overrides: never changed once made.
 // The nil *OverrideSet holds none.
 type OverrideSet struct {
-	version int64 // of the overrides it was read at
+	// token names the state of the overrides it was read at: "<n>:<a
+	// nonce of the change>" (a version number alone could come back with
+	// other contents after a Redis lost a write); version is its n.
+	token   string
+	version int64
 	zones   map[string]Override
 	keys    map[string]map[[16]byte]Override // by zone, by key digest
 	skipped int                              // entries not read (malformed)
@@ -243,38 +251,64 @@ func (s *OverrideSet) Entries(now time.Time) []OverrideEntry {
 	return list
 }
 
-// with is a copy of s with zone's override (of the key of digest, when
-// not nil) set to o, or removed when o is nil, at version.
-func (s *OverrideSet) with(zone string, digest *[16]byte, o *Override, version int64) *OverrideSet {
-	n := &OverrideSet{version: version, zones: map[string]Override{}, keys: map[string]map[[16]byte]Override{}}
+// entryChange is one entry of the overrides changed: its new value, or,
+// gone, its removal.
+type entryChange struct {
+	zone   string
+	digest *[16]byte
+	o      Override
+	gone   bool
+}
+
+// apply is a copy of s with changes made, at token: only the maps of the
+// zones whose keys changed are copied.
+func (s *OverrideSet) apply(changes []entryChange, token string) *OverrideSet {
+	n := &OverrideSet{token: token, version: tokenVersion(token), zones: map[string]Override{}, keys: map[string]map[[16]byte]Override{}}
 	if s != nil {
+		n.skipped = s.skipped
 		for z, x := range s.zones {
 			n.zones[z] = x
 		}
 		for z, m := range s.keys {
-			n.keys[z] = m // shared: only the changed zone's map is copied
+			n.keys[z] = m // shared until changed
 		}
 	}
-	if digest == nil {
-		if o == nil {
-			delete(n.zones, zone)
+	copied := map[string]bool{}
+	for _, c := range changes {
+		if c.digest == nil {
+			if c.gone {
+				delete(n.zones, c.zone)
+			} else {
+				n.zones[c.zone] = c.o
+			}
+			continue
+		}
+		if !copied[c.zone] {
+			m := make(map[[16]byte]Override, len(n.keys[c.zone])+1)
+			for d, x := range n.keys[c.zone] {
+				m[d] = x
+			}
+			n.keys[c.zone], copied[c.zone] = m, true
+		}
+		if c.gone {
+			delete(n.keys[c.zone], *c.digest)
 		} else {
-			n.zones[zone] = *o
+			n.keys[c.zone][*c.digest] = c.o
 		}
-		return n
 	}
-	m := make(map[[16]byte]Override, len(n.keys[zone])+1)
-	for d, x := range n.keys[zone] {
-		m[d] = x
+	for z, m := range n.keys {
+		if len(m) == 0 {
+			delete(n.keys, z)
+		}
 	}
-	if o == nil {
-		delete(m, *digest)
-	} else {
-		m[*digest] = *o
-	}
-	n.keys[zone] = m
-	if len(m) == 0 {
-		delete(n.keys, zone)
+	return n
+}
+
+// tokenVersion is the number that starts a version token ("<n>:<nonce>").
+func tokenVersion(token string) int64 {
+	n := int64(0)
+	for i := 0; i < len(token) && '0' <= token[i] && token[i] <= '9' && n < 1<<50; i++ {
+		n = n*10 + int64(token[i]-'0')
 	}
 	return n
 }
@@ -308,11 +342,11 @@ func parseOverrideField(field string) (zone string, digest *[16]byte, err error)
 // ParseDigest reads a key digest as Entries writes it (32 hex digits).
 func ParseDigest(s string) ([16]byte, error) {
 	var d [16]byte
-	if len(s) != 32 {
-		return d, fmt.Errorf("key_digest %.80q: want 32 hex digits", s)
+	if len(s) != 32 { // the value is not quoted: it may be a key given by mistake
+		return d, fmt.Errorf("key_digest: want 32 hex digits")
 	}
 	if _, err := hex.Decode(d[:], []byte(s)); err != nil {
-		return d, fmt.Errorf("key_digest %.80q: want 32 hex digits", s)
+		return d, fmt.Errorf("key_digest: want 32 hex digits")
 	}
 	return d, nil
 }

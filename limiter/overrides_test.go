@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,8 +21,9 @@ type overrideRecorder struct {
 	vias     []string
 	skipped  []string
 	failing  []error
-	expired  []OverrideEntry
-	lastSeen *OverrideSet
+	expired   []OverrideEntry
+	lastSeen  *OverrideSet
+	notPushed []error
 }
 
 func (r *overrideRecorder) OverridesLoaded(s *OverrideSet, via string, expired []OverrideEntry) {
@@ -41,6 +43,12 @@ func (r *overrideRecorder) OverridesFailing(err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.failing = append(r.failing, err)
+}
+
+func (r *overrideRecorder) OverridesNotPushed(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.notPushed = append(r.notPushed, err)
 }
 
 func (r *overrideRecorder) snapshot() (vias, skipped []string, failing []error, expired []OverrideEntry) {
@@ -98,8 +106,9 @@ func TestOverrideCheck(t *testing.T) {
 func TestMemoryOverrides(t *testing.T) {
 	rec := &overrideRecorder{}
 	o := NewMemoryOverrides(rec)
-	now := time.Unix(1_700_000_000, 0)
-	o.now = func() time.Time { return now }
+	var clock atomic.Int64 // ns; read by the background loop
+	clock.Store(time.Now().UnixNano())
+	o.now = func() time.Time { return time.Unix(0, clock.Load()) }
 	if err := o.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +118,7 @@ func TestMemoryOverrides(t *testing.T) {
 	if err := o.Put(ctx, "api", nil, Override{Rate: "10r/m"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := o.Put(ctx, "api", &key, Override{Rate: "100r/m", Expires: now.Add(time.Hour).UnixMilli()}); err != nil {
+	if err := o.Put(ctx, "api", &key, Override{Rate: "100r/m", Expires: o.now().Add(time.Hour).UnixMilli()}); err != nil {
 		t.Fatal(err)
 	}
 	if err := o.Put(ctx, "api", &key, Override{Rate: "1r/x"}); err == nil {
@@ -125,10 +134,10 @@ func TestMemoryOverrides(t *testing.T) {
 	if _, ok := set.Key("api", KeyHash("bob")); ok || set.HasKeys("other") {
 		t.Fatal("bob, or zone other, has an override")
 	}
-	if z, k := set.Count(now); z != 1 || k != 1 {
+	if z, k := set.Count(o.now()); z != 1 || k != 1 {
 		t.Fatalf("Count = %d zones, %d keys", z, k)
 	}
-	now = now.Add(time.Hour)
+	clock.Add(int64(time.Hour))
 	if err := o.refresh(ctx, "poll", false); err != nil {
 		t.Fatal(err)
 	}
@@ -233,10 +242,16 @@ func TestRedisOverridesPollHeals(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
 	defer c.Close()
 	a, b, recB := redisOverridesPair(t, c)
-	a.src.(*redisOverrides).publish = false
+	a.src.(*redisOverrides).quiet = true
 	src := b.src.(*redisOverrides)
+	src.scanCount = 2 // the whole read in pages
+	time.Sleep(300 * time.Millisecond) // b's subscription made, and read after
 	ctx := context.Background()
-	c.HSet(ctx, src.hash, "zone:junk", "{not json", "key:zz:api", `{"rate":"1r/s"}`, "zone:foreign", `{"rate":"1r/s","colour":"red"}`)
+	c.HSet(ctx, src.hash, "zone:junk", `{"rate":"1r/s", "burst": "secret-ish"}`, "key:zz:api", `{"rate":"1r/s"}`,
+		"zone:newer", `{"rate":"1r/s","reason":"a field of a later version"}`)
+	for i := range 20 {
+		c.HSet(ctx, src.hash, fmt.Sprintf("zone:z%d", i), `{"rate":"1r/s"}`)
+	}
 	if err := a.Put(ctx, "api", nil, Override{Rate: "5r/m"}); err != nil {
 		t.Fatal(err)
 	}
@@ -248,13 +263,26 @@ func TestRedisOverridesPollHeals(t *testing.T) {
 	if !contains(vias, "poll") {
 		t.Fatalf("b read the change through %v, want the poll", vias)
 	}
-	if len(skipped) != 3 || b.Current().Skipped() != 3 {
-		t.Fatalf("skipped = %q, want the 3 malformed entries", skipped)
+	if len(skipped) != 2 || b.Current().Skipped() != 2 {
+		t.Fatalf("skipped = %q, want the 2 malformed entries", skipped)
 	}
 	for _, s := range skipped {
-		if strings.Contains(s, "red") || strings.Contains(s, "{not json") {
+		if strings.Contains(s, "secret-ish") {
 			t.Errorf("a skipped entry's report shows its value: %s", s)
 		}
+	}
+	if _, ok := b.Current().Zone("newer"); !ok {
+		t.Error("an entry with a field of a later version was left out: what this version knows of it should apply")
+	}
+	if z, _ := b.Current().Count(time.Now()); z != 22 {
+		t.Errorf("%d zone overrides read in pages, want 22", z)
+	}
+	if err := a.Put(ctx, "api", nil, Override{Rate: "6r/m"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Second, "the second change at b", func() bool { o, _ := b.Current().Zone("api"); return o.Rate == "6r/m" })
+	if _, skipped, _, _ := recB.snapshot(); len(skipped) != 2 {
+		t.Fatalf("the malformed entries were reported again on a second read: %q", skipped)
 	}
 }
 
@@ -338,4 +366,117 @@ func TestBlockedRequest(t *testing.T) {
 		t.Fatalf("dry-run block: state %v", v.States[0])
 	}
 	v.Release()
+}
+
+// TestRedisOverridesVersionLost: when Redis loses a change (a failover to
+// a replica that lagged, a restore), the next change's version has the
+// number of the one lost but not its name: an instance that read the lost
+// change still converges on what Redis holds.
+func TestRedisOverridesVersionLost(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	a, b, _ := redisOverridesPair(t, c)
+	src := a.src.(*redisOverrides)
+	ctx := context.Background()
+	if err := a.Put(ctx, "x", nil, Override{Rate: "1r/s"}); err != nil {
+		t.Fatal(err)
+	}
+	saved := map[string]string{}
+	for _, k := range []string{src.hash, src.versionKey} {
+		saved[k] = c.Dump(ctx, k).Val()
+	}
+	if err := a.Put(ctx, "lost", nil, Override{Disabled: true}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Second, "the change at b", func() bool { _, ok := b.Current().Zone("lost"); return ok })
+	for k, v := range saved { // Redis as it was before the change: the change is lost
+		c.RestoreReplace(ctx, k, 0, v)
+	}
+	if err := a.Put(ctx, "y", nil, Override{Rate: "2r/s"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*time.Second, "b on what Redis holds", func() bool {
+		cur := b.Current()
+		_, lost := cur.Zone("lost")
+		_, y := cur.Zone("y")
+		return y && !lost
+	})
+}
+
+// TestRedisOverridesNotPushed: a Redis user whose ACL does not allow the
+// channel (Redis 7's default for new users) gets no pushes; that is
+// reported, and the poll still brings the changes.
+func TestRedisOverridesNotPushed(t *testing.T) {
+	srv := redistest.NewServer(t)
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer admin.Close()
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "gateway", "on", ">pw", "~*", "+@all", "resetchannels").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "gateway", Password: "pw"})
+	defer c.Close()
+	rec := &overrideRecorder{}
+	o := NewRedisOverrides(c, "acl:", rec)
+	o.src.(*redisOverrides).subscribeTimeout = 300 * time.Millisecond
+	o.SetPoll(200 * time.Millisecond)
+	if err := o.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	waitFor(t, 3*time.Second, "the missing subscription reported", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.notPushed) == 1
+	})
+	other := NewRedisOverrides(admin, "acl:", &overrideRecorder{})
+	defer other.Close()
+	if err := other.Put(ctx, "api", nil, Override{Rate: "1r/s"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Second, "the change through the poll", func() bool { _, ok := o.Current().Zone("api"); return ok })
+}
+
+// BenchmarkRedisOverridesRead: what an instance's read of the overrides
+// costs with many of them in Redis: a whole read (HSCAN in pages, as a
+// start, a missed message or a version of another name needs), and the
+// read of one change pushed (HMGET of its entry).
+func BenchmarkRedisOverridesRead(b *testing.B) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(b)})
+	defer c.Close()
+	for _, n := range []int{10000, 100000} {
+		o := NewRedisOverrides(c, fmt.Sprintf("bench%x:", rand.Uint64()), &overrideRecorder{})
+		src := o.src.(*redisOverrides)
+		ctx := context.Background()
+		p := c.Pipeline()
+		for i := range n {
+			d := KeyHash(fmt.Sprint("customer-", i))
+			p.HSet(ctx, src.hash, overrideField("api", &d), `{"rate":"1000r/m","burst":1000}`)
+		}
+		p.Set(ctx, src.versionKey, "1:x", 0)
+		if _, err := p.Exec(ctx); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("whole/%d", n), func(b *testing.B) {
+			for b.Loop() {
+				s, err := src.load(ctx, func(string, string, error) {})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, k := s.Count(time.Now()); k != n {
+					b.Fatalf("%d keys read, want %d", k, n)
+				}
+			}
+		})
+		d := KeyHash("customer-7")
+		names := []string{overrideField("api", &d)}
+		b.Run(fmt.Sprintf("one_change/%d", n), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := src.entries(ctx, names, func(string, string, error) {}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		c.Del(ctx, src.hash, src.versionKey)
+	}
 }

@@ -8,27 +8,37 @@ package limiter
 //     new snapshot;
 //   - with Redis, they live in three keys under the store's prefix, in one
 //     hash slot: "{overrides}" (a hash: entry name -> JSON), its version
-//     "{overrides}:version" (a counter moved on by every change), and the
-//     expiries "{overrides}:expiry" (a sorted set, so that a change drops
-//     the expired entries without reading them all). A change is written
-//     by one script and announced on the channel "{overrides}:changed";
-//     every instance subscribed reads the new version at once.
+//     "{overrides}:version" ("<n>:<nonce>", a new one for every change, so
+//     that a version lost with a write never comes back with other
+//     contents), and the expiries "{overrides}:expiry" (a sorted set, so
+//     that a change drops the expired entries without reading them all).
 //
-// An instance also reads the version every poll interval, so that a
-// message missed (a dropped subscription, a restart, a partition) heals on
-// its own; it reads the whole set only when the version moved. Reads are
-// serialised (one at a time, the last one wins), pushes arriving while one
-// runs coalesce into the next, and while Redis cannot be read the last
-// snapshot stays in force. A malformed or foreign entry is left out, and
-// reported; it never stops the others from loading.
+// A change is one script (overrides_write.lua): the entry written or
+// deleted, the expired ones dropped (on Redis's clock), the version moved
+// on, and the change announced, in the same script and so in the order of
+// the changes, on the channel "{overrides}:changed" as "<previous version>
+// <new version> <entry names...>". An instance that holds the previous
+// version reads just those entries (HMGET); one that missed a message, or
+// whose version is another, reads the whole hash (HSCAN, in pages, between
+// two reads of the version that must agree). It also reads the version
+// every poll interval, so that a missed message (a dropped subscription, a
+// restart, a partition) heals on its own. The instance that makes a change
+// applies it from the script's reply, without a read.
+//
+// Reads are serialised (one at a time); messages queue (a bounded number)
+// and are read together; while Redis cannot be read the last snapshot
+// stays in force. A malformed entry is left out, and reported once; it
+// never stops the others from loading.
 
 import (
+	"cmp"
 	"context"
+	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
+	"hash/fnv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,9 +52,17 @@ import (
 // version in Redis, besides the pushes.
 const DefaultOverridesPoll = 10 * time.Second
 
-// minRefreshGap spaces the reads that pushes cause: a burst of changes is
-// read once or twice, not once per change.
-const minRefreshGap = 100 * time.Millisecond
+// minRefreshGap spaces the reads that pushes cause, and expiryGap the
+// wake-ups at expiries (requests check expiries themselves: these only
+// keep the metric and the log current).
+const (
+	minRefreshGap = 100 * time.Millisecond
+	expiryGap     = time.Second
+)
+
+// maxPending bounds the pushed changes waiting to be read; past it, the
+// next read is a whole one.
+const maxPending = 1024
 
 // OverrideEvents is told what happens to the overrides, to log and count.
 type OverrideEvents interface {
@@ -53,44 +71,72 @@ type OverrideEvents interface {
 	// "expiry"); expired are the overrides of the last snapshot that
 	// expired since.
 	OverridesLoaded(s *OverrideSet, via string, expired []OverrideEntry)
-	// OverrideSkipped: an entry could not be read; it is left out.
+	// OverrideSkipped: an entry could not be read; it is left out. Told
+	// once per entry and value.
 	OverrideSkipped(entry string, err error)
 	// OverridesFailing: reading them failed (err), the last ones read
 	// staying in force; or, with a nil err, reading works again. Called
 	// on each change between the two.
 	OverridesFailing(err error)
+	// OverridesNotPushed: the subscription to the changes was not
+	// confirmed in time (an ACL without the channel?): changes arrive
+	// through the poll alone. Told once.
+	OverridesNotPushed(err error)
 }
 
 // Overrides holds the overrides in force and keeps them current (see the
 // top of this file). Its methods are safe for concurrent use.
 type Overrides struct {
-	cur     atomic.Pointer[OverrideSet]
-	src     overrideSource
-	ev      OverrideEvents
-	poll    atomic.Int64 // ns
-	kick    chan string  // coalesced pushes
-	stop    chan struct{}
-	done    chan struct{}
-	start   sync.Once
-	close   sync.Once
-	readMu  sync.Mutex // one read at a time
-	failing bool       // under readMu
+	cur    atomic.Pointer[OverrideSet]
+	src    overrideSource
+	ev     OverrideEvents
+	poll   atomic.Int64 // ns
+	kick   chan string  // coalesced wake-ups of run
+	stop   chan struct{}
+	done   chan struct{}
+	start  sync.Once
+	close  sync.Once
+	readMu sync.Mutex // one read at a time
+	// Under readMu:
+	failing bool
+	applied []string          // the last versions applied, newest last
+	logged  map[string]uint64 // the skipped entries reported, by name: their value's hash
+	pendMu  sync.Mutex
+	pending []delta // pushed changes not read yet; nil and full: read all
+	full    bool
 	now     func() time.Time
+}
+
+// delta is one change of the overrides: from version prev to next, of the
+// entries named; changes holds their new values when known (a change made
+// here), else they are read.
+type delta struct {
+	prev, next string
+	names      []string
+	changes    []entryChange
 }
 
 // overrideSource is where overrides live.
 type overrideSource interface {
-	version(ctx context.Context) (int64, error)
-	load(ctx context.Context, skipped func(entry string, err error)) (*OverrideSet, error)
+	// version is the version token of the overrides ("" for none yet).
+	version(ctx context.Context) (string, error)
+	load(ctx context.Context, skipped func(entry, value string, err error)) (*OverrideSet, error)
+	// entries reads the entries named, those gone included.
+	entries(ctx context.Context, names []string, skipped func(entry, value string, err error)) ([]entryChange, error)
 	// write sets zone's override (its key's when digest is set) to o, or
-	// deletes it when o is nil, and says whether there was one.
-	write(ctx context.Context, zone string, digest *[16]byte, o *Override, now time.Time) (found bool, err error)
-	// watch calls kick on every push until stop closes.
-	watch(stop <-chan struct{}, kick func(via string))
+	// deletes it when o is nil; it says whether there was one, and what
+	// changed.
+	write(ctx context.Context, zone string, digest *[16]byte, o *Override) (found bool, d delta, err error)
+	// clock is the time overrides expire by.
+	clock(ctx context.Context) (time.Time, error)
+	// watch calls pushed on every change announced, and kick when what
+	// was announced meanwhile may have been missed, until stop closes.
+	watch(stop <-chan struct{}, pushed func(delta), kick func(via string), ev OverrideEvents)
 }
 
 func newOverrides(src overrideSource, ev OverrideEvents) *Overrides {
-	o := &Overrides{src: src, ev: ev, kick: make(chan string, 1), stop: make(chan struct{}), done: make(chan struct{}), now: time.Now}
+	o := &Overrides{src: src, ev: ev, kick: make(chan string, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		now: time.Now, logged: map[string]uint64{}}
 	o.poll.Store(int64(DefaultOverridesPoll))
 	return o
 }
@@ -108,10 +154,14 @@ func (o *Overrides) Current() *OverrideSet {
 	return o.cur.Load()
 }
 
+// Now is the time of the overrides' clock (Redis's, with Redis): expiries
+// are set by it.
+func (o *Overrides) Now(ctx context.Context) (time.Time, error) { return o.src.clock(ctx) }
+
 // SetPoll sets how often the version is read (at least 100ms).
 func (o *Overrides) SetPoll(d time.Duration) {
 	o.poll.Store(int64(max(d, minRefreshGap)))
-	o.push("poll")
+	o.wake("poll")
 }
 
 // Start reads the overrides once, before it returns (within ctx), then
@@ -146,41 +196,74 @@ func (o *Overrides) Close() {
 
 // Put sets zone's override (the override of the key whose digest is
 // digest, when not nil) to ov, and puts it in force here at once; the
-// other instances read it on its push, or at their next poll.
+// other instances read it on its push, or at their next poll. The error
+// is the write's: once written, the change stands.
 func (o *Overrides) Put(ctx context.Context, zone string, digest *[16]byte, ov Override) error {
 	if err := ov.Check(digest != nil); err != nil {
 		return err
 	}
-	if _, err := o.src.write(ctx, zone, digest, &ov, o.now()); err != nil {
+	_, d, err := o.src.write(ctx, zone, digest, &ov)
+	if err != nil {
 		return fmt.Errorf("writing the override: %w", err)
 	}
-	return o.refresh(ctx, "change", true)
+	o.applyOwn(ctx, d)
+	return nil
 }
 
 // Delete removes zone's override (its key's, when digest is set), and
 // says whether there was one.
 func (o *Overrides) Delete(ctx context.Context, zone string, digest *[16]byte) (bool, error) {
-	found, err := o.src.write(ctx, zone, digest, nil, o.now())
+	found, d, err := o.src.write(ctx, zone, digest, nil)
 	if err != nil {
 		return false, fmt.Errorf("deleting the override: %w", err)
 	}
-	return found, o.refresh(ctx, "change", true)
+	o.applyOwn(ctx, d)
+	return found, nil
 }
 
-// push asks the background loop for a read, coalesced with any pending.
-func (o *Overrides) push(via string) {
+// applyOwn puts a change made here in force: from the change itself when
+// the snapshot is at its previous version, else by a whole read (which
+// may fail: the change is then read at the next push or poll).
+func (o *Overrides) applyOwn(ctx context.Context, d delta) {
+	o.readMu.Lock()
+	cur := o.cur.Load()
+	if cur.tokenOf() == d.prev {
+		o.install(cur, cur.apply(d.changes, d.next), "change")
+		o.readMu.Unlock()
+		return
+	}
+	o.readMu.Unlock()
+	_ = o.refresh(ctx, "change", true)
+}
+
+// pushed queues a change announced, and wakes the loop.
+func (o *Overrides) pushed(d delta) {
+	o.pendMu.Lock()
+	if !o.full {
+		if len(o.pending) >= maxPending {
+			o.pending, o.full = nil, true
+		} else {
+			o.pending = append(o.pending, d)
+		}
+	}
+	o.pendMu.Unlock()
+	o.wake("push")
+}
+
+// wake asks the background loop for a read, coalesced with any pending.
+func (o *Overrides) wake(via string) {
 	select {
 	case o.kick <- via:
 	default:
 	}
 }
 
-// run reads the version on every push, every poll interval, and at the
-// next expiry (to report the overrides in force), until Close.
+// run reads on every push, every poll interval, and at the next expiry
+// (to report the overrides in force), until Close.
 func (o *Overrides) run() {
 	defer close(o.done)
 	watching := make(chan struct{})
-	go func() { o.src.watch(o.stop, o.push); close(watching) }()
+	go func() { o.src.watch(o.stop, o.pushed, o.wake, o.ev); close(watching) }()
 	defer func() { <-watching }()
 	t := time.NewTimer(o.wait())
 	defer t.Stop()
@@ -192,7 +275,7 @@ func (o *Overrides) run() {
 		case via = <-o.kick:
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_ = o.refresh(ctx, via, false)
 		cancel()
 		if !t.Stop() {
@@ -210,51 +293,131 @@ func (o *Overrides) run() {
 	}
 }
 
-// wait is how long until the next poll, or the next expiry if sooner.
+// wait is how long until the next poll, or the next expiry if sooner (at
+// least expiryGap away).
 func (o *Overrides) wait() time.Duration {
 	d := time.Duration(o.poll.Load())
 	now := o.now()
 	if next := o.cur.Load().NextExpiry(now); !next.IsZero() {
-		d = min(d, next.Sub(now)+time.Millisecond)
+		d = min(d, max(next.Sub(now)+time.Millisecond, expiryGap))
 	}
-	return max(d, time.Millisecond)
+	return d
 }
 
-// refresh reads the version, and the overrides when it moved (or when
-// force). The last snapshot stays in force on an error. Overrides expired
-// since the last snapshot leave the new one, and are reported.
+// refresh brings the snapshot up to date: from the changes pushed when
+// they follow on from it, else from the version and, when it moved (or
+// when force), a whole read. The last snapshot stays on an error.
 func (o *Overrides) refresh(ctx context.Context, via string, force bool) error {
 	o.readMu.Lock()
 	defer o.readMu.Unlock()
 	cur := o.cur.Load()
-	s := cur
 	if !force {
-		v, err := o.src.version(ctx)
+		s, ok, err := o.readPushed(ctx, cur)
 		if err != nil {
 			return o.failed(err)
 		}
-		if cur == nil || v != cur.Version() {
-			force = true
+		if ok {
+			o.recovered()
+			o.install(cur, s, via)
+			return nil
 		}
-	}
-	if force {
-		var err error
-		if s, err = o.src.load(ctx, o.ev.OverrideSkipped); err != nil {
+		token, err := o.src.version(ctx)
+		if err != nil {
 			return o.failed(err)
 		}
-	} else {
-		via = "expiry"
+		if cur != nil && token == cur.token {
+			o.recovered()
+			o.install(cur, cur, "expiry")
+			return nil
+		}
+	}
+	o.takePending() // a whole read covers them
+	s, err := o.src.load(ctx, o.skipped)
+	if err != nil {
+		return o.failed(err)
 	}
 	o.recovered()
+	o.install(cur, s, via)
+	return nil
+}
+
+// install puts s in force in place of cur, without the overrides expired
+// by now, and reports it (and the expired ones); nothing when nothing
+// changed. The caller holds readMu.
+func (o *Overrides) install(cur, s *OverrideSet, via string) {
 	now := o.now()
 	gone := cur.expired(now)
 	if s == cur && len(gone) == 0 {
-		return nil
+		return
 	}
 	s = s.prune(now)
 	o.cur.Store(s)
+	if t := s.tokenOf(); t != "" {
+		o.applied = append(o.applied, t)
+		if len(o.applied) > 64 {
+			o.applied = o.applied[1:]
+		}
+	}
 	o.ev.OverridesLoaded(s, via, gone)
-	return nil
+}
+
+// takePending takes the changes pushed, and whether some were dropped.
+func (o *Overrides) takePending() ([]delta, bool) {
+	o.pendMu.Lock()
+	defer o.pendMu.Unlock()
+	p, full := o.pending, o.full
+	o.pending, o.full = nil, false
+	return p, full
+}
+
+// readPushed applies the changes pushed to cur when they follow on from
+// it (those already applied skipped), reading their entries; false when
+// there are none, or when they do not follow on (a whole read is due).
+func (o *Overrides) readPushed(ctx context.Context, cur *OverrideSet) (*OverrideSet, bool, error) {
+	pending, full := o.takePending()
+	if full || len(pending) == 0 || cur == nil {
+		return nil, false, nil
+	}
+	token, names := cur.token, []string(nil)
+	for _, d := range pending {
+		switch {
+		case d.prev == token:
+			token, names = d.next, append(names, d.names...)
+		case o.wasApplied(d.next):
+		default:
+			return nil, false, nil
+		}
+	}
+	if token == cur.token {
+		return cur, true, nil
+	}
+	changes, err := o.src.entries(ctx, names, o.skipped)
+	if err != nil {
+		return nil, false, err
+	}
+	return cur.apply(changes, token), true, nil
+}
+
+func (o *Overrides) wasApplied(token string) bool {
+	for _, t := range o.applied {
+		if t == token {
+			return true
+		}
+	}
+	return false
+}
+
+// skipped reports an entry that cannot be read, once per entry and value
+// (at most 1,000 entries remembered). The caller holds readMu.
+func (o *Overrides) skipped(entry, value string, err error) {
+	h := fnv.New64a()
+	h.Write([]byte(value))
+	sum := h.Sum64()
+	if prev, ok := o.logged[entry]; ok && prev == sum || !ok && len(o.logged) >= 1000 {
+		return
+	}
+	o.logged[entry] = sum
+	o.ev.OverrideSkipped(fmt.Sprintf("%.120q", entry), err)
 }
 
 func (o *Overrides) failed(err error) error {
@@ -272,43 +435,16 @@ func (o *Overrides) recovered() {
 	}
 }
 
-// memoryOverrides keeps the overrides in this process.
-type memoryOverrides struct {
-	mu  sync.Mutex
-	set *OverrideSet
-}
-
-func (m *memoryOverrides) version(context.Context) (int64, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.set == nil {
-		return 0, nil
+// token is s's version token; "" for the nil set.
+func (s *OverrideSet) tokenOf() string {
+	if s == nil {
+		return ""
 	}
-	return m.set.Version(), nil
+	return s.token
 }
 
-func (m *memoryOverrides) load(context.Context, func(string, error)) (*OverrideSet, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.set, nil
-}
-
-func (m *memoryOverrides) write(_ context.Context, zone string, digest *[16]byte, o *Override, now time.Time) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var found bool
-	if digest == nil {
-		_, found = m.set.Zone(zone)
-	} else {
-		_, found = m.set.Key(zone, *digest)
-	}
-	m.set = m.set.with(zone, digest, o, m.set.Version()+1).prune(now)
-	return found, nil
-}
-
-func (m *memoryOverrides) watch(stop <-chan struct{}, _ func(string)) { <-stop }
-
-// Version is the version of the overrides s was read at.
+// Version is the version of the overrides s was read at: a number that
+// every change moves on.
 func (s *OverrideSet) Version() int64 {
 	if s == nil {
 		return 0
@@ -322,7 +458,7 @@ func (s *OverrideSet) prune(now time.Time) *OverrideSet {
 	if len(s.expired(now)) == 0 {
 		return s
 	}
-	n := &OverrideSet{version: s.version, skipped: s.skipped, zones: map[string]Override{}, keys: map[string]map[[16]byte]Override{}}
+	n := &OverrideSet{token: s.token, version: s.version, skipped: s.skipped, zones: map[string]Override{}, keys: map[string]map[[16]byte]Override{}}
 	for z, o := range s.zones {
 		if o.Active(now) {
 			n.zones[z] = o
@@ -363,78 +499,146 @@ func (s *OverrideSet) expired(now time.Time) []OverrideEntry {
 	return gone
 }
 
+// memoryOverrides keeps the overrides in this process.
+type memoryOverrides struct {
+	mu  sync.Mutex
+	set *OverrideSet
+}
+
+func (m *memoryOverrides) version(context.Context) (string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.set.tokenOf(), nil
+}
+
+func (m *memoryOverrides) load(context.Context, func(string, string, error)) (*OverrideSet, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.set, nil
+}
+
+func (m *memoryOverrides) entries(context.Context, []string, func(string, string, error)) ([]entryChange, error) {
+	return nil, errors.New("the memory store's overrides are not pushed")
+}
+
+func (m *memoryOverrides) clock(context.Context) (time.Time, error) { return time.Now(), nil }
+
+func (m *memoryOverrides) write(_ context.Context, zone string, digest *[16]byte, o *Override) (bool, delta, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var found bool
+	if digest == nil {
+		_, found = m.set.Zone(zone)
+	} else {
+		_, found = m.set.Key(zone, *digest)
+	}
+	c := entryChange{zone: zone, digest: digest, gone: o == nil}
+	if o != nil {
+		c.o = *o
+	}
+	d := delta{prev: m.set.tokenOf(), next: fmt.Sprintf("%d:", m.set.Version()+1), changes: []entryChange{c}}
+	for _, e := range m.set.expired(time.Now()) { // dropped, as Redis drops them
+		x := entryChange{zone: e.Zone, gone: true}
+		if e.Digest != "" {
+			dg, _ := ParseDigest(e.Digest)
+			x.digest = &dg
+		}
+		d.changes = append(d.changes, x)
+	}
+	m.set = m.set.apply(d.changes, d.next)
+	return found, d, nil
+}
+
+func (m *memoryOverrides) watch(stop <-chan struct{}, _ func(delta), _ func(string), _ OverrideEvents) { <-stop }
+
 // NewRedisOverrides returns the overrides kept in the Redis of client,
 // under prefix (the store's key prefix): see the top of this file.
 func NewRedisOverrides(client redis.UniversalClient, prefix string, ev OverrideEvents) *Overrides {
 	base := prefix + "{overrides}"
-	r := &redisOverrides{client: client, hash: base, version_: base + ":version", expiry: base + ":expiry",
-		channel: base + ":changed", publish: true}
+	r := &redisOverrides{client: client, hash: base, versionKey: base + ":version", expiry: base + ":expiry",
+		channel: base + ":changed"}
 	_, r.cluster = client.(*redis.ClusterClient)
 	return newOverrides(r, ev)
 }
 
 // redisOverrides keeps the overrides in Redis.
 type redisOverrides struct {
-	client                          redis.UniversalClient
-	hash, version_, expiry, channel string
-	cluster                         bool
-	sharded                         atomic.Int32 // 0: not known yet; 1: yes; 2: no
-	publish                         bool         // tests turn the pushes off
+	client                            redis.UniversalClient
+	hash, versionKey, expiry, channel string
+	cluster                           bool
+	sharded                           atomic.Int32 // 0: not known yet; 1: yes; 2: no
+	quiet                             bool         // tests: changes are not announced
+	subscribeTimeout                  time.Duration // default 10s
+	scanCount                         int64         // HSCAN's COUNT; default 1000
 }
 
-var (
-	overridesWrite = redis.NewScript(luascripts.OverridesWrite)
-	overridesRead  = redis.NewScript(luascripts.OverridesRead)
-)
+var overridesWrite = redis.NewScript(luascripts.OverridesWrite)
 
-func (r *redisOverrides) version(ctx context.Context) (int64, error) {
-	s, err := r.client.Get(ctx, r.version_).Result()
+func (r *redisOverrides) version(ctx context.Context) (string, error) {
+	s, err := r.client.Get(ctx, r.versionKey).Result()
 	if errors.Is(err, redis.Nil) {
-		return 0, nil
+		return "", nil
 	}
-	if err != nil {
-		return 0, err
-	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("overrides version %.40q: not a number", s)
-	}
-	return v, nil
+	return s, err
 }
 
-func (r *redisOverrides) write(ctx context.Context, zone string, digest *[16]byte, o *Override, now time.Time) (bool, error) {
-	field, value, expires := overrideField(zone, digest), "", int64(0)
+func (r *redisOverrides) clock(ctx context.Context) (time.Time, error) {
+	return r.client.Time(ctx).Result()
+}
+
+// announce is how a change is announced: 0 not at all, 1 on the classic
+// channel, 2 on the shard channel too (a cluster whose nodes have it).
+func (r *redisOverrides) announce(ctx context.Context) int {
+	switch {
+	case r.quiet:
+		return 0
+	case r.shardedChannels(ctx):
+		return 2
+	}
+	return 1
+}
+
+func (r *redisOverrides) write(ctx context.Context, zone string, digest *[16]byte, o *Override) (bool, delta, error) {
+	name, value, expires := overrideField(zone, digest), "", int64(0)
 	if o != nil {
 		b, err := json.Marshal(o)
 		if err != nil {
-			return false, err
+			return false, delta{}, err
 		}
 		value, expires = string(b), o.Expires
 	}
-	v, err := overridesWrite.Run(ctx, r.client, []string{r.hash, r.version_, r.expiry}, field, value, expires, now.UnixMilli()).Result()
+	v, err := overridesWrite.Run(ctx, r.client, []string{r.hash, r.versionKey, r.expiry},
+		name, value, expires, nonce(), r.announce(ctx), r.channel).Result()
 	if err != nil {
-		return false, err
+		return false, delta{}, err
 	}
-	ints, err := replyInts(v, 2)
-	if err != nil {
-		return false, err
+	reply, ok := v.([]any)
+	if !ok || len(reply) < 3 {
+		return false, delta{}, fmt.Errorf("%w: overrides write reply %T", errReply, v)
 	}
-	if r.publish {
-		r.announce(ctx, ints[1])
+	found, _ := reply[0].(int64)
+	d := delta{names: []string{name}}
+	d.prev, _ = reply[1].(string)
+	d.next, _ = reply[2].(string)
+	c := entryChange{zone: zone, digest: digest, gone: o == nil}
+	if o != nil {
+		c.o = *o
 	}
-	return ints[0] == 1, nil
+	d.changes = append(d.changes, c)
+	for _, x := range reply[3:] { // the expired entries it dropped
+		n, _ := x.(string)
+		if z, dg, err := parseOverrideField(n); err == nil {
+			d.changes, d.names = append(d.changes, entryChange{zone: z, digest: dg, gone: true}), append(d.names, n)
+		}
+	}
+	return found == 1, d, nil
 }
 
-// announce publishes a new version: on the classic channel, which every
-// node of a cluster forwards, and, in a cluster whose nodes have it, on
-// the shard channel, which the instances subscribe to there. A lost
-// message is healed by the poll.
-func (r *redisOverrides) announce(ctx context.Context, version int64) {
-	msg := strconv.FormatInt(version, 10)
-	_ = r.client.Publish(ctx, r.channel, msg).Err()
-	if r.shardedChannels(ctx) {
-		_ = r.client.SPublish(ctx, r.channel, msg).Err()
-	}
+// nonce is a new version's nonce: 8 random bytes, in hex.
+func nonce() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // shardedChannels reports whether the instances subscribe to the shard
@@ -455,38 +659,77 @@ func (r *redisOverrides) shardedChannels(ctx context.Context) bool {
 	return yes
 }
 
-func (r *redisOverrides) load(ctx context.Context, skipped func(string, error)) (*OverrideSet, error) {
-	v, err := overridesRead.Run(ctx, r.client, []string{r.hash, r.version_}).Result()
+// load reads the whole hash, in pages (HSCAN), between two readings of
+// the version that must agree (else again, at most 3 times: the last
+// reading stands, and the next poll corrects it).
+func (r *redisOverrides) load(ctx context.Context, skipped func(string, string, error)) (*OverrideSet, error) {
+	count, tries := cmp.Or(r.scanCount, 1000), 3
+	for try := 1; ; try++ {
+		before, err := r.version(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var entries []string
+		for cursor := uint64(0); ; {
+			page, next, err := r.client.HScan(ctx, r.hash, cursor, "", count).Result()
+			if err != nil {
+				return nil, err
+			}
+			entries, cursor = append(entries, page...), next
+			if cursor == 0 {
+				break
+			}
+		}
+		after, err := r.version(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if before == after || try == tries {
+			return parseOverrideEntries(after, entries, skipped), nil
+		}
+	}
+}
+
+// entries reads the entries named, in one HMGET.
+func (r *redisOverrides) entries(ctx context.Context, names []string, skipped func(string, string, error)) ([]entryChange, error) {
+	vals, err := r.client.HMGet(ctx, r.hash, names...).Result()
 	if err != nil {
 		return nil, err
 	}
-	reply, ok := v.([]any)
-	if !ok || len(reply) != 2 {
-		return nil, fmt.Errorf("overrides: unexpected reply %T", v)
+	changes := make([]entryChange, 0, len(names))
+	for i, name := range names {
+		zone, digest, err := parseOverrideField(name)
+		if err != nil {
+			skipped(name, "", err)
+			continue
+		}
+		value, ok := vals[i].(string)
+		if !ok {
+			changes = append(changes, entryChange{zone: zone, digest: digest, gone: true})
+			continue
+		}
+		_, _, o, err := parseOverrideEntry(name, value)
+		if err != nil {
+			skipped(name, value, err)
+			changes = append(changes, entryChange{zone: zone, digest: digest, gone: true})
+			continue
+		}
+		changes = append(changes, entryChange{zone: zone, digest: digest, o: o})
 	}
-	vs, _ := reply[0].(string)
-	version, err := strconv.ParseInt(vs, 10, 64)
-	if err != nil {
-		return nil, fmt.Errorf("overrides version %.40q: not a number", vs)
-	}
-	entries, ok := reply[1].([]any)
-	if !ok || len(entries)%2 != 0 {
-		return nil, fmt.Errorf("overrides: unexpected entries %T", reply[1])
-	}
-	return parseOverrideEntries(version, entries, skipped), nil
+	return changes, nil
 }
 
 // parseOverrideEntries builds the set of the entries of the overrides'
-// hash (name, JSON, ...), leaving out, and reporting, those it cannot read.
-func parseOverrideEntries(version int64, entries []any, skipped func(string, error)) *OverrideSet {
-	s := &OverrideSet{version: version, zones: map[string]Override{}, keys: map[string]map[[16]byte]Override{}}
-	for i := 0; i < len(entries); i += 2 {
-		name, _ := entries[i].(string)
-		value, _ := entries[i+1].(string)
+// hash (name, JSON, ...) at token, leaving out, and reporting, those it
+// cannot read.
+func parseOverrideEntries(token string, entries []string, skipped func(string, string, error)) *OverrideSet {
+	s := &OverrideSet{token: token, version: tokenVersion(token), zones: map[string]Override{}, keys: map[string]map[[16]byte]Override{}}
+	for i := 0; i+1 < len(entries); i += 2 {
+		name, value := entries[i], entries[i+1]
 		zone, digest, o, err := parseOverrideEntry(name, value)
 		if err != nil {
 			s.skipped++
-			skipped(fmt.Sprintf("%.120q", name), err)
+			skipped(name, value, err)
 			continue
 		}
 		if digest == nil {
@@ -504,6 +747,8 @@ func parseOverrideEntries(version int64, entries []any, skipped func(string, err
 // maxOverrideJSON bounds an override's stored JSON.
 const maxOverrideJSON = 4096
 
+// parseOverrideEntry reads an entry. Fields it does not know are ignored
+// (a newer version's, during a rolling upgrade): what it knows applies.
 func parseOverrideEntry(name, value string) (string, *[16]byte, Override, error) {
 	var o Override
 	zone, digest, err := parseOverrideField(name)
@@ -513,8 +758,12 @@ func parseOverrideEntry(name, value string) (string, *[16]byte, Override, error)
 	if len(value) > maxOverrideJSON {
 		return "", nil, o, fmt.Errorf("value of %d bytes: at most %d", len(value), maxOverrideJSON)
 	}
-	if err := strictJSON(value, &o); err != nil {
-		return "", nil, o, fmt.Errorf("value: %w", err)
+	dec := json.NewDecoder(strings.NewReader(value))
+	if err := dec.Decode(&o); err != nil {
+		return "", nil, o, fmt.Errorf("value: %s", jsonError(err))
+	}
+	if dec.More() {
+		return "", nil, o, errors.New("value: data after the JSON object")
 	}
 	if err := o.Check(digest != nil); err != nil {
 		return "", nil, o, fmt.Errorf("value: %w", err)
@@ -522,24 +771,38 @@ func parseOverrideEntry(name, value string) (string, *[16]byte, Override, error)
 	return zone, digest, o, nil
 }
 
-// strictJSON decodes s into v, refusing unknown fields and trailing data.
-func strictJSON(s string, v any) error {
-	dec := json.NewDecoder(strings.NewReader(s))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
+// jsonError describes a decoding error without the data it is about.
+func jsonError(err error) string {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syntax):
+		return fmt.Sprintf("malformed JSON at byte %d", syntax.Offset)
+	case errors.As(err, &typ):
+		return fmt.Sprintf("field %s: want a %s", typ.Field, typ.Type)
 	}
-	if dec.More() {
-		return errors.New("data after the JSON object")
+	return "not a JSON object"
+}
+
+// parseDelta reads a change's message: "<prev> <next> <names...>".
+func parseDelta(payload string) (delta, bool) {
+	f := strings.Fields(payload)
+	if len(f) < 3 || len(f) > 2+1001 {
+		return delta{}, false
 	}
-	return nil
+	prev := f[0]
+	if prev == "-" {
+		prev = ""
+	}
+	return delta{prev: prev, next: f[1], names: f[2:]}, true
 }
 
 // watch subscribes to the channel of changes (the shard channel in a
-// cluster that has them) and calls kick on every message, and on every
-// subscription (go-redis subscribes again after a connection drops: what
-// was published meanwhile is read then), until stop closes.
-func (r *redisOverrides) watch(stop <-chan struct{}, kick func(string)) {
+// cluster that has them), queues every change announced, and kicks a read
+// on every subscription (go-redis subscribes again after a connection
+// drops: what was announced meanwhile is read then), until stop closes. A
+// subscription not confirmed within 10s is reported once.
+func (r *redisOverrides) watch(stop <-chan struct{}, pushed func(delta), kick func(string), ev OverrideEvents) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	sharded := r.shardedChannels(ctx)
 	cancel()
@@ -550,20 +813,29 @@ func (r *redisOverrides) watch(stop <-chan struct{}, kick func(string)) {
 		ps = r.client.Subscribe(context.Background(), r.channel)
 	}
 	defer ps.Close()
-	ch := ps.ChannelWithSubscriptions(redis.WithChannelSize(16))
+	ch := ps.ChannelWithSubscriptions(redis.WithChannelSize(64))
+	confirm := time.NewTimer(cmp.Or(r.subscribeTimeout, 10*time.Second))
+	defer confirm.Stop()
 	for {
 		select {
 		case <-stop:
 			return
+		case <-confirm.C:
+			ev.OverridesNotPushed(fmt.Errorf("no confirmation of the subscription to %s", r.channel))
 		case m, ok := <-ch:
 			if !ok {
 				return
 			}
-			switch m.(type) {
+			switch m := m.(type) {
 			case *redis.Subscription:
+				confirm.Stop()
 				kick("subscribe")
 			case *redis.Message:
-				kick("push")
+				if d, ok := parseDelta(m.Payload); ok {
+					pushed(d)
+				} else {
+					kick("push")
+				}
 			}
 		}
 	}

@@ -41,12 +41,9 @@ var (
 	Ban string
 )
 
-// The overrides' scripts (see limiter/overridesync.go): one writes or
-// deletes an override, drops the expired ones and moves the version on;
-// the other reads the version and every override at once.
-var (
-	//go:embed overrides_write.lua
-	OverridesWrite string
-	//go:embed overrides_read.lua
-	OverridesRead string
-)
+// OverridesWrite is the overrides' script (see limiter/overridesync.go):
+// it writes or deletes an override, drops the expired ones, moves the
+// version on and announces the change.
+//
+//go:embed overrides_write.lua
+var OverridesWrite string
