@@ -17,10 +17,10 @@ import (
 
 // overrideRecorder records the events of an Overrides.
 type overrideRecorder struct {
-	mu       sync.Mutex
-	vias     []string
-	skipped  []string
-	failing  []error
+	mu        sync.Mutex
+	vias      []string
+	skipped   []string
+	failing   []error
 	expired   []OverrideEntry
 	lastSeen  *OverrideSet
 	notPushed []error
@@ -244,7 +244,7 @@ func TestRedisOverridesPollHeals(t *testing.T) {
 	a, b, recB := redisOverridesPair(t, c)
 	a.src.(*redisOverrides).quiet = true
 	src := b.src.(*redisOverrides)
-	src.scanCount = 2 // the whole read in pages
+	src.scanCount = 2                  // the whole read in pages
 	time.Sleep(300 * time.Millisecond) // b's subscription made, and read after
 	ctx := context.Background()
 	c.HSet(ctx, src.hash, "zone:junk", `{"rate":"1r/s", "burst": "secret-ish"}`, "key:zz:api", `{"rate":"1r/s"}`,

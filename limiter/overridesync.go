@@ -549,7 +549,9 @@ func (m *memoryOverrides) write(_ context.Context, zone string, digest *[16]byte
 	return found, d, nil
 }
 
-func (m *memoryOverrides) watch(stop <-chan struct{}, _ func(delta), _ func(string), _ OverrideEvents) { <-stop }
+func (m *memoryOverrides) watch(stop <-chan struct{}, _ func(delta), _ func(string), _ OverrideEvents) {
+	<-stop
+}
 
 // NewRedisOverrides returns the overrides kept in the Redis of client,
 // under prefix (the store's key prefix): see the top of this file.
@@ -566,8 +568,8 @@ type redisOverrides struct {
 	client                            redis.UniversalClient
 	hash, versionKey, expiry, channel string
 	cluster                           bool
-	sharded                           atomic.Int32 // 0: not known yet; 1: yes; 2: no
-	quiet                             bool         // tests: changes are not announced
+	sharded                           atomic.Int32  // 0: not known yet; 1: yes; 2: no
+	quiet                             bool          // tests: changes are not announced
 	subscribeTimeout                  time.Duration // default 10s
 	scanCount                         int64         // HSCAN's COUNT; default 1000
 }
