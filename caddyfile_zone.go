@@ -128,6 +128,11 @@ var zoneOptions = map[string]func(*caddyfile.Dispenser, *Zone) error{
 		return err
 	},
 	"lease":              parseLease,
+	"sync": func(d *caddyfile.Dispenser, z *Zone) error {
+		var err error
+		z.Sync, err = durationArg(d, minSync, fmt.Sprintf("zone %q: sync %%q: want an interval from 10ms to 1h, such as 100ms", z.name))
+		return err
+	},
 	"dry_run":            func(d *caddyfile.Dispenser, z *Zone) error { return noArgs(d, &z.DryRun) },
 	"ban":                parseBan,
 	"count_status":       parseCountStatus,

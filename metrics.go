@@ -27,6 +27,9 @@ var metrics = struct {
 	storeErrors       *prometheus.CounterVec
 	breakerOpen       *prometheus.GaugeVec
 	overrides         *prometheus.GaugeVec
+	syncs             *prometheus.CounterVec
+	syncDuration      prometheus.Histogram
+	syncedKeys        prometheus.Counter
 	scriptErrors      prometheus.Counter
 	cacheHits         *prometheus.CounterVec
 	bans              *prometheus.CounterVec
@@ -69,6 +72,17 @@ func initMetrics() {
 		Namespace: ns, Subsystem: sub, Name: "overrides",
 		Help: "Run-time overrides in force, of zones (scope zone) and of client keys (scope key), by store: memory, or the Redis's configured addresses.",
 	}, []string{"store", "scope"})
+	metrics.syncs = counterVec("syncs_total",
+		"Rounds of the zones that sync (sync <interval>) with Redis, by result: ok or error.", "result")
+	metrics.syncDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "sync_duration_seconds",
+		Help:    "Time a round of the zones that sync took in Redis, errors included.",
+		Buckets: prometheus.ExponentialBuckets(0.00005, 2.5, 12),
+	})
+	metrics.syncedKeys = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "synced_keys_total",
+		Help: "Buckets synced with Redis by the rounds of the zones that sync (a round charges and reads each in one batched call per node).",
+	})
 	metrics.scriptErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "script_errors_total",
 		Help: "Requests whose Redis script failed in a Redis that answered (decided by on_store_error, counted toward no breaker).",
@@ -92,7 +106,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.fallbackDecisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.overrides, metrics.scriptErrors, metrics.cacheHits, metrics.bans, metrics.jwksFetches, metrics.jwksAge, metrics.memoryEvictions} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.fallbackDecisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.overrides, metrics.syncs, metrics.syncDuration, metrics.syncedKeys, metrics.scriptErrors, metrics.cacheHits, metrics.bans, metrics.jwksFetches, metrics.jwksAge, metrics.memoryEvictions} {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
 			return err

@@ -279,6 +279,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.provisionOverrides()
+	h.logSyncBounds()
 	if err = h.claimZoneNames(ctx.GetMetricsRegistry()); err != nil { // zonenames.go
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -143,6 +144,56 @@ func (z *Zone) withOverride(p limiter.Policy, o *limiter.Override) limiter.Polic
 		p.Burst = o.MaxConcurrent
 	}
 	return p
+}
+
+// logSyncBounds logs, for each zone of h that syncs, how far beyond its
+// exact limit the fleet may admit, from the instances syncing now.
+func (h *Handler) logSyncBounds() {
+	n := 0
+	for _, z := range h.zones {
+		if z.Sync == 0 {
+			continue
+		}
+		if n == 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			h.store.RegisterSync(ctx, time.Duration(z.Sync))
+			n = h.store.CountInstances(ctx)
+			cancel()
+		}
+		b := syncBound(z.policy, time.Duration(z.Sync), n)
+		h.logger.Info("zone syncs with Redis: its decisions are local, and over any period the fleet may admit beyond the exact limit up to rate × sync + (instances − 1) / instances × (burst + rate × sync)",
+			zap.String("zone", z.name), zap.Duration("sync", time.Duration(z.Sync)), zap.Int("instances", n),
+			zap.Int64("bound", b), zap.String("with_one_more_instance", fmt.Sprint(syncBound(z.policy, time.Duration(z.Sync), n+1))))
+	}
+}
+
+// syncBound is the most a fleet of n instances syncing every interval may
+// admit beyond policy's exact limit over a period (see limiter/sync.go),
+// rounded up.
+func syncBound(p limiter.Policy, interval time.Duration, n int) int64 {
+	n = max(n, 1)
+	refill := float64(p.Rate) * interval.Seconds() / p.Period.Seconds()
+	over := refill + (float64(p.Burst)+refill)*float64(n-1)/float64(n)
+	return int64(math.Ceil(over))
+}
+
+// Synced counts a round of the zones that sync, and logs when rounds
+// start failing and when they work again (limiter.SyncEvents).
+func (s *sharedStore) Synced(keys int, took time.Duration, err error) {
+	metrics.syncDuration.Observe(took.Seconds())
+	metrics.syncedKeys.Add(float64(keys))
+	if err != nil {
+		metrics.syncs.WithLabelValues("error").Inc()
+		if !s.syncFailing.Swap(true) {
+			s.logger.Warn("zones that sync cannot reach Redis: each instance admits its share of their limits (as on_store_error local), and what it admits is charged when Redis answers",
+				zap.String("store", s.label()), zap.Error(err))
+		}
+		return
+	}
+	metrics.syncs.WithLabelValues("ok").Inc()
+	if s.syncFailing.Swap(false) {
+		s.logger.Info("zones that sync reach Redis again", zap.String("store", s.label()))
+	}
 }
 
 // provisionOverrides has the store read its overrides before h serves,

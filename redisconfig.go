@@ -183,6 +183,7 @@ func newSharedRedis(cfg RedisConfig, opts *redis.UniversalOptions) (*sharedStore
 		return nil, err
 	}
 	s.Limiter = l
+	l.OnSync(s)
 	prefix := cmp.Or(cfg.KeyPrefix, limiter.DefaultKeyPrefix)
 	s.overrides = limiter.NewRedisOverrides(client, prefix, overrideEvents{s})
 	s.namespace = s.whole

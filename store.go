@@ -32,11 +32,12 @@ const memoryPoolKey = "memory"
 // its memory store's evictions.
 type sharedStore struct {
 	*limiter.Limiter
-	overrides *limiter.Overrides // the run-time overrides of the zones (overrides.go)
-	namespace string             // a Redis store's label (sharedStore.label)
-	logger    *zap.Logger
-	whole     string   // a Redis node's label outside a cluster: the addresses
-	nodes     sync.Map // the breakers' node labels shown in metrics
+	overrides   *limiter.Overrides // the run-time overrides of the zones (overrides.go)
+	namespace   string             // a Redis store's label (sharedStore.label)
+	syncFailing atomic.Bool        // the rounds of the zones that sync fail
+	logger      *zap.Logger
+	whole       string   // a Redis node's label outside a cluster: the addresses
+	nodes       sync.Map // the breakers' node labels shown in metrics
 
 	capacityMu sync.Mutex
 	capacities map[*Handler]int           // the memory_capacity of each handler that holds the store and sets one

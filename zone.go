@@ -152,6 +152,16 @@ type Zone struct {
 	// limit; "skip" leaves the request to the other zones. Default: shared.
 	OnEmptyKey string `json:"on_empty_key,omitempty"`
 
+	// Sync trades exactness for cost, with Redis: each instance decides
+	// the zone's requests on its own, with no Redis call, and reconciles
+	// each bucket with Redis at most every Sync (from 10ms to 1h). Over
+	// any period the fleet admits at most what the exact limit admits in
+	// that period and one Sync more (rate × Sync), plus (N−1)/N of the
+	// burst and of rate × Sync, for N instances. Token bucket zones only, without ban,
+	// count_status or cost_from_response. Default: none, exact (every
+	// decision in Redis).
+	Sync caddy.Duration `json:"sync,omitempty"`
+
 	name     string
 	matchers caddyhttp.MatcherSets
 	static   bool           // no placeholders in rate, burst and cost
@@ -218,6 +228,9 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 		}
 		if err := checkConstantKey(z.Key); err != nil && h.Redis == nil { // with Redis, one bucket per instance
 			return fmt.Errorf("zone %q: %w", name, err)
+		}
+		if z.Sync != 0 && h.Redis == nil {
+			return fmt.Errorf("zone %q: sync %s needs a redis block: without Redis, every zone is decided in this instance already", name, time.Duration(z.Sync))
 		}
 		warnForgeableKey(h.logger, name, z.Key)
 		if _, err := limiter.LocalPolicy(z.policy, h.onError.Instances); err != nil {
@@ -297,6 +310,8 @@ func (z *Zone) check() error {
 		return err
 	case z.MaxConcurrent != 0 && z.settles():
 		return about(fmt.Errorf("count_status and cost_from_response do not apply to max_concurrent: a slot is given back when the request ends, whatever its response"), "max_concurrent", "count_status", "cost_from_response")
+	case z.MaxConcurrent != 0 && z.Sync != 0:
+		return about(fmt.Errorf("sync does not apply to max_concurrent: concurrency limits stay exact"), "sync", "max_concurrent")
 	case z.MaxConcurrent != 0:
 		return z.checkConcurrency()
 	case z.Rate == "" && z.MaxEvents == 0:
@@ -308,7 +323,7 @@ func (z *Zone) check() error {
 	if z.policy.Ban, err = z.Ban.policy(); err != nil {
 		return err
 	}
-	return cmp.Or(z.checkSettle(), z.policy.Validate())
+	return cmp.Or(z.checkSettle(), z.checkSync(), z.policy.Validate())
 }
 
 // compilePolicy computes the zone's static (or default) policy and cost
@@ -353,6 +368,30 @@ func (z *Zone) staticRate() (int64, time.Duration, error) {
 		rate = z.DefaultRate
 	}
 	return limiter.ParseRate(rate)
+}
+
+// Bounds of Zone.Sync.
+const (
+	minSync = 10 * time.Millisecond
+	maxSync = time.Hour
+)
+
+// checkSync checks sync against the zone's other options.
+func (z *Zone) checkSync() error {
+	d := time.Duration(z.Sync)
+	switch {
+	case d == 0:
+		return nil
+	case d < minSync || d > maxSync:
+		return about(fmt.Errorf("sync %s: want an interval from %s to %s", d, minSync, maxSync), "sync")
+	case z.policy.Algorithm != limiter.TokenBucket:
+		return about(fmt.Errorf("sync applies to token_bucket zones: %s counts exactly in Redis (leave sync out, or use the token bucket)", z.policy.Algorithm), "sync", "algorithm", "events")
+	case z.Ban != nil:
+		return about(fmt.Errorf("sync and ban: a ban is looked up in Redis on every request; leave one out"), "sync", "ban")
+	case z.settles():
+		return about(fmt.Errorf("sync does not apply with count_status or cost_from_response, which settle in Redis after each response"), "sync", "count_status", "cost_from_response")
+	}
+	return nil
 }
 
 // checkAlgorithmLimits refuses policies that would hold requests or

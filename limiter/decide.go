@@ -142,6 +142,67 @@ func (l *Limiter) decidePart(ctx context.Context, now time.Time, reqs []Request,
 	return d, release
 }
 
+// anySync reports whether a request of reqs syncs.
+func anySync(reqs []Request) bool {
+	for _, r := range reqs {
+		if r.Sync > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// takeSynced decides reqs, some of zones that sync: those from this
+// instance's allowances first, then, if they all pass, the others in
+// Redis; a refusal there gives the allowances back (all or nothing).
+func (l *Limiter) takeSynced(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call) ([]Decision, func()) {
+	if now.IsZero() {
+		now = time.Now()
+	}
+	var synced, exact []int
+	for i, r := range reqs {
+		if r.Sync > 0 {
+			synced = append(synced, i)
+		} else {
+			exact = append(exact, i)
+		}
+	}
+	start := time.Now()
+	sd, undo := l.sync.take(now, pick(reqs, synced))
+	call.Store, call.Took = "sync", time.Since(start)
+	d := make([]Decision, len(reqs))
+	for j, i := range synced {
+		d[i] = sd[j]
+	}
+	if undo == nil || len(exact) == 0 {
+		return d, nil
+	}
+	ed, release := l.takeExact(ctx, now, pick(reqs, exact), c, call)
+	refused := call.Failure != NoFailure && c.Fallback.Mode == FallbackDeny
+	for j, i := range exact {
+		if j < len(ed) {
+			d[i] = ed[j]
+			refused = refused || ed[j].Limit > 0 && !ed[j].Allowed
+		}
+	}
+	if refused {
+		undo()
+		for _, i := range synced {
+			d[i] = Decision{}
+		}
+	}
+	return d, release
+}
+
+// pick is the requests of reqs at idx.
+func pick(reqs []Request, idx []int) []Request {
+	out := make([]Request, len(idx))
+	for j, i := range idx {
+		out[j] = reqs[i]
+	}
+	return out
+}
+
 // blocked refuses reqs at now when one of them is blocked (the longest
 // block shows; the other zones are not asked): nothing is charged.
 func blocked(now time.Time, reqs []Request) ([]Decision, bool) {
@@ -198,6 +259,15 @@ func (l *Limiter) take(ctx context.Context, now time.Time, reqs []Request, c Cal
 		call.Store, call.Took = "memory", time.Since(start)
 		return d, l.holdSlots(l.memory, reqs, d, c.Events)
 	}
+	if l.sync != nil && anySync(reqs) {
+		return l.takeSynced(ctx, now, reqs, c, call)
+	}
+	return l.takeExact(ctx, now, reqs, c, call)
+}
+
+// takeExact decides reqs with Redis; when Redis cannot decide, c's
+// fallback decides.
+func (l *Limiter) takeExact(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call) ([]Decision, func()) {
 	wall := now.IsZero()
 	if wall {
 		now = time.Now()

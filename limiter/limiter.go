@@ -28,6 +28,7 @@ import (
 // concurrent use; one Limiter serves every handler that shares its store.
 type Limiter struct {
 	redis   *RedisStore // nil: the memory store decides
+	sync    *syncer     // the zones that sync; nil without Redis
 	memory  *MemoryStore
 	refused *DenyCache      // clients Redis refused; nil without Redis
 	retries *releaseRetries // releases of slots to try again; nil without Redis
@@ -114,6 +115,7 @@ func NewRedisLimiter(client redis.UniversalClient, o RedisOptions, nodes NodeEve
 	l := &Limiter{redis: store, memory: NewMemoryStore(0), timeout: cmp.Or(o.Timeout, time.Second),
 		refused: NewDenyCache(o.LocalCache, o.LocalCacheMaxAge)}
 	l.retries = newReleaseRetries(store, max(l.timeout, time.Second))
+	l.sync = newSyncer(store, l.memory, max(l.timeout, time.Second))
 	store.OnBreaker(nodes.BreakerChanged)
 	store.OnForget(func(node string) {
 		if _, was := l.failing.LoadAndDelete(node); was { // no request will tell its recovery
@@ -128,6 +130,9 @@ func NewRedisLimiter(client redis.UniversalClient, o RedisOptions, nodes NodeEve
 func (l *Limiter) Close() error {
 	if l.retries != nil {
 		l.retries.stop()
+	}
+	if l.sync != nil {
+		l.sync.close()
 	}
 	err := l.memory.Close()
 	if l.redis != nil {

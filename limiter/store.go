@@ -36,6 +36,11 @@ type Request struct {
 	// it apart from the others, and it never refuses (its refusal is the
 	// state WouldRefuse). Stores ignore it.
 	DryRun bool
+	// Sync, when positive, decides the request in this process and
+	// reconciles its bucket with Redis at most every Sync (see sync.go):
+	// a token bucket's zone that trades exactness for cost, within a
+	// stated bound. Zero: exact, in Redis. The memory store ignores it.
+	Sync time.Duration
 	// Block, when positive, refuses the request at once, for that long,
 	// whatever its bucket holds, and charges nothing: an operator's block
 	// of the client (an override). Stores ignore it.
