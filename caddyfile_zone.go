@@ -127,7 +127,7 @@ var zoneOptions = map[string]func(*caddyfile.Dispenser, *Zone) error{
 		z.MaxConcurrent = int64(n)
 		return err
 	},
-	"lease":              parseLease,
+	"lease": parseLease,
 	"sync": func(d *caddyfile.Dispenser, z *Zone) error {
 		var err error
 		z.Sync, err = durationArg(d, minSync, fmt.Sprintf("zone %q: sync %%q: want an interval from 10ms to 1h, such as 100ms", z.name))

@@ -5,10 +5,10 @@ package ratelimit
 
 import (
 	"fmt"
-	"time"
 	"net/http"
 	"net/textproto"
 	"strings"
+	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/clientkey"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
