@@ -11,7 +11,8 @@
 #
 # Routes: plain; memory (allowed, allowed with headers none, refused);
 # standalone Redis (64 keys);
-# Redis Cluster of 3 masters (one key, 10,000 keys, refused); and
+# Redis Cluster of 3 masters (one key, 10,000 keys, 10,000 keys in a zone
+# that syncs every 100ms, refused); and
 # mholt/caddy-ratelimit (allowed, refused: its own Caddy, of the same
 # version), built as its users build it (xcaddy build --with
 # github.com/mholt/caddy-ratelimit), else with ../shared/peers/build-caddy-ratelimit.sh
@@ -95,11 +96,12 @@ CLUSTER=${RL_REDIS_CLUSTER//,/ }
 
 ADMIN=$(free_port)
 declare -A PORT
-ROUTES=(plain memory memory_noheaders memory_refused standalone cluster_1key cluster_10k cluster_refused)
+ROUTES=(plain memory memory_noheaders memory_refused standalone cluster_1key cluster_10k cluster_10k_sync cluster_refused)
 [ -z "$CRL_CADDY" ] || ROUTES+=(crl crl_refused)
 for r in "${ROUTES[@]}"; do PORT[$r]=$(free_port); done
 # A zone of each route's own name: zones of one name share their buckets.
 open() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  100000000r/s\n\t\t}' "$1"; }
+synced() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  100000000r/s\n\t\t\tsync  100ms\n\t\t}' "$1"; }
 closed() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  1r/h\n\t\t\tburst 1\n\t\t}' "$1"; }
 site() { # name, rate_limit body
 	printf 'http://127.0.0.1:%s {\n\trate_limit {\n\t\t%s\n\t}\n\trespond "ok"\n}\n' "${PORT[$1]}" "$2"
@@ -115,6 +117,7 @@ redis() { printf 'redis {\n\t\t\taddresses %s\n\t\t\ttimeout 1s\n\t\t}\n\t\ton_s
 	site standalone "$(redis "$RL_REDIS_STANDALONE" "$(open standalone)")"
 	site cluster_1key "$(redis "$CLUSTER" "$(open cluster_1key)")"
 	site cluster_10k "$(redis "$CLUSTER" "$(open cluster_10k)")"
+	site cluster_10k_sync "$(redis "$CLUSTER" "$(synced cluster_10k_sync)")"
 	site cluster_refused "$(redis "$CLUSTER" "$(closed cluster_refused)")"
 } >"$TMP/Caddyfile"
 HOME=$TMP XDG_DATA_HOME=$TMP XDG_CONFIG_HOME=$TMP ./caddy run --config "$TMP/Caddyfile" --adapter caddyfile >"$TMP/caddy.log" 2>&1 &
@@ -150,7 +153,7 @@ LUA
 keys_of() { # route -> number of API keys it is sent
 	case $1 in
 	memory_refused | cluster_refused | cluster_1key | crl_refused) echo 1 ;;
-	cluster_10k) echo 10000 ;;
+	cluster_10k | cluster_10k_sync) echo 10000 ;;
 	*) echo 64 ;;
 	esac
 }
@@ -172,6 +175,17 @@ redis_cpu() {
 	done
 	echo "$sum"
 }
+# redis_cmds <addresses> is the commands the Redis servers at addresses
+# processed so far (INFO stats: a script is one command; replicas count the
+# writes they apply).
+redis_cmds() {
+	local a sum=0
+	for a in $1; do
+		sum=$(redis-cli -h "${a%:*}" -p "${a##*:}" INFO stats | tr -d '\r' |
+			awk -F: -v s="$sum" '/^total_commands_processed:/ { s += $2 } END { printf "%d", s }')
+	done
+	echo "$sum"
+}
 redis_of() { # route -> the Redis servers it uses (masters and replicas alike)
 	case $1 in
 	standalone) echo "$RL_REDIS_STANDALONE" ;;
@@ -180,16 +194,17 @@ redis_of() { # route -> the Redis servers it uses (masters and replicas alike)
 }
 
 run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
-	local out="$TMP/$2.$1.txt" c0 r0 prof=""
+	local out="$TMP/$2.$1.txt" c0 r0 k0 prof=""
 	if [ "$1" = 1 ] && [ "$2" = "${PROFILE:-}" ]; then
 		curl -s -o "bench/$2.pprof" "http://127.0.0.1:$ADMIN/debug/pprof/profile?seconds=$((DURATION > 1 ? DURATION - 1 : 1))" &
 		prof=$!
 	fi
-	c0=$(caddy_cpu "$2") r0=$(redis_cpu "$(redis_of "$2")")
+	c0=$(caddy_cpu "$2") r0=$(redis_cpu "$(redis_of "$2")") k0=$(redis_cmds "$(redis_of "$2")")
 	KEYS=$(keys_of "$2") wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$TMP/keys.lua" "http://127.0.0.1:${PORT[$2]}/" >"$out"
-	local rps p99 non2xx reqs ccpu rcpu
+	local rps p99 non2xx reqs ccpu rcpu rcmds
 	ccpu=$(awk -v a="$c0" -v b="$(caddy_cpu "$2")" 'BEGIN { printf "%.3f", b - a }')
 	rcpu=$(awk -v a="$r0" -v b="$(redis_cpu "$(redis_of "$2")")" 'BEGIN { printf "%.3f", b - a }')
+	rcmds=$(($(redis_cmds "$(redis_of "$2")") - k0))
 	rps=$(awk '/Requests\/sec/ {print $2}' "$out")
 	reqs=$(awk '/requests in/ {print $1}' "$out")
 	p99=$(awk '$1 == "99%" {print $2}' "$out")
@@ -200,6 +215,7 @@ run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 	echo "$rps" >"$TMP/$2.$1"
 	awk -v c="$ccpu" -v n="$reqs" 'BEGIN { printf "%.2f\n", c * 1e6 / n }' >"$TMP/$2.$1.caddy"
 	awk -v c="$rcpu" -v n="$reqs" 'BEGIN { printf "%.2f\n", c * 1e6 / n }' >"$TMP/$2.$1.redis"
+	awk -v c="$rcmds" -v n="$reqs" 'BEGIN { printf "%.3f\n", c / n }' >"$TMP/$2.$1.cmds"
 	[ -z "$prof" ] || wait "$prof" # the profile
 }
 
@@ -212,16 +228,18 @@ done
 echo
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 echo "medians of the $REPS reps: the ratio to plain (per rep, against that rep's plain run), CPU per request"
-echo "of Caddy, its extra over plain (per rep, against that rep's plain run) and of Redis, in µs"
-printf '%-16s %-22s %6s %10s %10s %10s\n' route "ratio per rep" ratio caddy extra redis
+echo "of Caddy, its extra over plain (per rep, against that rep's plain run) and of Redis, in µs;"
+echo "Redis commands per request (all the route's servers; a script is one)"
+printf '%-16s %-22s %6s %10s %10s %10s %10s\n' route "ratio per rep" ratio caddy extra redis cmds
 for r in "${ROUTES[@]}"; do
 	ratios=() extras=()
 	for rep in $(seq "$REPS"); do
 		ratios+=("$(awk -v a="$(cat "$TMP/$r.$rep")" -v p="$(cat "$TMP/plain.$rep")" 'BEGIN { printf "%.2f", a / p }')")
 		extras+=("$(awk -v a="$(cat "$TMP/$r.$rep.caddy")" -v p="$(cat "$TMP/plain.$rep.caddy")" 'BEGIN { printf "%.2f", a - p }')")
 	done
-	printf '%-16s %-22s %6s %10s %10s %10s\n' "$r" "${ratios[*]}" "$(printf '%s\n' "${ratios[@]}" | median)" \
-		"$(cat "$TMP/$r".*.caddy | median)" "$(printf '%s\n' "${extras[@]}" | median)" "$(cat "$TMP/$r".*.redis | median)"
+	printf '%-16s %-22s %6s %10s %10s %10s %10s\n' "$r" "${ratios[*]}" "$(printf '%s\n' "${ratios[@]}" | median)" \
+		"$(cat "$TMP/$r".*.caddy | median)" "$(printf '%s\n' "${extras[@]}" | median)" "$(cat "$TMP/$r".*.redis | median)" \
+		"$(cat "$TMP/$r".*.cmds | median)"
 done
 
 # Constant rate: half, a quarter, then an eighth of plain's peak as vegeta

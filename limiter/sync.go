@@ -17,8 +17,11 @@ package limiter
 // three intervals). A bucket it has not seen starts with a share of a full
 // bucket and of its refill. Every
 // bucket of the instance that has something to tell (admissions, or a
-// refusal for want of allowance) is synced in one round, one batched
-// charge per node (pipelined, joined as exact decisions are).
+// refusal for want of allowance, half its allowance spent, or admissions
+// that waited ten intervals) is synced in one round, one batched charge
+// per node (pipelined, joined as exact decisions are): a bucket that
+// spends slowly costs Redis one charge per ten intervals, one refused or
+// spending fast one per interval.
 //
 // The bound. Admissions are charged at most one interval late, and each
 // instance admits only its share of what it last read and of the refill
@@ -98,6 +101,7 @@ type syncer struct {
 type syncEntry struct {
 	req       Request   // the bucket (zone, key, digest) and its latest policy
 	allowance int64     // tokens this instance may admit until its next sync
+	granted   int64     // the allowance as the last sync (or the entry's start) set it
 	spent     int64     // admitted since the last sync, to charge
 	sending   int64     // of spent, what the round in flight charges
 	remaining int64     // the bucket's, as last read (after this instance's charge)
@@ -264,7 +268,7 @@ func (s *syncer) entry(r Request, now time.Time) *syncEntry {
 		if len(s.entries) >= maxSyncEntries { // a flood of new keys: each waits for a reading
 			allowance = 0
 		}
-		e = &syncEntry{allowance: allowance, remaining: limit, reset: now}
+		e = &syncEntry{allowance: allowance, granted: allowance, remaining: limit, reset: now}
 		s.entries[id] = e
 	}
 	e.req = r
@@ -350,24 +354,37 @@ func (s *syncer) round() {
 		e.sending = 0
 		e.remaining, e.reset, e.synced = d[i].Remaining, d[i].Reset, now
 		e.allowance = s.share(held(e.req.Policy, d[i]) + refill(e.req))
+		e.granted = e.allowance
 	}
 }
 
-// due lists the buckets to sync at now, marking what each charges; it
-// drops those with nothing to tell whose bucket is full again.
+// staleRounds is how many intervals a bucket's admissions may wait to be
+// charged while its allowance lasts: Redis's view (the fleet's headers,
+// the admin API) lags by at most that, and a bucket that spends slowly
+// costs Redis a charge per staleRounds intervals, not one per interval.
+const staleRounds = 10
+
+// due lists the buckets to sync at now, marking what each charges: those
+// refused for want of allowance, those that spent half of it, and those
+// whose admissions waited staleRounds intervals (or a second). It drops
+// those with nothing to tell whose bucket is full again and idle.
 func (s *syncer) due(now time.Time) ([]Request, []*syncEntry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var reqs []Request
 	var es []*syncEntry
 	for id, e := range s.entries {
-		if now.Sub(e.synced) < time.Duration(e.req.Sync) {
+		interval, since := e.req.Sync, now.Sub(e.synced)
+		if since < interval {
 			continue
 		}
 		if e.spent == 0 && !e.wants {
-			if !now.Before(e.reset) && now.Sub(e.used) > time.Duration(e.req.Sync) {
+			if !now.Before(e.reset) && now.Sub(e.used) > interval {
 				delete(s.entries, id) // full again and idle: a new entry starts afresh
 			}
+			continue
+		}
+		if !e.wants && 2*e.spent < e.granted && since < max(staleRounds*interval, time.Second) {
 			continue
 		}
 		r := e.req

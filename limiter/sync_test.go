@@ -67,7 +67,7 @@ func floodSync(fleet []*Limiter, req Request, d time.Duration) (admitted, sent i
 // exact limit admits over the period and one interval more, plus
 // (N-1)/N of the burst and of an interval's refill; and most of what it
 // may.
-var floodFor = 3 * time.Second
+var floodFor = 5 * time.Second
 
 func TestSyncOvershootBounded(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
