@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -128,6 +129,9 @@ type usage struct {
 	Remaining int64  `json:"remaining"`
 	Reset     int64  `json:"reset"`
 	Algorithm string `json:"algorithm"`
+	// Sync is the zone's sync interval, for a zone that syncs: the
+	// figures are then Redis's, as of the instances' last syncs.
+	Sync string `json:"sync,omitempty"`
 }
 
 // serveAdmin routes a request of the admin API to the zones' list or to a
@@ -219,8 +223,12 @@ func serveKey(w http.ResponseWriter, method string, ref zoneRef, key string) err
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("reading the bucket: %w", err)}
 		}
-		return writeJSON(w, usage{Zone: z.name, Key: req.Key, Limit: d.Limit, Remaining: d.Remaining,
-			Reset: d.ResetUnix(), Algorithm: z.policy.Algorithm.String()})
+		u := usage{Zone: z.name, Key: req.Key, Limit: d.Limit, Remaining: d.Remaining,
+			Reset: d.ResetUnix(), Algorithm: z.policy.Algorithm.String()}
+		if z.Sync != 0 {
+			u.Sync = time.Duration(z.Sync).String()
+		}
+		return writeJSON(w, u)
 	case http.MethodDelete:
 		if err := store.Reset(ctx, req); err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("resetting the bucket: %w", err)}

@@ -59,7 +59,7 @@ func initMetrics() {
 		"zone", "decision")
 	metrics.storeLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
-		Help:    "Time a decision took in its store (memory or redis), errors included.",
+		Help:    "Time a decision took in its store (memory, redis, or sync: a zone that syncs, decided in this instance), errors included.",
 		Buckets: prometheus.ExponentialBuckets(0.00005, 2.5, 12), // 50µs to 1.2s
 	}, []string{"store"})
 	metrics.storeErrors = counterVec("store_errors_total",

@@ -25,6 +25,9 @@
 # run (vegeta) at a half, a quarter and an eighth of plain's peak gives the p99 of
 # plain and of the cluster route.
 #
+# ONLY="<route> ..." measures plain and those routes alone (all of them are
+# still served).
+#
 # PROFILE=<route> also takes a CPU profile of Caddy (from its admin
 # endpoint's /debug/pprof/) during that route's first run, and writes it to
 # bench/<route>.pprof (read it with `go tool pprof -top caddy bench/<route>.pprof`).
@@ -98,7 +101,13 @@ ADMIN=$(free_port)
 declare -A PORT
 ROUTES=(plain memory memory_noheaders memory_refused standalone cluster_1key cluster_10k cluster_10k_sync cluster_refused)
 [ -z "$CRL_CADDY" ] || ROUTES+=(crl crl_refused)
+
 for r in "${ROUTES[@]}"; do PORT[$r]=$(free_port); done
+MEASURED=("${ROUTES[@]}")
+if [ -n "${ONLY:-}" ]; then # ONLY="route ..." measures plain and those routes alone
+	read -ra only <<<"$ONLY"
+	MEASURED=(plain "${only[@]}")
+fi
 # A zone of each route's own name: zones of one name share their buckets.
 open() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  100000000r/s\n\t\t}' "$1"; }
 synced() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  100000000r/s\n\t\t\tsync  100ms\n\t\t}' "$1"; }
@@ -222,7 +231,7 @@ run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 echo "wrk -t2 -c$CONNS -d${DURATION}s, $REPS interleaved reps; caddy $(./caddy version | cut -d' ' -f1); $(nproc) cores"
 printf '%-4s %-16s %12s %10s %10s %14s %14s\n' rep route req/s p99 non-2xx caddy-µs/req redis-µs/req
 for rep in $(seq "$REPS"); do
-	for r in "${ROUTES[@]}"; do run "$rep" "$r"; done
+	for r in "${MEASURED[@]}"; do run "$rep" "$r"; done
 done
 
 echo
@@ -231,7 +240,7 @@ echo "medians of the $REPS reps: the ratio to plain (per rep, against that rep's
 echo "of Caddy, its extra over plain (per rep, against that rep's plain run) and of Redis, in µs;"
 echo "Redis commands per request (all the route's servers; a script is one)"
 printf '%-16s %-22s %6s %10s %10s %10s %10s\n' route "ratio per rep" ratio caddy extra redis cmds
-for r in "${ROUTES[@]}"; do
+for r in "${MEASURED[@]}"; do
 	ratios=() extras=()
 	for rep in $(seq "$REPS"); do
 		ratios+=("$(awk -v a="$(cat "$TMP/$r.$rep")" -v p="$(cat "$TMP/plain.$rep")" 'BEGIN { printf "%.2f", a / p }')")

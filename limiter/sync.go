@@ -18,10 +18,10 @@ package limiter
 // bucket and of its refill. Every
 // bucket of the instance that has something to tell (admissions, or a
 // refusal for want of allowance, half its allowance spent, or admissions
-// that waited ten intervals) is synced in one round, one batched charge
-// per node (pipelined, joined as exact decisions are): a bucket that
-// spends slowly costs Redis one charge per ten intervals, one refused or
-// spending fast one per interval.
+// that waited ten intervals, ten seconds at least) is synced in one round,
+// one batched charge per node (pipelined, joined as exact decisions are):
+// a bucket that spends slowly costs Redis one charge per ten seconds, one
+// refused or spending fast one per interval.
 //
 // The bound. Admissions are charged at most one interval late, and each
 // instance admits only its share of what it last read and of the refill
@@ -268,7 +268,7 @@ func (s *syncer) entry(r Request, now time.Time) *syncEntry {
 		if len(s.entries) >= maxSyncEntries { // a flood of new keys: each waits for a reading
 			allowance = 0
 		}
-		e = &syncEntry{allowance: allowance, granted: allowance, remaining: limit, reset: now}
+		e = &syncEntry{allowance: allowance, granted: allowance, remaining: limit, reset: now, synced: now}
 		s.entries[id] = e
 	}
 	e.req = r
@@ -358,16 +358,17 @@ func (s *syncer) round() {
 	}
 }
 
-// staleRounds is how many intervals a bucket's admissions may wait to be
-// charged while its allowance lasts: Redis's view (the fleet's headers,
-// the admin API) lags by at most that, and a bucket that spends slowly
-// costs Redis a charge per staleRounds intervals, not one per interval.
-const staleRounds = 10
+// staleAfter is how long a bucket's admissions may wait to be charged
+// while its allowance lasts (ten intervals, ten seconds at least): Redis's
+// view (the fleet's headers, the admin API) lags by at most that, and a
+// bucket that spends slowly costs Redis one charge per staleAfter, not
+// one per interval. It is also how long an idle bucket is kept.
+func staleAfter(interval time.Duration) time.Duration { return max(10*interval, 10*time.Second) }
 
 // due lists the buckets to sync at now, marking what each charges: those
 // refused for want of allowance, those that spent half of it, and those
-// whose admissions waited staleRounds intervals (or a second). It drops
-// those with nothing to tell whose bucket is full again and idle.
+// whose admissions waited staleAfter. It drops those with nothing to tell
+// that were idle for staleAfter and whose bucket is full again.
 func (s *syncer) due(now time.Time) ([]Request, []*syncEntry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -379,12 +380,12 @@ func (s *syncer) due(now time.Time) ([]Request, []*syncEntry) {
 			continue
 		}
 		if e.spent == 0 && !e.wants {
-			if !now.Before(e.reset) && now.Sub(e.used) > interval {
+			if !now.Before(e.reset) && now.Sub(e.used) > staleAfter(interval) {
 				delete(s.entries, id) // full again and idle: a new entry starts afresh
 			}
 			continue
 		}
-		if !e.wants && 2*e.spent < e.granted && since < max(staleRounds*interval, time.Second) {
+		if !e.wants && 2*e.spent < e.granted && since < staleAfter(interval) {
 			continue
 		}
 		r := e.req
