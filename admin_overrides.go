@@ -107,6 +107,13 @@ func (t *overrideTarget) find(store, method string) error {
 	if store != "" {
 		t.refs = slices.DeleteFunc(t.refs, func(r zoneRef) bool { return r.h.store.label() != store })
 	}
+	var byLabel []zoneRef // stores of one label share their overrides: one of them
+	for _, r := range t.refs {
+		if !slices.ContainsFunc(byLabel, func(x zoneRef) bool { return x.h.store.label() == r.h.store.label() }) {
+			byLabel = append(byLabel, r)
+		}
+	}
+	t.refs = byLabel
 	switch {
 	case len(t.refs) == 1:
 		t.store = t.refs[0].h.store
@@ -116,13 +123,13 @@ func (t *overrideTarget) find(store, method string) error {
 		for i, r := range t.refs {
 			labels[i] = strconv.Quote(r.h.store.label())
 		}
-		return apiError(http.StatusConflict, "zone %q is in %d stores (%s): name one with \"store\" in the body", t.zone, len(t.refs), strings.Join(labels, ", "))
+		return apiError(http.StatusConflict, "zone %.80q is in %d stores (%s): name one with \"store\" in the body", t.zone, len(t.refs), strings.Join(labels, ", "))
 	case method == http.MethodDelete:
 		return t.findOrphan(store)
 	case store != "":
-		return apiError(http.StatusNotFound, "no zone %q in store %q", t.zone, store)
+		return apiError(http.StatusNotFound, "no zone %.80q in store %.120q", t.zone, store)
 	}
-	return apiError(http.StatusNotFound, "no zone %q", t.zone)
+	return apiError(http.StatusNotFound, "no zone %.80q", t.zone)
 }
 
 // findOrphan finds the store holding overrides of a zone that the running
@@ -235,6 +242,9 @@ func putOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b ove
 		return apiError(http.StatusBadRequest, "zone %q: %v", t.zone, err)
 	}
 	o.By = adminIdentity(r)
+	if len(o.By) > 256 {
+		o.By = o.By[:256] // Check's bound
+	}
 	if err := t.store.overrides.Put(context.Background(), t.zone, t.digestPtr(), o); err != nil {
 		return apiError(http.StatusBadGateway, "store %s: %v", t.store.label(), err)
 	}
@@ -460,8 +470,8 @@ func runningStores() []*sharedStore {
 	defer registry.Unlock()
 	var stores []*sharedStore
 	for _, r := range registry.zones {
-		if !slices.Contains(stores, r.h.store) {
-			stores = append(stores, r.h.store)
+		if !slices.ContainsFunc(stores, func(s *sharedStore) bool { return s.label() == r.h.store.label() }) {
+			stores = append(stores, r.h.store) // stores of one label share their overrides
 		}
 	}
 	return stores

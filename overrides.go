@@ -13,6 +13,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -272,8 +273,13 @@ func (e overrideEvents) OverridesNotPushed(err error) {
 		zap.String("store", e.s.label()), zap.Error(err))
 }
 
-// OverrideSkipped logs an entry that could not be read.
+// OverrideSkipped logs an entry that could not be read, a key's named by
+// its zone alone (its digest may not be keyed).
 func (e overrideEvents) OverrideSkipped(entry string, err error) {
+	if rest, ok := strings.CutPrefix(strings.Trim(entry, `"`), "key:"); ok {
+		_, zone, _ := strings.Cut(rest, ":")
+		entry = fmt.Sprintf("a key's override in zone %.80q", zone)
+	}
 	e.s.logger.Warn("rate limit override skipped: its entry in the store is not one this version reads",
 		zap.String("store", e.s.label()), zap.String("entry", entry), zap.Error(err))
 }

@@ -185,15 +185,32 @@ func newSharedRedis(cfg RedisConfig, opts *redis.UniversalOptions) (*sharedStore
 	s.Limiter = l
 	l.OnSync(s)
 	prefix := cmp.Or(cfg.KeyPrefix, limiter.DefaultKeyPrefix)
-	s.overrides = limiter.NewRedisOverrides(client, prefix, overrideEvents{s})
-	s.namespace = s.whole
+	s.overrides = limiter.NewRedisOverrides(client, prefix, cfg.DB, overrideEvents{s})
+	s.namespace = overridesLabel(cfg, prefix)
+	return s, nil
+}
+
+// overridesLabel names the overrides of a Redis store: where they live
+// (the addresses, sorted, then the db and key prefix when they are not the
+// defaults) and, with key_secret, a fingerprint of it (the digests of keys
+// depend on it): "10.0.1.2:6379,10.0.1.3:6379 db 1 prefix api: secret
+// 5f1c2a9e". Stores that differ only in their connections (timeout, pool,
+// TLS files) share the label, and their overrides.
+func overridesLabel(cfg RedisConfig, prefix string) string {
+	addrs := slices.Clone(cfg.Addresses)
+	slices.Sort(addrs)
+	label := strings.Join(addrs, ",")
 	if cfg.DB != 0 {
-		s.namespace += fmt.Sprintf(" db %d", cfg.DB)
+		label += fmt.Sprintf(" db %d", cfg.DB)
 	}
 	if prefix != limiter.DefaultKeyPrefix {
-		s.namespace += " prefix " + prefix
+		label += " prefix " + prefix
 	}
-	return s, nil
+	if cfg.KeySecret != "" {
+		sum := sha256.Sum256([]byte(cfg.KeySecret))
+		label += " secret " + hex.EncodeToString(sum[:4])
+	}
+	return label
 }
 
 // checkRedis warns when Redis does not answer at start; Caddy starts

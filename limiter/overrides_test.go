@@ -163,8 +163,8 @@ func TestMemoryOverrides(t *testing.T) {
 func redisOverridesPair(t *testing.T, c redis.UniversalClient) (a, b *Overrides, recB *overrideRecorder) {
 	t.Helper()
 	prefix := fmt.Sprintf("ovr%x:", rand.Uint64())
-	a, recB = NewRedisOverrides(c, prefix, &overrideRecorder{}), &overrideRecorder{}
-	b = NewRedisOverrides(c, prefix, recB)
+	a, recB = NewRedisOverrides(c, prefix, 0, &overrideRecorder{}), &overrideRecorder{}
+	b = NewRedisOverrides(c, prefix, 0, recB)
 	for _, o := range []*Overrides{a, b} {
 		o.SetPoll(200 * time.Millisecond)
 		if err := o.Start(context.Background()); err != nil {
@@ -417,7 +417,7 @@ func TestRedisOverridesNotPushed(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "gateway", Password: "pw"})
 	defer c.Close()
 	rec := &overrideRecorder{}
-	o := NewRedisOverrides(c, "acl:", rec)
+	o := NewRedisOverrides(c, "acl:", 0, rec)
 	o.src.(*redisOverrides).subscribeTimeout = 300 * time.Millisecond
 	o.SetPoll(200 * time.Millisecond)
 	if err := o.Start(ctx); err != nil {
@@ -429,12 +429,100 @@ func TestRedisOverridesNotPushed(t *testing.T) {
 		defer rec.mu.Unlock()
 		return len(rec.notPushed) == 1
 	})
-	other := NewRedisOverrides(admin, "acl:", &overrideRecorder{})
+	other := NewRedisOverrides(admin, "acl:", 0, &overrideRecorder{})
 	defer other.Close()
 	if err := other.Put(ctx, "api", nil, Override{Rate: "1r/s"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 2*time.Second, "the change through the poll", func() bool { _, ok := o.Current().Zone("api"); return ok })
+	// A change made by the user whose ACL lacks the channel is stored, in
+	// force here at once, and not an error.
+	if err := o.Put(ctx, "api2", nil, Override{Rate: "2r/s"}); err != nil {
+		t.Fatalf("a change by a user without the channel: %v", err)
+	}
+	if _, ok := o.Current().Zone("api2"); !ok {
+		t.Fatal("the change is not in force where it was made")
+	}
+}
+
+// TestRedisOverridesWholeReadRacing: a whole read during which the
+// overrides keep changing (three tries) is not taken for the version it
+// ends at: the next poll reads them again, and the instance converges.
+func TestRedisOverridesWholeReadRacing(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	a, b, _ := redisOverridesPair(t, c)
+	ctx := context.Background()
+	src := b.src.(*redisOverrides)
+	a.src.(*redisOverrides).quiet = true // b reads through its whole reads alone
+	var writes atomic.Int32
+	src.afterScan = func() {
+		if n := writes.Add(1); n <= 3 {
+			_ = a.Put(ctx, "api", nil, Override{Rate: fmt.Sprintf("%dr/s", n+1)})
+		}
+	}
+	if err := a.Put(ctx, "api", nil, Override{Rate: "1r/s"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*time.Second, "b on the last change", func() bool {
+		o, _ := b.Current().Zone("api")
+		return o.Rate == "4r/s"
+	})
+}
+
+// TestRedisOverridesShardFailover: in a cluster, when the master of the
+// overrides' slot fails over, Redis ends the shard subscriptions of its
+// channel; the instances subscribe again, and pushes keep coming.
+func TestRedisOverridesShardFailover(t *testing.T) {
+	cl := redistest.NewClusterOf(t, 3, 1)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	defer c.Close()
+	a, b, recB := redisOverridesPair(t, c)
+	b.SetPoll(time.Hour) // only pushes bring the changes
+	ctx := context.Background()
+	time.Sleep(300 * time.Millisecond)
+	src := b.src.(*redisOverrides)
+	master, err := c.MasterForKey(ctx, src.hash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var replica string
+	for _, addr := range cl.Addrs() {
+		n := redis.NewClient(&redis.Options{Addr: addr})
+		info := n.Info(ctx, "replication").Val()
+		n.Close()
+		if strings.Contains(info, "role:slave") && strings.Contains(info, "master_port:"+portOf(master.Options().Addr)+"\r\n") {
+			replica = addr
+		}
+	}
+	if replica == "" {
+		t.Fatal("no replica of the overrides' master")
+	}
+	r := redis.NewClient(&redis.Options{Addr: replica})
+	defer r.Close()
+	if err := r.Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.WaitOK(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the new master serving", func() bool {
+		c.ReloadState(ctx)
+		return a.Put(ctx, "probe", nil, Override{Rate: "1r/s"}) == nil
+	})
+	waitFor(t, 5*time.Second, "a change pushed after the failover", func() bool {
+		_ = a.Put(ctx, "api", nil, Override{Rate: "7r/s"})
+		o, _ := b.Current().Zone("api")
+		return o.Rate == "7r/s"
+	})
+	if vias, _, _, _ := recB.snapshot(); !contains(vias, "push") && !contains(vias, "subscribe") {
+		t.Fatalf("b read the changes through %v", vias)
+	}
+}
+
+func portOf(addr string) string {
+	i := strings.LastIndexByte(addr, ':')
+	return addr[i+1:]
 }
 
 // BenchmarkRedisOverridesRead: what an instance's read of the overrides
@@ -445,7 +533,7 @@ func BenchmarkRedisOverridesRead(b *testing.B) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(b)})
 	defer c.Close()
 	for _, n := range []int{10000, 100000} {
-		o := NewRedisOverrides(c, fmt.Sprintf("bench%x:", rand.Uint64()), &overrideRecorder{})
+		o := NewRedisOverrides(c, fmt.Sprintf("bench%x:", rand.Uint64()), 0, &overrideRecorder{})
 		src := o.src.(*redisOverrides)
 		ctx := context.Background()
 		p := c.Pipeline()

@@ -554,12 +554,17 @@ func (m *memoryOverrides) watch(stop <-chan struct{}, _ func(delta), _ func(stri
 }
 
 // NewRedisOverrides returns the overrides kept in the Redis of client,
-// under prefix (the store's key prefix): see the top of this file.
-func NewRedisOverrides(client redis.UniversalClient, prefix string, ev OverrideEvents) *Overrides {
+// under prefix (the store's key prefix), in database db: see the top of
+// this file.
+func NewRedisOverrides(client redis.UniversalClient, prefix string, db int, ev OverrideEvents) *Overrides {
 	base := prefix + "{overrides}"
 	r := &redisOverrides{client: client, hash: base, versionKey: base + ":version", expiry: base + ":expiry",
 		channel: base + ":changed"}
+	if db != 0 { // channels are not a database's: one of its own
+		r.channel += fmt.Sprintf(":db%d", db)
+	}
 	_, r.cluster = client.(*redis.ClusterClient)
+	r.ev = ev
 	return newOverrides(r, ev)
 }
 
@@ -568,10 +573,13 @@ type redisOverrides struct {
 	client                            redis.UniversalClient
 	hash, versionKey, expiry, channel string
 	cluster                           bool
-	sharded                           atomic.Int32  // 0: not known yet; 1: yes; 2: no
-	quiet                             bool          // tests: changes are not announced
+	sharded                           atomic.Int32 // 0: not known yet; 1: yes; 2: no
+	quiet                             bool         // tests: changes are not announced
+	unannounced                       atomic.Bool  // a change could not be announced (reported once)
+	ev                                OverrideEvents
 	subscribeTimeout                  time.Duration // default 10s
 	scanCount                         int64         // HSCAN's COUNT; default 1000
+	afterScan                         func()        // tests: called after each whole read's scan
 }
 
 var overridesWrite = redis.NewScript(luascripts.OverridesWrite)
@@ -589,12 +597,12 @@ func (r *redisOverrides) clock(ctx context.Context) (time.Time, error) {
 }
 
 // announce is how a change is announced: 0 not at all, 1 on the classic
-// channel, 2 on the shard channel too (a cluster whose nodes have it).
+// channel, 2 on the shard channel too (in a cluster).
 func (r *redisOverrides) announce(ctx context.Context) int {
 	switch {
 	case r.quiet:
 		return 0
-	case r.shardedChannels(ctx):
+	case r.cluster: // SPUBLISH too: a node without it (Redis 6) fails it alone (pcall)
 		return 2
 	}
 	return 1
@@ -622,6 +630,12 @@ func (r *redisOverrides) write(ctx context.Context, zone string, digest *[16]byt
 	d := delta{names: []string{name}}
 	d.prev, _ = reply[1].(string)
 	d.next, _ = reply[2].(string)
+	if len(reply) > 3 {
+		if refused, _ := reply[3].(string); refused != "" && r.unannounced.CompareAndSwap(false, true) && r.ev != nil {
+			r.ev.OverridesNotPushed(fmt.Errorf("announcing a change: %s", refused))
+		}
+		reply = append(reply[:3], reply[4:]...)
+	}
 	c := entryChange{zone: zone, digest: digest, gone: o == nil}
 	if o != nil {
 		c.o = *o
@@ -682,12 +696,18 @@ func (r *redisOverrides) load(ctx context.Context, skipped func(string, string, 
 				break
 			}
 		}
+		if r.afterScan != nil {
+			r.afterScan()
+		}
 		after, err := r.version(ctx)
 		if err != nil {
 			return nil, err
 		}
-		if before == after || try == tries {
+		if before == after {
 			return parseOverrideEntries(after, entries, skipped), nil
+		}
+		if try == tries { // changing all along: labelled as no version, so the next poll reads it all again
+			return parseOverrideEntries("?"+after, entries, skipped), nil
 		}
 	}
 }
@@ -803,11 +823,30 @@ func parseDelta(payload string) (delta, bool) {
 // cluster that has them), queues every change announced, and kicks a read
 // on every subscription (go-redis subscribes again after a connection
 // drops: what was announced meanwhile is read then), until stop closes. A
-// subscription not confirmed within 10s is reported once.
+// cluster node that loses the channel's slot (a failover, a slot moved)
+// ends a shard subscription with a sunsubscribe, which go-redis does not
+// make again: watch subscribes again itself. A subscription not confirmed
+// within 10s is reported once.
 func (r *redisOverrides) watch(stop <-chan struct{}, pushed func(delta), kick func(string), ev OverrideEvents) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	sharded := r.shardedChannels(ctx)
-	cancel()
+	reported := false
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sharded := r.shardedChannels(ctx)
+		cancel()
+		if !r.session(stop, sharded, pushed, kick, ev, &reported) {
+			return
+		}
+		select { // a sunsubscribe: again, after a pause
+		case <-stop:
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// session is one subscription; it reports whether to subscribe again (the
+// node ended it), else stop closed.
+func (r *redisOverrides) session(stop <-chan struct{}, sharded bool, pushed func(delta), kick func(string), ev OverrideEvents, reported *bool) bool {
 	var ps *redis.PubSub
 	if sharded {
 		ps = r.client.SSubscribe(context.Background(), r.channel)
@@ -821,15 +860,22 @@ func (r *redisOverrides) watch(stop <-chan struct{}, pushed func(delta), kick fu
 	for {
 		select {
 		case <-stop:
-			return
+			return false
 		case <-confirm.C:
-			ev.OverridesNotPushed(fmt.Errorf("no confirmation of the subscription to %s", r.channel))
+			if !*reported {
+				*reported = true
+				ev.OverridesNotPushed(fmt.Errorf("no confirmation of the subscription to %s", r.channel))
+			}
 		case m, ok := <-ch:
 			if !ok {
-				return
+				return false
 			}
 			switch m := m.(type) {
 			case *redis.Subscription:
+				if m.Kind == "sunsubscribe" || m.Kind == "unsubscribe" {
+					kick("subscribe")
+					return true
+				}
 				confirm.Stop()
 				kick("subscribe")
 			case *redis.Message:

@@ -11,8 +11,11 @@
 -- Entries expired by Redis's clock are dropped, at most 1000 per change.
 -- The change is announced as "<previous version, or -> <new version>
 -- <entry names...>" (the one written, then those dropped).
--- Returns {found, previous version, new version, dropped names...}: found
--- is 1 when the entry existed before.
+-- Returns {found, previous version, new version, refusal, dropped
+-- names...}: found is 1 when the entry existed before; refusal is why the
+-- announcement failed ('' when it went out: a user whose ACL lacks the
+-- channel gets the change stored all the same). A delete of an entry that
+-- does not exist, with nothing expired, changes nothing: the version stays.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local found = redis.call('HEXISTS', KEYS[1], ARGV[1])
@@ -28,22 +31,27 @@ else
   end
 end
 local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 1000)
+local prev = redis.call('GET', KEYS[2]) or ''
+if ARGV[2] == '' and found == 0 and #gone == 0 then
+  return {0, prev, prev, ''}
+end
 for _, name in ipairs(gone) do
   redis.call('HDEL', KEYS[1], name)
   redis.call('ZREM', KEYS[3], name)
 end
-local prev = redis.call('GET', KEYS[2]) or ''
 local n = tonumber(string.match(prev, '^(%d+)')) or 0
 local next = (n + 1) .. ':' .. ARGV[4]
 redis.call('SET', KEYS[2], next)
+local refusal = ''
 if ARGV[5] ~= '0' then
   local p = prev
   if p == '' then p = '-' end
   local msg = p .. ' ' .. next .. ' ' .. ARGV[1]
   if #gone > 0 then msg = msg .. ' ' .. table.concat(gone, ' ') end
-  redis.call('PUBLISH', ARGV[6], msg)
+  local r = redis.pcall('PUBLISH', ARGV[6], msg)
+  if type(r) == 'table' and r.err then refusal = r.err end
   if ARGV[5] == '2' then redis.pcall('SPUBLISH', ARGV[6], msg) end
 end
-local reply = {found, prev, next}
+local reply = {found, prev, next, refusal}
 for _, name in ipairs(gone) do reply[#reply + 1] = name end
 return reply
