@@ -7,7 +7,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
@@ -26,6 +28,15 @@ func BenchmarkServeHTTPParallel(b *testing.B) {
 	})
 	b.Run("redis_standalone", func(b *testing.B) {
 		h := &Handler{Zones: map[string]*Zone{"par_redis": {Key: "{http.request.header.X-Key}", Rate: "1000000000r/s"}},
+			Redis: &RedisConfig{Addresses: []string{redistest.StandaloneAddr(b)}}}
+		if err := provision(b, h); err != nil {
+			b.Fatal(err)
+		}
+		h.logger = infoLogger()
+		runParallelCPU(b, h)
+	})
+	b.Run("redis_sync", func(b *testing.B) {
+		h := &Handler{Zones: map[string]*Zone{"par_sync": {Key: "{http.request.header.X-Key}", Rate: "1000000000r/s", Sync: caddy.Duration(100 * time.Millisecond)}},
 			Redis: &RedisConfig{Addresses: []string{redistest.StandaloneAddr(b)}}}
 		if err := provision(b, h); err != nil {
 			b.Fatal(err)
