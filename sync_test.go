@@ -1,0 +1,58 @@
+package ratelimit
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+)
+
+// TestSyncNeedsRedis: a zone that syncs without a redis block fails to
+// load, saying why.
+func TestSyncNeedsRedis(t *testing.T) {
+	h := &Handler{Zones: map[string]*Zone{"s": {Key: "{http.request.header.X-Key}", Rate: "5r/m", Sync: caddy.Duration(100 * time.Millisecond)}}}
+	err := provision(t, h)
+	if err == nil || !strings.Contains(err.Error(), "needs a redis block") {
+		t.Fatalf("provision = %v, want an error that sync needs a redis block", err)
+	}
+}
+
+// TestSyncZoneDecides: one instance syncing a zone of 5r/m admits 5 from
+// its allowance, with the headers counting down, refuses the 6th with a
+// Retry-After, and charges Redis what it admitted at its next round (the
+// admin lookup, which reads Redis, then shows none left).
+func TestSyncZoneDecides(t *testing.T) {
+	name := fmt.Sprintf("sync_%x", rand.Uint64())
+	h := &Handler{Zones: map[string]*Zone{name: {Key: "{http.request.header.X-Key}", Rate: "5r/m", Sync: caddy.Duration(100 * time.Millisecond)}},
+		Redis: &RedisConfig{Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: fmt.Sprintf("sy%x:", rand.Uint64())}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		w := serve(h, keyRequest("k"))
+		if w.Code != http.StatusOK || w.Header().Get("X-Ratelimit-Remaining") != fmt.Sprint(4-i) || w.Header().Get("X-Ratelimit-Limit") != "5" {
+			t.Fatalf("request %d: %d, limit %q, remaining %q", i+1, w.Code, w.Header().Get("X-Ratelimit-Limit"), w.Header().Get("X-Ratelimit-Remaining"))
+		}
+	}
+	w := serve(h, keyRequest("k"))
+	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("the 6th: %d, Retry-After %q; want 429 with one", w.Code, w.Header().Get("Retry-After"))
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		status, out := adminCall(t, http.MethodPost, "/rate_limit/zones/"+name+"/lookup", `{"key":"k"}`)
+		if status == http.StatusOK && strings.Contains(out, `"remaining":0`) && strings.Contains(out, `"sync":"100ms"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Redis never showed the admissions charged: %d %s", status, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
