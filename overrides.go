@@ -157,8 +157,7 @@ func (h *Handler) logSyncBounds() {
 		}
 		if n == 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			h.store.RegisterSync(ctx, time.Duration(z.Sync))
-			n = h.store.CountInstances(ctx)
+			n = h.store.RegisterSync(ctx, time.Duration(z.Sync))
 			cancel()
 		}
 		b := syncBound(z.policy, time.Duration(z.Sync), n)

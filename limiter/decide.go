@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 )
 
@@ -168,13 +169,20 @@ func (l *Limiter) takeSynced(ctx context.Context, now time.Time, reqs []Request,
 		}
 	}
 	start := time.Now()
-	sd, undo := l.sync.take(now, pick(reqs, synced))
+	sreqs := pick(reqs, synced)
+	sd, toRedis, undo := l.sync.take(now, sreqs, c.Fallback.Instances)
 	call.Store, call.Took = "sync", time.Since(start)
 	d := make([]Decision, len(reqs))
 	for j, i := range synced {
 		d[i] = sd[j]
 	}
-	if undo == nil || len(exact) == 0 {
+	if undo == nil {
+		return d, nil
+	}
+	for _, j := range toRedis { // a bucket's first request here, or a cost over the share
+		exact = append(exact, synced[j])
+	}
+	if len(exact) == 0 {
 		return d, nil
 	}
 	ed, release := l.takeExact(ctx, now, pick(reqs, exact), c, call)
@@ -188,7 +196,15 @@ func (l *Limiter) takeSynced(ctx context.Context, now time.Time, reqs []Request,
 	if refused {
 		undo()
 		for _, i := range synced {
-			d[i] = Decision{}
+			if !slices.Contains(exact, i) {
+				d[i] = Decision{}
+			}
+		}
+		return d, release
+	}
+	for _, j := range toRedis { // Redis's reply seeds the bucket's entry
+		if i := synced[j]; call.Failure == NoFailure {
+			l.sync.seed(reqs[i], d[i], now, c.Fallback.Instances)
 		}
 	}
 	return d, release

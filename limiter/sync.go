@@ -5,47 +5,54 @@ package limiter
 // exact zone.
 //
 // The model. Each instance keeps, per bucket it has seen, an allowance:
-// the tokens it may admit on its own until its next sync. At a sync it
-// charges Redis's bucket what it admitted since the last one (a charge
-// that may go into debt, as count_status's), reads what the bucket holds
-// after it, R (less than nothing when the bucket is in debt: the tokens it
-// lacks until it is full again, less than its burst), and takes as its new
-// allowance its share of it and of what the bucket refills until the next
-// sync, max(0, R + rate × interval) / N, where
-// N is the number of instances syncing (each registers itself when its
-// config loads and at every round, and counts the others seen in the last
-// three intervals). A bucket it has not seen starts with a share of a full
-// bucket and of its refill. Every
-// bucket of the instance that has something to tell (admissions, or a
-// refusal for want of allowance, half its allowance spent, or admissions
-// that waited ten intervals, ten seconds at least) is synced in one round,
-// one batched charge per node (pipelined, joined as exact decisions are):
-// a bucket that spends slowly costs Redis one charge per ten seconds, one
-// refused or spending fast one per interval.
+// the tokens it may admit on its own until its next sync. A bucket's first
+// request on an instance is decided in Redis, exactly, and its reply
+// seeds the entry; so is a request whose cost is more than an instance's
+// share (a small burst on many instances), and every request past
+// maxSyncEntries entries. At a sync the instance charges Redis's bucket
+// what it admitted since the last one (a charge that may go into debt, as
+// count_status's), reads what the bucket holds after it, R (less than
+// nothing when the bucket is in debt: the tokens it lacks until full, less
+// its burst), and takes as its new allowance its share of it and of what
+// the bucket refills until the next sync, max(0, R + rate × interval) / N,
+// less what it admitted while the round was in flight. N is the number of
+// instances registered in the last 10 seconds, on Redis's clock (each
+// registers every second from the moment a config with such zones loads),
+// at least on_store_error local's instances. A policy that changes caps
+// the allowance at the new share.
 //
-// The bound. Admissions are charged at most one interval late, and each
-// instance admits only its share of what it last read and of the refill
-// to come: what the fleet admits over any period is at most what the
-// exact limit admits over that period and one interval more (rate ×
-// interval), plus what instances whose readings did not yet see each
-// other's admissions may admit together: at most (N−1)/N of a burst and
-// an interval's refill. With N = 3, a burst of 100 and 100r/s, sync
-// 100ms: 10 + 73 beyond the exact figure; sync 1s: 100 + 133. The
+// A bucket is charged when it was refused for want of allowance, has spent
+// half of it, or its admissions waited ten intervals (ten seconds at
+// least); the round sends them in batched charges of at most 500 per node
+// (pipelined, joined as exact decisions are), each part applied on its
+// own: a part that failed without being sent is charged at the next round,
+// one that may have run is counted charged (never sent twice). When an
+// instance stops, a last round charges what is left.
+//
+// The bound. Each instance admits only its share of what it last read and
+// of the refill to come, so what the fleet admits over any period is at
+// most what the exact limit admits over that period and one interval
+// more (rate × interval), plus what instances whose readings did not yet
+// see each other's admissions may admit together: at most (N−1)/N of a
+// burst and an interval's refill. With N = 3, a burst of 100 and 100r/s,
+// sync 100ms: 10 + 73 beyond the exact figure; sync 1s: 100 + 133. The
 // overshoot is charged: the bucket goes into debt, and the fleet admits
 // nothing more until the debt is repaid, so over a long period the rate
-// is exact.
+// is exact. It assumes N right: an instance not yet registered, or whose
+// registrations Redis lost, widens it by its share.
 //
 // Failure. While a round fails, each instance admits, beyond its
 // allowance, what its share of the limit gives (the policy of
 // on_store_error local, LocalPolicy(policy, N)), and keeps what it
 // admitted to charge (at most a burst) when Redis answers again: no burst
-// of admissions follows an outage.
+// of admissions follows an outage. A bucket's first request here follows
+// on_store_error, as an exact zone's.
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -79,22 +86,23 @@ func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score,
 
 // syncer keeps the allowances of the buckets of zones that sync.
 type syncer struct {
-	store    *RedisStore
-	memory   *MemoryStore // the buckets of the local share, while rounds fail
-	timeout  time.Duration
-	id       string
-	mu       sync.Mutex
-	entries  map[bucketID]*syncEntry
-	n        atomic.Int64 // instances syncing, this one included
-	failing  atomic.Bool
-	every    atomic.Int64 // ns: the shortest interval of the buckets synced
-	started  sync.Once
-	stop     chan struct{}
-	done     chan struct{}
-	ev       atomic.Pointer[SyncEvents]
-	now      func() time.Time
-	regMu    sync.Mutex
-	lastSeen time.Time // of the instances' register, under regMu
+	store     *RedisStore
+	memory    *MemoryStore // the buckets of the local share, while rounds fail
+	timeout   time.Duration
+	id        string
+	mu        sync.Mutex
+	entries   map[bucketID]*syncEntry
+	n         atomic.Int64 // instances syncing, this one included
+	failing   atomic.Bool
+	every     atomic.Int64 // ns: the shortest interval of the buckets synced
+	started   sync.Once
+	closeOnce sync.Once
+	stop      chan struct{}
+	done      chan struct{}
+	ev        atomic.Pointer[SyncEvents]
+	now       func() time.Time
+	regMu     sync.Mutex
+	lastSeen  time.Time // of the instances' register, under regMu
 }
 
 // syncEntry is one bucket's local view.
@@ -137,10 +145,11 @@ func (l *Limiter) Instances() int {
 }
 
 // RegisterSync marks this instance as syncing with its Redis, as a config
-// with zones that sync loads, so that the others count it from now.
-func (l *Limiter) RegisterSync(ctx context.Context, every time.Duration) {
+// with zones that sync of interval every loads, so that the others count
+// it from now, and returns the instances counted (this one included).
+func (l *Limiter) RegisterSync(ctx context.Context, every time.Duration) int {
 	if l.sync == nil {
-		return
+		return 1
 	}
 	for {
 		cur := l.sync.every.Load()
@@ -149,25 +158,8 @@ func (l *Limiter) RegisterSync(ctx context.Context, every time.Duration) {
 		}
 	}
 	l.sync.register(ctx, time.Now(), true)
-}
-
-// CountInstances counts the instances that synced with this one's Redis
-// in the last 10 seconds, this one included.
-func (l *Limiter) CountInstances(ctx context.Context) int {
-	if l.sync == nil {
-		return 1
-	}
-	s := l.sync
-	key := s.store.prefix + "{sync}:instances"
-	min := fmt.Sprint(time.Now().Add(-10 * time.Second).UnixMilli())
-	n, err := s.store.client.ZCount(ctx, key, min, "+inf").Result()
-	if err != nil {
-		return int(s.n.Load())
-	}
-	if _, err := s.store.client.ZScore(ctx, key, s.id).Result(); err != nil {
-		n++ // this one, not registered yet
-	}
-	return int(max(n, 1))
+	l.sync.started.Do(func() { go l.sync.run() }) // registered every second from now
+	return int(l.sync.n.Load())
 }
 
 // held is what a bucket holds as d tells it, negative in debt: its limit
@@ -189,13 +181,21 @@ func refill(r Request) int64 {
 	return int64(float64(p.Rate) * float64(r.Sync) / float64(p.Period))
 }
 
-// share is an instance's share of r tokens.
-func (s *syncer) share(r int64) int64 { return max(r, 0) / max(s.n.Load(), 1) }
+// share is an instance's share of r tokens among n instances.
+func share(r, n int64) int64 { return max(r, 0) / max(n, 1) }
 
-// take decides reqs (all of zones that sync) at now, all or nothing, from
-// the allowances; undo gives back what it admitted (another zone of the
-// request refused).
-func (s *syncer) take(now time.Time, reqs []Request) (d []Decision, undo func()) {
+// instances is the number of instances a share is of: those counted, at
+// least the fleet on_store_error local names (min).
+func (s *syncer) instances(min int) int64 { return max(s.n.Load(), int64(min), 1) }
+
+// take decides reqs (all of zones that sync) at now, all or nothing among
+// those it decides, from the allowances; n is the least number of
+// instances to share among. exact lists the requests it leaves to Redis
+// (their decisions are zero): a bucket this instance has no entry of (its
+// first request reads Redis, which seeds the entry: see seed), a cost
+// over the share, or no room for a new entry. undo gives back what it
+// admitted (another zone of the request refused); nil when it refused.
+func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact []int, undo func()) {
 	s.start(reqs)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -203,15 +203,20 @@ func (s *syncer) take(now time.Time, reqs []Request) (d []Decision, undo func())
 	es := make([]*syncEntry, len(reqs))
 	allowed := true
 	for i, r := range reqs {
-		e := s.entry(r, now)
-		es[i], e.used = e, now
 		cost := boundedCost(r.Cost)
-		if e.allowance < cost && !(s.failing.Load() && s.localShare(now, r)) {
+		e, ok := s.entries[bucketIDOf(r)]
+		if !ok || cost > share(r.Policy.Limit()+refill(r), s.instances(n)) {
+			exact = append(exact, i)
+			continue
+		}
+		s.update(e, r, n)
+		es[i], e.used = e, now
+		if e.allowance < cost && !(s.failing.Load() && s.localShare(now, e, r, n)) {
 			allowed, e.wants = false, true
 			d[i] = s.refusal(e, cost, now)
 			continue
 		}
-		d[i] = Decision{Allowed: true, Limit: r.Policy.Limit(), Remaining: max(e.remaining-e.spent-cost, 0), Reset: e.reset, At: now}
+		d[i] = Decision{Allowed: true, Limit: r.Policy.Limit(), Remaining: e.allowance - cost, Reset: e.reset, At: now}
 	}
 	if !allowed {
 		for i := range d { // none charged: a refusal shows, the others are not asked
@@ -219,20 +224,59 @@ func (s *syncer) take(now time.Time, reqs []Request) (d []Decision, undo func())
 				d[i] = Decision{}
 			}
 		}
-		return d, nil
+		return d, nil, nil
 	}
 	for i, e := range es {
-		cost := boundedCost(reqs[i].Cost)
-		e.allowance, e.spent = max(e.allowance-cost, 0), min(e.spent+cost, MaxCost)
+		if e != nil {
+			cost := boundedCost(reqs[i].Cost)
+			e.allowance, e.spent = max(e.allowance-cost, 0), min(e.spent+cost, MaxCost)
+		}
 	}
-	return d, func() { s.giveBack(es, reqs) }
+	return d, exact, func() { s.giveBack(es, reqs) }
+}
+
+// update gives e r's policy: a policy changed (a reload, an override, a
+// placeholder) caps the allowance at the new share and asks for a
+// reading. The caller holds mu.
+func (s *syncer) update(e *syncEntry, r Request, n int) {
+	if e.req.Policy != r.Policy || e.req.Sync != r.Sync {
+		e.allowance = min(e.allowance, share(r.Policy.Limit()+refill(r), s.instances(n)))
+		e.wants = true
+	}
+	r.Key = "" // only the digest is kept
+	e.req = r
+}
+
+// seed makes, from the exact decision d of r (its bucket's first request
+// here), r's entry: the bucket as Redis told it, and the share of it. The
+// request was charged in Redis: nothing to charge. No entry past
+// maxSyncEntries: such buckets are decided in Redis.
+func (s *syncer) seed(r Request, d Decision, now time.Time, n int) {
+	if d.Limit == 0 || d.At.IsZero() {
+		return // not decided by Redis (a fallback)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := bucketIDOf(r)
+	if e, ok := s.entries[id]; ok { // another first request seeded it: its reading may miss this charge
+		if d.Allowed { // owed (below zero) if the allowance is spent already
+			e.allowance -= boundedCost(r.Cost)
+		}
+		return
+	}
+	if len(s.entries) >= maxSyncEntries {
+		return
+	}
+	r.Key = ""
+	a := share(held(r.Policy, d)+refill(r), s.instances(n))
+	s.entries[id] = &syncEntry{req: r, allowance: a, granted: a, remaining: d.Remaining, reset: d.Reset, synced: now, used: now}
 }
 
 // localShare decides r by the instance's share of its limit while rounds
 // fail (on_store_error local's policy), and adds to the allowance what it
-// admits.
-func (s *syncer) localShare(now time.Time, r Request) bool {
-	p, err := LocalPolicy(r.Policy, int(max(s.n.Load(), 1)))
+// admits. The caller holds mu.
+func (s *syncer) localShare(now time.Time, e *syncEntry, r Request, n int) bool {
+	p, err := LocalPolicy(r.Policy, int(s.instances(n)))
 	if err != nil {
 		return false
 	}
@@ -241,9 +285,8 @@ func (s *syncer) localShare(now time.Time, r Request) bool {
 	if !d[0].Allowed {
 		return false
 	}
-	e := s.entries[bucketIDOf(r)]
 	e.allowance += boundedCost(r.Cost)
-	e.spent = min(e.spent, e.req.Policy.Limit()) // what is charged once Redis answers: at most a burst
+	e.spent = max(min(e.spent, e.req.Policy.Limit()), e.sending) // charged once Redis answers: at most a burst
 	return true
 }
 
@@ -252,27 +295,13 @@ func (s *syncer) giveBack(es []*syncEntry, reqs []Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, e := range es {
+		if e == nil {
+			continue
+		}
 		cost := boundedCost(reqs[i].Cost)
 		e.allowance += cost
 		e.spent = max(e.spent-cost, e.sending)
 	}
-}
-
-// entry is r's entry, made with a share of a full bucket when new; its
-// policy is r's. The caller holds mu.
-func (s *syncer) entry(r Request, now time.Time) *syncEntry {
-	id := bucketIDOf(r)
-	e, ok := s.entries[id]
-	if !ok {
-		limit, allowance := r.Policy.Limit(), s.share(r.Policy.Limit()+refill(r))
-		if len(s.entries) >= maxSyncEntries { // a flood of new keys: each waits for a reading
-			allowance = 0
-		}
-		e = &syncEntry{allowance: allowance, granted: allowance, remaining: limit, reset: now, synced: now}
-		s.entries[id] = e
-	}
-	e.req = r
-	return e
 }
 
 // refusal is the decision of a request whose cost the allowance lacks:
@@ -301,59 +330,115 @@ func (s *syncer) start(reqs []Request) {
 	s.started.Do(func() { go s.run() })
 }
 
-// close stops the rounds.
+// close stops the rounds, after a last one that charges what is left to
+// charge. Safe to call more than once.
 func (s *syncer) close() {
-	close(s.stop)
-	started := true
-	s.started.Do(func() { started = false; close(s.done) })
-	if started {
-		<-s.done
-	}
+	s.closeOnce.Do(func() {
+		close(s.stop)
+		started := true
+		s.started.Do(func() { started = false; close(s.done) })
+		if started {
+			<-s.done
+		}
+	})
 }
 
-// run syncs every interval (the shortest of the buckets'), until close.
+// registerEvery is how often an instance registers (with rounds or not),
+// and instancesWindow how long a registration counts.
+const (
+	registerEvery   = time.Second
+	instancesWindow = 10 * time.Second
+)
+
+// run syncs every interval (the shortest of the buckets'), and registers
+// the instance every second, until close; then a last round charges what
+// is left.
 func (s *syncer) run() {
 	defer close(s.done)
 	for {
 		select {
 		case <-s.stop:
+			s.round(true)
 			return
 		case <-time.After(time.Duration(max(s.every.Load(), int64(time.Millisecond)))):
 		}
-		s.round()
+		s.round(false)
 	}
 }
 
-// round syncs, in one batched charge per node, every bucket whose interval
-// has passed and that has something to tell: what it admitted (to charge)
-// or a refusal (for a reading); and drops the buckets that are full again
-// and idle.
-func (s *syncer) round() {
+// maxChargeBatch bounds one batched charge: a round of many buckets is
+// sent in parts, so that no call holds Redis long.
+const maxChargeBatch = 500
+
+// round syncs every bucket that is due (see due; all with something to
+// charge when final), in batched charges of at most maxChargeBatch per
+// node, each applied on its own: a part whose node failed keeps what it
+// had to charge when it was certainly not sent, and counts it charged
+// when it may have run (a charge is never sent twice).
+func (s *syncer) round(final bool) {
 	now := s.now()
-	reqs, es := s.due(now)
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	s.register(ctx, now, final)
+	reqs, es := s.due(now, final)
 	if len(reqs) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-	defer cancel()
-	s.register(ctx, now, false)
 	start := time.Now()
-	d, err := s.store.chargeAll(ctx, reqs)
-	if ev := s.ev.Load(); ev != nil {
-		(*ev).Synced(len(reqs), time.Since(start), err)
+	var failed error
+	for _, part := range s.parts(ctx, reqs) {
+		d, err := s.store.chargeAll(ctx, pick(reqs, part))
+		failed = cmp.Or(failed, err)
+		s.settled(now, part, es, d, err)
 	}
-	s.failing.Store(err != nil)
+	if ev := s.ev.Load(); ev != nil {
+		(*ev).Synced(len(reqs), time.Since(start), failed)
+	}
+	s.failing.Store(failed != nil)
+}
+
+// parts splits reqs by node, then into batches of at most maxChargeBatch.
+func (s *syncer) parts(ctx context.Context, reqs []Request) [][]int {
+	byNode := map[string][]int{}
+	var order []string
+	for i, r := range reqs {
+		node := s.store.nodes(ctx, s.store.scriptRuns([]Request{r}))[0]
+		if _, ok := byNode[node]; !ok {
+			order = append(order, node)
+		}
+		byNode[node] = append(byNode[node], i)
+	}
+	var parts [][]int
+	for _, node := range order {
+		idx := byNode[node]
+		for len(idx) > maxChargeBatch {
+			parts, idx = append(parts, idx[:maxChargeBatch]), idx[maxChargeBatch:]
+		}
+		parts = append(parts, idx)
+	}
+	return parts
+}
+
+// settled applies a part's charge: the readings, and the new allowances
+// (less what was admitted while the round was in flight).
+func (s *syncer) settled(now time.Time, part []int, es []*syncEntry, d []Decision, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, e := range es {
-		if err != nil {
-			e.sending = 0 // charged next time
+	for j, i := range part {
+		e := es[i]
+		switch {
+		case err != nil && !MayHaveRun(err):
+			e.sending = 0 // not sent: charged next time
+			continue
+		case err != nil: // may have run: counted charged, read next time
+			e.spent -= e.sending
+			e.sending, e.wants = 0, true
 			continue
 		}
 		e.spent -= e.sending
 		e.sending = 0
-		e.remaining, e.reset, e.synced = d[i].Remaining, d[i].Reset, now
-		e.allowance = s.share(held(e.req.Policy, d[i]) + refill(e.req))
+		e.remaining, e.reset, e.synced = d[j].Remaining, d[j].Reset, now
+		e.allowance = max(share(held(e.req.Policy, d[j])+refill(e.req), s.n.Load())-e.spent, 0)
 		e.granted = e.allowance
 	}
 }
@@ -369,23 +454,23 @@ func staleAfter(interval time.Duration) time.Duration { return max(10*interval, 
 // refused for want of allowance, those that spent half of it, and those
 // whose admissions waited staleAfter. It drops those with nothing to tell
 // that were idle for staleAfter and whose bucket is full again.
-func (s *syncer) due(now time.Time) ([]Request, []*syncEntry) {
+func (s *syncer) due(now time.Time, final bool) ([]Request, []*syncEntry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var reqs []Request
 	var es []*syncEntry
 	for id, e := range s.entries {
 		interval, since := e.req.Sync, now.Sub(e.synced)
-		if since < interval {
+		switch {
+		case final && e.spent > 0:
+		case since < interval:
 			continue
-		}
-		if e.spent == 0 && !e.wants {
+		case e.spent == 0 && !e.wants:
 			if !now.Before(e.reset) && now.Sub(e.used) > staleAfter(interval) {
-				delete(s.entries, id) // full again and idle: a new entry starts afresh
+				delete(s.entries, id) // full again and idle: its next request reads Redis
 			}
 			continue
-		}
-		if !e.wants && 2*e.spent < e.granted && since < staleAfter(interval) {
+		case !e.wants && 2*e.spent < e.granted && since < staleAfter(interval):
 			continue
 		}
 		r := e.req
@@ -396,24 +481,31 @@ func (s *syncer) due(now time.Time) ([]Request, []*syncEntry) {
 	return reqs, es
 }
 
-// register marks this instance as syncing and counts the instances seen
-// in the last three intervals, at most once per interval (unless force).
+// register marks this instance as syncing, on Redis's clock, and counts
+// the instances registered in the last instancesWindow: at most every
+// registerEvery, unless force.
 func (s *syncer) register(ctx context.Context, now time.Time, force bool) {
-	every := time.Duration(s.every.Load())
 	s.regMu.Lock()
-	if !force && now.Sub(s.lastSeen) < every {
+	if !force && now.Sub(s.lastSeen) < registerEvery {
 		s.regMu.Unlock()
 		return
 	}
 	s.lastSeen = now
 	s.regMu.Unlock()
 	key := s.store.prefix + "{sync}:instances"
-	p := s.store.client.TxPipeline()
-	p.ZAdd(ctx, key, redisZ(float64(now.UnixMilli()), s.id))
-	p.ZRemRangeByScore(ctx, key, "-inf", fmt.Sprint(now.Add(-3*every-time.Second).UnixMilli()))
-	card := p.ZCard(ctx, key)
-	p.PExpire(ctx, key, 10*every+time.Minute)
-	if _, err := p.Exec(ctx); err == nil {
-		s.n.Store(max(card.Val(), 1))
+	n, err := registerScript.Run(ctx, s.store.client, []string{key}, s.id, instancesWindow.Milliseconds()).Int64()
+	if err == nil {
+		s.n.Store(max(n, 1))
 	}
 }
+
+// registerScript registers ARGV[1] in the sorted set KEYS[1] at Redis's
+// time, drops those older than ARGV[2] ms, and returns how many remain.
+var registerScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+return redis.call('ZCARD', KEYS[1])
+`)

@@ -30,6 +30,17 @@ func syncFleet(t *testing.T, c redis.UniversalClient, n int) []*Limiter {
 	return fleet
 }
 
+// registerAll registers fleet as configs that load do, twice, so that the
+// first to register counts the others too (an instance counts those
+// registered before it, until its next registration a second later).
+func registerAll(fleet []*Limiter, interval time.Duration) {
+	for range 2 {
+		for _, l := range fleet {
+			l.RegisterSync(context.Background(), interval)
+		}
+	}
+}
+
 type nopNodeEvents struct{}
 
 func (nopNodeEvents) BreakerChanged(string, bool) {}
@@ -67,7 +78,7 @@ func floodSync(fleet []*Limiter, req Request, d time.Duration) (admitted, sent i
 // exact limit admits over the period and one interval more, plus
 // (N-1)/N of the burst and of an interval's refill; and most of what it
 // may.
-var floodFor = 5 * time.Second
+var floodFor = 1500 * time.Millisecond
 
 func TestSyncOvershootBounded(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
@@ -75,6 +86,7 @@ func TestSyncOvershootBounded(t *testing.T) {
 	for _, interval := range []time.Duration{100 * time.Millisecond, time.Second} {
 		t.Run(interval.String(), func(t *testing.T) {
 			fleet := syncFleet(t, c, 3)
+			registerAll(fleet, interval)
 			p := Policy{Algorithm: TokenBucket, Rate: 100, Period: time.Second, Burst: 100}
 			req := Request{Zone: "api", Key: "flood", Policy: p, Cost: 1, Sync: interval}.WithDigest(nil)
 			admitted, sent, took := floodSync(fleet, req, floodFor)
@@ -88,5 +100,49 @@ func TestSyncOvershootBounded(t *testing.T) {
 				t.Fatalf("%d admitted, under 80%% of the exact %.0f", admitted, exact)
 			}
 		})
+	}
+}
+
+// TestSyncCostOverShare: a cost more than an instance's share (a burst of
+// 20 over 3 instances, a cost of 10) is decided in Redis, exactly: the
+// bucket's two such requests pass, then none.
+func TestSyncCostOverShare(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	fleet := syncFleet(t, c, 3)
+	registerAll(fleet, 100*time.Millisecond)
+	p := Policy{Algorithm: TokenBucket, Rate: 20, Period: time.Hour, Burst: 20}
+	req := Request{Zone: "api", Key: "big", Policy: p, Cost: 10, Sync: 100 * time.Millisecond}.WithDigest(nil)
+	admitted, _, _ := floodSync(fleet, req, 500*time.Millisecond)
+	if admitted != 2 {
+		t.Fatalf("%d requests of cost 10 admitted from a burst of 20, want 2", admitted)
+	}
+}
+
+// TestSyncRestartReadsRedis: an instance that stops charges what it
+// admitted, and one that starts reads a bucket in Redis before it admits
+// from it: a bucket spent before a restart stays spent.
+func TestSyncRestartReadsRedis(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	prefix := fmt.Sprintf("sync%x:", rand.Uint64())
+	p := Policy{Algorithm: TokenBucket, Rate: 10, Period: time.Hour, Burst: 10}
+	req := Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: time.Second}.WithDigest(nil)
+	first, err := NewRedisLimiter(c, RedisOptions{KeyPrefix: prefix, Timeout: 2 * time.Second}, nopNodeEvents{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.RegisterSync(context.Background(), time.Second)
+	if admitted, _, _ := floodSync([]*Limiter{first}, req, 300*time.Millisecond); admitted != 10 {
+		t.Fatalf("one instance admitted %d of a burst of 10", admitted)
+	}
+	first.sync.close() // a restart: what it admitted is charged as it stops
+	second, err := NewRedisLimiter(c, RedisOptions{KeyPrefix: prefix, Timeout: 2 * time.Second}, nopNodeEvents{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.sync.close()
+	if admitted, _, _ := floodSync([]*Limiter{second}, req, 300*time.Millisecond); admitted != 0 {
+		t.Fatalf("after the restart, %d admitted from a bucket spent before it", admitted)
 	}
 }
