@@ -200,14 +200,23 @@ func (l *Limiter) takeSynced(ctx context.Context, now time.Time, reqs []Request,
 				d[i] = Decision{}
 			}
 		}
+		l.seed(reqs, synced, toRedis, make([]Decision, len(reqs)), call, c) // nothing charged: read next time
 		return d, release
 	}
-	for _, j := range toRedis { // Redis's reply seeds the bucket's entry
-		if i := synced[j]; call.Failure == NoFailure {
-			l.sync.seed(reqs[i], d[i], now, c.Fallback.Instances)
-		}
-	}
+	l.seed(reqs, synced, toRedis, d, call, c)
 	return d, release
+}
+
+// seed gives the zones that sync the answers of their requests decided in
+// Redis (zero when the fallback decided them, or when not charged).
+func (l *Limiter) seed(reqs []Request, synced, toRedis []int, d []Decision, call *Call, c Caller) {
+	for _, j := range toRedis {
+		i, dec := synced[j], Decision{}
+		if call.Failure == NoFailure {
+			dec = d[i]
+		}
+		l.sync.seed(reqs[i], dec, time.Time{}, c.Fallback.Instances)
+	}
 }
 
 // pick is the requests of reqs at idx.

@@ -92,7 +92,8 @@ type syncer struct {
 	id        string
 	mu        sync.Mutex
 	entries   map[bucketID]*syncEntry
-	n         atomic.Int64 // instances syncing, this one included
+	seeding   map[bucketID]*seeding // buckets whose first requests are in Redis
+	n         atomic.Int64          // instances syncing, this one included
 	failing   atomic.Bool
 	every     atomic.Int64 // ns: the shortest interval of the buckets synced
 	started   sync.Once
@@ -123,7 +124,7 @@ func newSyncer(store *RedisStore, memory *MemoryStore, timeout time.Duration) *s
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	s := &syncer{store: store, memory: memory, timeout: timeout, id: hex.EncodeToString(b[:]),
-		entries: map[bucketID]*syncEntry{}, stop: make(chan struct{}), done: make(chan struct{}), now: time.Now}
+		entries: map[bucketID]*syncEntry{}, seeding: map[bucketID]*seeding{}, stop: make(chan struct{}), done: make(chan struct{}), now: time.Now}
 	s.n.Store(1)
 	return s
 }
@@ -232,7 +233,25 @@ func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact
 			e.allowance, e.spent = max(e.allowance-cost, 0), min(e.spent+cost, MaxCost)
 		}
 	}
+	for _, i := range exact { // the first requests of a bucket in flight: seed waits for the last
+		if id := bucketIDOf(reqs[i]); s.entries[id] == nil {
+			if s.seeding[id] == nil {
+				s.seeding[id] = &seeding{}
+			}
+			s.seeding[id].n++
+		}
+	}
 	return d, exact, func() { s.giveBack(es, reqs) }
+}
+
+// seeding is a bucket whose first requests here are in Redis: n of them,
+// best the answer read last in Redis (its latest At; of one At, a batched
+// call's, the least remaining), which counts all the others' charges made
+// before it.
+type seeding struct {
+	n    int
+	best Decision
+	req  Request
 }
 
 // update gives e r's policy: a policy changed (a reload, an override, a
@@ -247,26 +266,42 @@ func (s *syncer) update(e *syncEntry, r Request, n int) {
 	e.req = r
 }
 
-// seed makes, from the exact decision d of r (its bucket's first request
-// here), r's entry: the bucket as Redis told it, and the share of it. The
-// request was charged in Redis: nothing to charge. No entry past
-// maxSyncEntries: such buckets are decided in Redis.
+// seed takes the exact decision d of r, a request take left to Redis (a
+// zero d: not decided there). For a bucket's first requests here, the
+// entry is made when the last of those in flight is answered, from the
+// answer read last in Redis, which counts the others' charges before it:
+// the bucket as Redis told it, and the share of it (nothing to charge).
+// For a bucket that has an entry (a cost over the share), the allowance
+// loses the cost Redis charged. No entry past maxSyncEntries.
 func (s *syncer) seed(r Request, d Decision, now time.Time, n int) {
-	if d.Limit == 0 || d.At.IsZero() {
-		return // not decided by Redis (a fallback)
+	if now.IsZero() {
+		now = s.now()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := bucketIDOf(r)
-	if e, ok := s.entries[id]; ok { // another first request seeded it: its reading may miss this charge
+	if e, ok := s.entries[id]; ok {
 		if d.Allowed { // owed (below zero) if the allowance is spent already
 			e.allowance -= boundedCost(r.Cost)
 		}
 		return
 	}
-	if len(s.entries) >= maxSyncEntries {
+	sd := s.seeding[id]
+	if sd == nil {
 		return
 	}
+	later := d.At.After(sd.best.At) || d.At.Equal(sd.best.At) && d.Remaining < sd.best.Remaining // one batched call: one time
+	if d.Limit != 0 && !d.At.IsZero() && later {
+		sd.best, sd.req = d, r
+	}
+	if sd.n--; sd.n > 0 {
+		return
+	}
+	delete(s.seeding, id)
+	if sd.best.Limit == 0 || len(s.entries) >= maxSyncEntries {
+		return // none decided by Redis (a fallback): the next request reads it
+	}
+	r, d = sd.req, sd.best
 	r.Key = ""
 	a := share(held(r.Policy, d)+refill(r), s.instances(n))
 	s.entries[id] = &syncEntry{req: r, allowance: a, granted: a, remaining: d.Remaining, reset: d.Reset, synced: now, used: now}
