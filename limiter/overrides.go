@@ -17,6 +17,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"iter"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -135,8 +137,70 @@ type OverrideSet struct {
 	token   string
 	version int64
 	zones   map[string]Override
-	keys    map[string]map[[16]byte]Override // by zone, by key digest
-	skipped int                              // entries not read (malformed)
+	keys    map[string]*zoneKeys // by zone
+	skipped int                  // entries not read (malformed)
+}
+
+// zoneKeys are the key overrides of a zone, in 256 maps by their digest's
+// first byte: a change copies the 256 pointers and one map, not every
+// override of the zone (100,000 of them: 14 ms a change, against 0.1).
+// Never changed once in a snapshot.
+type zoneKeys struct {
+	n     int
+	shard [256]map[[16]byte]Override
+}
+
+// get is the override of digest.
+func (k *zoneKeys) get(d [16]byte) (Override, bool) {
+	if k == nil {
+		return Override{}, false
+	}
+	o, ok := k.shard[d[0]][d]
+	return o, ok
+}
+
+// len is how many overrides k holds.
+func (k *zoneKeys) len() int {
+	if k == nil {
+		return 0
+	}
+	return k.n
+}
+
+// all yields k's overrides.
+func (k *zoneKeys) all() iter.Seq2[[16]byte, Override] {
+	return func(yield func([16]byte, Override) bool) {
+		if k == nil {
+			return
+		}
+		for _, m := range k.shard {
+			for d, o := range m {
+				if !yield(d, o) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// put sets d's override in k, which the caller owns (a copy it made, or
+// one being built).
+func (k *zoneKeys) put(d [16]byte, o Override) {
+	if k.shard[d[0]] == nil {
+		k.shard[d[0]] = map[[16]byte]Override{}
+	}
+	if _, ok := k.shard[d[0]][d]; !ok {
+		k.n++
+	}
+	k.shard[d[0]][d] = o
+}
+
+// remove deletes d's override from k, which the caller owns.
+func (k *zoneKeys) remove(d [16]byte) {
+	if _, ok := k.shard[d[0]][d]; ok {
+		delete(k.shard[d[0]], d)
+		k.n--
+	}
 }
 
 // Zone is the override of zone, whether in force or not.
@@ -150,7 +214,7 @@ func (s *OverrideSet) Zone(zone string) (Override, bool) {
 
 // HasKeys reports whether some key of zone has an override.
 func (s *OverrideSet) HasKeys(zone string) bool {
-	return s != nil && len(s.keys[zone]) > 0
+	return s != nil && s.keys[zone].len() > 0
 }
 
 // Key is the override of the key whose digest is digest in zone.
@@ -158,8 +222,7 @@ func (s *OverrideSet) Key(zone string, digest [16]byte) (Override, bool) {
 	if s == nil {
 		return Override{}, false
 	}
-	o, ok := s.keys[zone][digest]
-	return o, ok
+	return s.keys[zone].get(digest)
 }
 
 // Count is how many overrides of zones and of keys are in force at now.
@@ -171,7 +234,7 @@ func (s *OverrideSet) Count(now time.Time) (zones, keys int) {
 		zones += btoi(o.Active(now))
 	}
 	for _, m := range s.keys {
-		for _, o := range m {
+		for _, o := range m.all() {
 			keys += btoi(o.Active(now))
 		}
 	}
@@ -207,7 +270,7 @@ func (s *OverrideSet) NextExpiry(now time.Time) time.Time {
 			visit(o)
 		}
 		for _, m := range s.keys {
-			for _, o := range m {
+			for _, o := range m.all() {
 				visit(o)
 			}
 		}
@@ -239,7 +302,7 @@ func (s *OverrideSet) Entries(now time.Time) []OverrideEntry {
 		}
 	}
 	for zone, m := range s.keys {
-		for d, o := range m {
+		for d, o := range m.all() {
 			if o.Active(now) {
 				list = append(list, OverrideEntry{Zone: zone, Digest: hex.EncodeToString(d[:]), Override: o})
 			}
@@ -260,20 +323,20 @@ type entryChange struct {
 	gone   bool
 }
 
-// apply is a copy of s with changes made, at token: only the maps of the
-// zones whose keys changed are copied.
+// apply is a copy of s with changes made, at token: of the zones whose
+// keys changed, only the maps of the digests changed are copied.
 func (s *OverrideSet) apply(changes []entryChange, token string) *OverrideSet {
-	n := &OverrideSet{token: token, version: tokenVersion(token), zones: map[string]Override{}, keys: map[string]map[[16]byte]Override{}}
+	n := &OverrideSet{token: token, version: tokenVersion(token), zones: map[string]Override{}, keys: map[string]*zoneKeys{}}
 	if s != nil {
 		n.skipped = s.skipped
-		for z, x := range s.zones {
-			n.zones[z] = x
-		}
-		for z, m := range s.keys {
-			n.keys[z] = m // shared until changed
-		}
+		maps.Copy(n.zones, s.zones)
+		maps.Copy(n.keys, s.keys) // shared until changed
 	}
-	copied := map[string]bool{}
+	type shard struct {
+		zone string
+		b    byte
+	}
+	own, copied := map[string]bool{}, map[shard]bool{}
 	for _, c := range changes {
 		if c.digest == nil {
 			if c.gone {
@@ -283,21 +346,25 @@ func (s *OverrideSet) apply(changes []entryChange, token string) *OverrideSet {
 			}
 			continue
 		}
-		if !copied[c.zone] {
-			m := make(map[[16]byte]Override, len(n.keys[c.zone])+1)
-			for d, x := range n.keys[c.zone] {
-				m[d] = x
+		if !own[c.zone] { // the zone's 256 pointers, its own
+			k := new(zoneKeys)
+			if old := n.keys[c.zone]; old != nil {
+				*k = *old
 			}
-			n.keys[c.zone], copied[c.zone] = m, true
+			n.keys[c.zone], own[c.zone] = k, true
+		}
+		k, sh := n.keys[c.zone], shard{c.zone, c.digest[0]}
+		if !copied[sh] { // the digest's map, its own
+			k.shard[sh.b], copied[sh] = maps.Clone(k.shard[sh.b]), true
 		}
 		if c.gone {
-			delete(n.keys[c.zone], *c.digest)
+			k.remove(*c.digest)
 		} else {
-			n.keys[c.zone][*c.digest] = c.o
+			k.put(*c.digest, c.o)
 		}
 	}
-	for z, m := range n.keys {
-		if len(m) == 0 {
+	for z, k := range n.keys {
+		if k.len() == 0 {
 			delete(n.keys, z)
 		}
 	}

@@ -458,20 +458,20 @@ func (s *OverrideSet) prune(now time.Time) *OverrideSet {
 	if len(s.expired(now)) == 0 {
 		return s
 	}
-	n := &OverrideSet{token: s.token, version: s.version, skipped: s.skipped, zones: map[string]Override{}, keys: map[string]map[[16]byte]Override{}}
+	n := &OverrideSet{token: s.token, version: s.version, skipped: s.skipped, zones: map[string]Override{}, keys: map[string]*zoneKeys{}}
 	for z, o := range s.zones {
 		if o.Active(now) {
 			n.zones[z] = o
 		}
 	}
 	for z, m := range s.keys {
-		k := make(map[[16]byte]Override, len(m))
-		for d, o := range m {
+		k := new(zoneKeys)
+		for d, o := range m.all() {
 			if o.Active(now) {
-				k[d] = o
+				k.put(d, o)
 			}
 		}
-		if len(k) > 0 {
+		if k.len() > 0 {
 			n.keys[z] = k
 		}
 	}
@@ -490,7 +490,7 @@ func (s *OverrideSet) expired(now time.Time) []OverrideEntry {
 		}
 	}
 	for z, m := range s.keys {
-		for d, o := range m {
+		for d, o := range m.all() {
 			if !o.Active(now) {
 				gone = append(gone, OverrideEntry{Zone: z, Digest: hex.EncodeToString(d[:]), Override: o})
 			}
@@ -745,7 +745,7 @@ func (r *redisOverrides) entries(ctx context.Context, names []string, skipped fu
 // hash (name, JSON, ...) at token, leaving out, and reporting, those it
 // cannot read.
 func parseOverrideEntries(token string, entries []string, skipped func(string, string, error)) *OverrideSet {
-	s := &OverrideSet{token: token, version: tokenVersion(token), zones: map[string]Override{}, keys: map[string]map[[16]byte]Override{}}
+	s := &OverrideSet{token: token, version: tokenVersion(token), zones: map[string]Override{}, keys: map[string]*zoneKeys{}}
 	for i := 0; i+1 < len(entries); i += 2 {
 		name, value := entries[i], entries[i+1]
 		zone, digest, o, err := parseOverrideEntry(name, value)
@@ -759,9 +759,9 @@ func parseOverrideEntries(token string, entries []string, skipped func(string, s
 			continue
 		}
 		if s.keys[zone] == nil {
-			s.keys[zone] = map[[16]byte]Override{}
+			s.keys[zone] = new(zoneKeys)
 		}
-		s.keys[zone][*digest] = o
+		s.keys[zone].put(*digest, o)
 	}
 	return s
 }
