@@ -180,21 +180,10 @@ func readOverrideBody(r *http.Request) (overrideBody, error) {
 // jsonProblem is what is wrong with a body, without its content (which may
 // hold a client key).
 func jsonProblem(err error) string {
-	var syntax *json.SyntaxError
-	var typ *json.UnmarshalTypeError
-	switch {
-	case err == nil:
+	if err == nil {
 		return "data after the object"
-	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
-		return "malformed JSON: it ends early"
-	case errors.As(err, &syntax):
-		return fmt.Sprintf("malformed JSON at byte %d", syntax.Offset)
-	case errors.As(err, &typ):
-		return fmt.Sprintf("field %s: want a %s", typ.Field, typ.Type)
-	case strings.HasPrefix(err.Error(), "json: unknown field"):
-		return strings.TrimPrefix(err.Error(), "json: ")
 	}
-	return "not a JSON object"
+	return limiter.JSONError(err)
 }
 
 // readKey reads the key (or its digest) of a key's override, and refuses

@@ -39,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -782,7 +783,7 @@ func parseOverrideEntry(name, value string) (string, *[16]byte, Override, error)
 	}
 	dec := json.NewDecoder(strings.NewReader(value))
 	if err := dec.Decode(&o); err != nil {
-		return "", nil, o, fmt.Errorf("value: %s", jsonError(err))
+		return "", nil, o, fmt.Errorf("value: %s", JSONError(err))
 	}
 	if dec.More() {
 		return "", nil, o, errors.New("value: data after the JSON object")
@@ -793,11 +794,16 @@ func parseOverrideEntry(name, value string) (string, *[16]byte, Override, error)
 	return zone, digest, o, nil
 }
 
-// jsonError describes a decoding error without the data it is about.
-func jsonError(err error) string {
+// JSONError describes a JSON decoding error without the data it is about
+// (which may hold a client key).
+func JSONError(err error) string {
 	var syntax *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	switch {
+	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
+		return "malformed JSON: it ends early"
+	case strings.HasPrefix(err.Error(), "json: unknown field"):
+		return strings.TrimPrefix(err.Error(), "json: ")
 	case errors.As(err, &syntax):
 		return fmt.Sprintf("malformed JSON at byte %d", syntax.Offset)
 	case errors.As(err, &typ):

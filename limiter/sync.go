@@ -152,12 +152,7 @@ func (l *Limiter) RegisterSync(ctx context.Context, every time.Duration) int {
 	if l.sync == nil {
 		return 1
 	}
-	for {
-		cur := l.sync.every.Load()
-		if cur != 0 && cur <= int64(every) || l.sync.every.CompareAndSwap(cur, int64(every)) {
-			break
-		}
-	}
+	l.sync.atMost(every)
 	l.sync.register(ctx, time.Now(), true)
 	l.sync.started.Do(func() { go l.sync.run() }) // registered every second from now
 	return int(l.sync.n.Load())
@@ -355,14 +350,19 @@ func (s *syncer) refusal(e *syncEntry, cost int64, now time.Time) Decision {
 // shortest interval of reqs.
 func (s *syncer) start(reqs []Request) {
 	for _, r := range reqs {
-		for {
-			cur := s.every.Load()
-			if cur != 0 && cur <= int64(r.Sync) || s.every.CompareAndSwap(cur, int64(r.Sync)) {
-				break
-			}
-		}
+		s.atMost(r.Sync)
 	}
 	s.started.Do(func() { go s.run() })
+}
+
+// atMost makes the rounds at least as frequent as every d.
+func (s *syncer) atMost(d time.Duration) {
+	for {
+		cur := s.every.Load()
+		if cur != 0 && cur <= int64(d) || s.every.CompareAndSwap(cur, int64(d)) {
+			return
+		}
+	}
 }
 
 // close stops the rounds, after a last one that charges what is left to

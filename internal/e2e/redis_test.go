@@ -21,16 +21,24 @@ var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, T
 // status sends GET path with an API key and returns the status code.
 func status(t *testing.T, base, path, key string) int {
 	t.Helper()
+	s, err := tryStatus(base, path, key)
+	if err != nil {
+		t.Errorf("GET %s: %v", path, err)
+	}
+	return s
+}
+
+// tryStatus is status's request: the status, or 0 and the error.
+func tryStatus(base, path, key string) (int, error) {
 	req, _ := http.NewRequest(http.MethodGet, base+path, nil)
 	req.Header.Set("X-API-Key", key)
 	resp, err := client.Do(req)
 	if err != nil {
-		t.Errorf("GET %s: %v", path, err)
-		return 0
+		return 0, err
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return resp.StatusCode
+	return resp.StatusCode, nil
 }
 
 // redisBlock configures Redis for tests that count exactly: a timeout long
@@ -131,15 +139,8 @@ func TestFleetSharesOneExactLimit(t *testing.T) {
 
 // statusOrNone is status, 0 when no response came (a transport error).
 func statusOrNone(base, path, key string) int {
-	req, _ := http.NewRequest(http.MethodGet, base+path, nil)
-	req.Header.Set("X-API-Key", key)
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode
+	s, _ := tryStatus(base, path, key)
+	return s
 }
 
 // connectedClients is the number of clients connected to a Redis server.
