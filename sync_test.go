@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -23,13 +24,20 @@ func TestSyncNeedsRedis(t *testing.T) {
 	}
 }
 
-// TestSyncZoneDecides: one instance syncing a zone of 5r/m admits 5 from
-// its allowance, with the headers counting down, refuses the 6th with a
+// TestSyncZoneDecides: one instance syncing a zone of 5r/m (a token
+// bucket, a fixed window, a sliding window counter) admits 5 from its
+// allowance, with the headers counting down, refuses the 6th with a
 // Retry-After, and charges Redis what it admitted at its next round (the
 // admin lookup, which reads Redis, then shows none left).
 func TestSyncZoneDecides(t *testing.T) {
+	for _, algo := range []string{"", "fixed_window", "sliding_window_counter"} {
+		t.Run(cmp.Or(algo, "token_bucket"), func(t *testing.T) { testSyncZoneDecides(t, algo) })
+	}
+}
+
+func testSyncZoneDecides(t *testing.T, algo string) {
 	name := fmt.Sprintf("sync_%x", rand.Uint64())
-	h := &Handler{Zones: map[string]*Zone{name: {Key: "{http.request.header.X-Key}", Rate: "5r/m", Sync: caddy.Duration(100 * time.Millisecond)}},
+	h := &Handler{Zones: map[string]*Zone{name: {Key: "{http.request.header.X-Key}", Rate: "5r/m", Algorithm: algo, Sync: caddy.Duration(100 * time.Millisecond)}},
 		Redis: &RedisConfig{Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: fmt.Sprintf("sy%x:", rand.Uint64())}}
 	if err := provision(t, h); err != nil {
 		t.Fatal(err)

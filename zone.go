@@ -384,8 +384,12 @@ func (z *Zone) checkSync() error {
 		return nil
 	case d < minSync || d > maxSync:
 		return about(fmt.Errorf("sync %s: want an interval from %s to %s", d, minSync, maxSync), "sync")
-	case z.policy.Algorithm != limiter.TokenBucket:
-		return about(fmt.Errorf("sync applies to token_bucket zones: %s counts exactly in Redis (leave sync out, or use the token bucket)", z.policy.Algorithm), "sync", "algorithm", "events")
+	case z.policy.Algorithm == limiter.SlidingWindowLog:
+		return about(fmt.Errorf("sync counts with counters, and sliding_window_log keeps one entry per request: "+
+			"use algorithm sliding_window_counter (close to it), or leave sync out"), "sync", "algorithm", "events")
+	case !z.policy.Algorithm.Syncs():
+		return about(fmt.Errorf("sync applies to token_bucket, fixed_window and sliding_window_counter zones: "+
+			"%s counts exactly in Redis (leave sync out, or use one of them)", z.policy.Algorithm), "sync", "algorithm", "events")
 	case z.Ban != nil:
 		return about(fmt.Errorf("sync and ban: a ban is looked up in Redis on every request; leave one out"), "sync", "ban")
 	case z.settles():

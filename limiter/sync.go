@@ -29,6 +29,13 @@ package limiter
 // one that may have run is counted charged (never sent twice). When an
 // instance stops, a last round charges what is left.
 //
+// The windows (fixed, sliding counter) sync as the token bucket does, with
+// the window's limit as its burst and no refill in an allowance: what a
+// window frees (it turns, or the previous count fades) shows in the next
+// reading. A charge counts past the limit, and the reading shows the
+// remaining below zero, so that what went over is taken off the next
+// allowances until the window turns (or the count fades).
+//
 // The bound. Each instance admits only its share of what it last read and
 // of the refill to come, so what the fleet admits over any period is at
 // most what the exact limit admits over that period and one interval
@@ -60,6 +67,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 )
+
+// Syncs reports whether a zone of the algorithm may sync: the token
+// bucket, and the windows kept as counters (a log of every request's time
+// cannot take an instance's admissions in one charge).
+func (a Algorithm) Syncs() bool {
+	return a == TokenBucket || a == FixedWindow || a == SlidingWindowCounter
+}
 
 // SyncEvents are told of the syncs' rounds, to count and log.
 type SyncEvents interface {
@@ -158,20 +172,24 @@ func (l *Limiter) RegisterSync(ctx context.Context, every time.Duration) int {
 	return int(l.sync.n.Load())
 }
 
-// held is what a bucket holds as d tells it, negative in debt: its limit
-// less the tokens it lacks until it is full again (Reset).
+// held is what a bucket holds as d tells it, negative in debt: a token
+// bucket's limit less the tokens it lacks until it is full again (Reset);
+// a window's remaining, which a charge shows negative past the limit.
 func held(p Policy, d Decision) int64 {
-	if d.Limit == 0 || p.Rate <= 0 {
+	if d.Limit == 0 || p.Rate <= 0 || !p.Algorithm.Debt() {
 		return d.Remaining
 	}
 	lack := math.Ceil(float64(d.Reset.Sub(d.At)) / p.Interval())
 	return d.Limit - int64(min(max(lack, 0), float64(MaxCost)))
 }
 
-// refill is what r's bucket refills in one interval of its sync.
+// refill is what r's bucket refills in one interval of its sync: none
+// for a window, whose count falls only as it turns (a fixed window) or as
+// the previous window's count fades (the sliding counter), which the next
+// reading shows.
 func refill(r Request) int64 {
 	p := r.Policy
-	if p.Rate <= 0 || p.Period <= 0 {
+	if p.Rate <= 0 || p.Period <= 0 || !p.Algorithm.Debt() {
 		return 0
 	}
 	return int64(float64(p.Rate) * float64(r.Sync) / float64(p.Period))

@@ -146,3 +146,38 @@ func TestSyncRestartReadsRedis(t *testing.T) {
 		t.Fatalf("after the restart, %d admitted from a bucket spent before it", admitted)
 	}
 }
+
+// TestSyncWindowsBounded: three instances syncing a window of 100 a
+// second, flooded through all three for two seconds (the window turns
+// twice or three times): the fleet admits at most the exact count of the
+// windows the flood touched, plus (N-1)/N of a window's limit and an
+// interval's share of it; and most of what the exact limit admits.
+func TestSyncWindowsBounded(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	const interval = 100 * time.Millisecond
+	for _, algo := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+		t.Run(algo.String(), func(t *testing.T) {
+			fleet := syncFleet(t, c, 3)
+			registerAll(fleet, interval)
+			p := Policy{Algorithm: algo, Rate: 100, Period: time.Second, Burst: 100}
+			req := Request{Zone: "api", Key: "flood", Policy: p, Cost: 1, Sync: interval}.WithDigest(nil)
+			start := time.Now()
+			admitted, sent, took := floodSync(fleet, req, 2*time.Second)
+			windows := float64(start.Add(took).Truncate(time.Second).Sub(start.Truncate(time.Second))/time.Second + 1)
+			exact := 100 * windows // the fixed window's; the sliding counter's is below it
+			bound := exact + 100*interval.Seconds() + 2.0/3*(100+100*interval.Seconds())
+			t.Logf("%s: %d of %d admitted in %s; exact at most %.0f, bound %.0f", algo, admitted, sent, took, exact, bound)
+			if float64(admitted) > bound {
+				t.Fatalf("%d admitted, over the bound %.0f", admitted, bound)
+			}
+			if admitted < 150 {
+				t.Fatalf("%d admitted in two seconds of 100 a second", admitted)
+			}
+			d, err := fleet[0].redis.Peek(context.Background(), req)
+			if err != nil || d.Remaining != 0 && algo == FixedWindow {
+				t.Fatalf("after the flood, Redis's window shows %d remaining (%v): the fleet's admissions not charged", d.Remaining, err)
+			}
+		})
+	}
+}

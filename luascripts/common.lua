@@ -8,7 +8,8 @@
 --          hold back (see taken); "peek" decides and stores
 --          no decision; "release" gives back a lease (concurrency only);
 --          "charge" charges the costs whatever the buckets hold, into
---          debt (token and leaky buckets only: see gcra.lua).
+--          debt (token and leaky buckets: see gcra.lua; the fixed window
+--          and the sliding window counter count past the limit).
 -- ARGV[3 + 6(i-1) ... 8 + 6(i-1)]: KEYS[i]'s six arguments, as args(i)
 --          reads them: rate, period (µs), burst, cost, flag, id. Each
 --          script says which it uses, and what they mean to it. In refund

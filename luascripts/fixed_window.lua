@@ -6,7 +6,10 @@
 -- and id are unused. "take" counts the cost if it fits in the limit;
 -- "refund" takes it off the count of the window it was charged in, the
 -- take's, while that window lasts, and does nothing once another window
--- has begun: that window's count is other requests'.
+-- has begun: that window's count is other requests'. "charge" counts the
+-- cost whatever the window holds (a zone that syncs charges what its
+-- instance admitted), up to max_cost, and shows the remaining less than
+-- nothing when the count is over the limit (limit - count).
 --
 -- Windows start at multiples of their length. A counter is stored as one
 -- integer, the count followed by the window's tag (see window_tag) in six
@@ -38,6 +41,8 @@ local function decide(key, k)
     if not skip then
       count = math.max(count - cost, 0)
     end
+  elseif charge then
+    count = math.min(count + cost, max_cost)
   else
     ok = cost <= limit - count
     if ok then
@@ -45,7 +50,11 @@ local function decide(key, k)
     end
   end
   local to_end = start + window - now
-  return { ok = ok, remaining = math.max(limit - count, 0), reset = to_end, retry = ok and 0 or to_end,
+  local remaining = limit - count
+  if not charge then
+    remaining = math.max(remaining, 0)
+  end
+  return { ok = ok, remaining = remaining, reset = to_end, retry = ok and 0 or to_end,
     tag = tag, count = count, skip = skip }
 end
 

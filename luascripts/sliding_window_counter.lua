@@ -8,6 +8,10 @@
 -- take's: the stored window's count, or, once another request has moved
 -- the key on to the next window, the previous count, in which the charge
 -- still weighs; any other state is other requests' and is left alone.
+-- "charge" counts the cost in this window whatever the counts hold (a
+-- zone that syncs charges what its instance admitted), up to max_cost,
+-- and shows the remaining less than nothing when the weighted count is
+-- over the limit.
 --
 -- Two counters: this window's and the previous one's, which counts for
 -- the part of it still inside the sliding window. Stored as
@@ -111,6 +115,11 @@ local function decide(key, k)
     return give_back(key, k, start)
   end
   local curr, prev = counts(key, start, window)
+  if charge then
+    local s = state(limit, window, start, math.min(curr + cost, max_cost), prev)
+    s.remaining = math.floor(limit - prev * (1 - (now - start) / window) - s.curr + eps)
+    return s
+  end
   local weight = 1 - (now - start) / window
   local ok = prev * weight + curr + cost <= limit + eps
   if ok then
