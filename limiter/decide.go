@@ -275,6 +275,15 @@ func fill(states []State, s State) {
 // take decides reqs with Redis when configured, else in memory. When
 // Redis cannot decide, c's fallback decides.
 func (l *Limiter) take(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call) ([]Decision, func()) {
+	if l.sync != nil && anySync(reqs) {
+		return l.takeSynced(ctx, now, reqs, c, call)
+	}
+	return l.takeExact(ctx, now, reqs, c, call)
+}
+
+// takeExact decides reqs with Redis, or in memory without Redis; when
+// Redis cannot decide, c's fallback decides.
+func (l *Limiter) takeExact(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call) ([]Decision, func()) {
 	if l.redis == nil {
 		start := time.Now()
 		if now.IsZero() {
@@ -284,15 +293,6 @@ func (l *Limiter) take(ctx context.Context, now time.Time, reqs []Request, c Cal
 		call.Store, call.Took = "memory", time.Since(start)
 		return d, l.holdSlots(l.memory, reqs, d, c.Events)
 	}
-	if l.sync != nil && anySync(reqs) {
-		return l.takeSynced(ctx, now, reqs, c, call)
-	}
-	return l.takeExact(ctx, now, reqs, c, call)
-}
-
-// takeExact decides reqs with Redis; when Redis cannot decide, c's
-// fallback decides.
-func (l *Limiter) takeExact(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call) ([]Decision, func()) {
 	wall := now.IsZero()
 	if wall {
 		now = time.Now()

@@ -27,8 +27,9 @@ import (
 // refused clients and of bans; Redis decides on its server's clock. Safe for
 // concurrent use; one Limiter serves every handler that shares its store.
 type Limiter struct {
-	redis   *RedisStore // nil: the memory store decides
-	sync    *syncer     // the zones that sync; nil without Redis
+	redis   *RedisStore   // nil: the memory store decides
+	sync    *syncer       // the zones that sync; nil with memory alone
+	fleet   *storageFleet // the storage the zones that sync share; nil but for NewStorageLimiter
 	memory  *MemoryStore
 	refused *DenyCache      // clients Redis refused; nil without Redis
 	retries *releaseRetries // releases of slots to try again; nil without Redis
@@ -126,6 +127,18 @@ func NewRedisLimiter(client redis.UniversalClient, o RedisOptions, nodes NodeEve
 	return l, nil
 }
 
+// NewStorageLimiter returns a Limiter whose zones that sync share their
+// counts with the instances that write to st (see storagefleet.go); the
+// others decide in this process's memory. It reads the others' counts and
+// writes its own before it returns (each within o.Timeout).
+func NewStorageLimiter(st Storage, o StorageOptions) *Limiter {
+	f := newStorageFleet(st, o)
+	l := &Limiter{memory: NewMemoryStore(0), timeout: time.Second, fleet: f}
+	l.sync = newSyncer(f, l.memory, l.timeout)
+	f.start()
+	return l
+}
+
 // Close stops the Limiter's background work and closes its stores.
 func (l *Limiter) Close() error {
 	if l.retries != nil {
@@ -133,6 +146,9 @@ func (l *Limiter) Close() error {
 	}
 	if l.sync != nil {
 		l.sync.close()
+	}
+	if l.fleet != nil {
+		l.fleet.close() // after the syncer's last round: its last write has it all
 	}
 	err := l.memory.Close()
 	if l.redis != nil {
@@ -159,6 +175,14 @@ func (l *Limiter) store() Store {
 
 // Peek tells the state of req's bucket without changing it.
 func (l *Limiter) Peek(ctx context.Context, req Request) (Decision, error) {
+	if l.fleet != nil && req.Sync > 0 { // the fleet's counts as this instance last read them
+		req.Cost, req.ID = 0, ""
+		d, err := l.fleet.chargeAll(ctx, []Request{req})
+		if err != nil {
+			return Decision{}, err
+		}
+		return d[0], nil
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
 	defer cancel()
 	return l.store().Peek(ctx, req)
@@ -195,10 +219,14 @@ func (l *Limiter) Settle(refund []Request, taken []Decision, charge []Request) (
 	return refunded, charged, refundErr, chargeErr
 }
 
-// Kind names the store that decides: "redis" or "memory".
+// Kind names the store that decides: "redis", "storage" (zones that sync
+// through a storage; the others in memory) or "memory".
 func (l *Limiter) Kind() string {
-	if l.redis != nil {
+	switch {
+	case l.redis != nil:
 		return "redis"
+	case l.fleet != nil:
+		return "storage"
 	}
 	return "memory"
 }

@@ -283,7 +283,8 @@ var errNotSent = errors.New("not sent: the decision's time was up in the queue")
 // MayHaveRun reports whether a decision that failed with err may have run
 // its script in Redis (and so taken a concurrency slot to give back): false
 // when it was never sent (an open breaker, a full queue, its time up in the
-// queue).
+// queue), or a storage fleet's round that charged nothing.
 func MayHaveRun(err error) bool {
-	return !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, errQueueFull) && !errors.Is(err, errNotSent)
+	return !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, errQueueFull) && !errors.Is(err, errNotSent) &&
+		!errors.Is(err, errStorageStale)
 }

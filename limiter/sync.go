@@ -85,6 +85,27 @@ type SyncEvents interface {
 // it, a new bucket gets none until the next round reads it.
 const maxSyncEntries = 1 << 20
 
+// fleet is where the instances of zones that sync share their buckets:
+// Redis (RedisStore), or a storage each instance writes its counts to
+// (storageFleet).
+type fleet interface {
+	// chargeAll charges every request its cost (0: a reading) and tells
+	// its bucket after, as the fleet counts it; an error that is not
+	// MayHaveRun charged nothing.
+	chargeAll(ctx context.Context, reqs []Request) ([]Decision, error)
+	// groups splits reqs into the calls of a round: one per group.
+	groups(ctx context.Context, reqs []Request) [][]int
+	// registerSync marks the instance id as syncing now and counts those
+	// that did within window, id included.
+	registerSync(ctx context.Context, id string, window time.Duration) (int64, error)
+	// local tells whether chargeAll is made in this process (the storage
+	// fleet: readings cost nothing, so a bucket's first request here is
+	// read, not decided elsewhere).
+	local() bool
+}
+
+func (s *RedisStore) local() bool { return false }
+
 // chargeAll charges every request its cost (0: a reading), on the
 // server's clock, in one batched call per node.
 func (s *RedisStore) chargeAll(ctx context.Context, reqs []Request) ([]Decision, error) {
@@ -100,7 +121,7 @@ func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score,
 
 // syncer keeps the allowances of the buckets of zones that sync.
 type syncer struct {
-	store     *RedisStore
+	fleet     fleet
 	memory    *MemoryStore // the buckets of the local share, while rounds fail
 	timeout   time.Duration
 	id        string
@@ -134,10 +155,10 @@ type syncEntry struct {
 	synced    time.Time // last round that read it
 }
 
-func newSyncer(store *RedisStore, memory *MemoryStore, timeout time.Duration) *syncer {
+func newSyncer(f fleet, memory *MemoryStore, timeout time.Duration) *syncer {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	s := &syncer{store: store, memory: memory, timeout: timeout, id: hex.EncodeToString(b[:]),
+	s := &syncer{fleet: f, memory: memory, timeout: timeout, id: hex.EncodeToString(b[:]),
 		entries: map[bucketID]*syncEntry{}, seeding: map[bucketID]*seeding{}, stop: make(chan struct{}), done: make(chan struct{}), now: time.Now}
 	s.n.Store(1)
 	return s
@@ -216,16 +237,25 @@ func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact
 	d = make([]Decision, len(reqs))
 	es := make([]*syncEntry, len(reqs))
 	allowed := true
+	local := s.fleet.local()
 	for i, r := range reqs {
 		cost := boundedCost(r.Cost)
 		e, ok := s.entries[bucketIDOf(r)]
-		if !ok || cost > share(r.Policy.Limit()+refill(r), s.instances(n)) {
+		if !ok && local {
+			e, ok = s.read(now, r, n)
+		}
+		over := cost > share(r.Policy.Limit()+refill(r), s.instances(n))
+		if !ok || over && !local {
 			exact = append(exact, i)
 			continue
 		}
 		s.update(e, r, n)
 		es[i], e.used = e, now
-		if e.allowance < cost && !(s.failing.Load() && s.localShare(now, e, r, n)) {
+		room := e.allowance
+		if over { // a local fleet's view, now, less what this instance admitted since its last round
+			room = s.room(e)
+		}
+		if room < cost && !(s.failing.Load() && s.localShare(now, e, r, n)) {
 			allowed, e.wants = false, true
 			d[i] = s.refusal(e, cost, now)
 			continue
@@ -255,6 +285,41 @@ func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact
 		}
 	}
 	return d, exact, func() { s.giveBack(es, reqs) }
+}
+
+// read makes the entry of r's bucket from a reading of a local fleet
+// (nothing charged); false past maxSyncEntries, or when the fleet cannot
+// tell. The caller holds mu.
+func (s *syncer) read(now time.Time, r Request, n int) (*syncEntry, bool) {
+	if len(s.entries) >= maxSyncEntries {
+		return nil, false
+	}
+	reading := r
+	reading.Cost, reading.ID, reading.Key = 0, "", ""
+	d, err := s.fleet.chargeAll(context.Background(), []Request{reading})
+	if err == nil && d[0].Limit == 0 {
+		return nil, false
+	}
+	e := &syncEntry{req: reading, wants: true, synced: now, used: now} // the fleet cannot tell: the local share, and a reading at the next round
+	if err == nil {
+		a := share(held(r.Policy, d[0])+refill(r), s.instances(n))
+		*e = syncEntry{req: reading, allowance: a, granted: a, remaining: d[0].Remaining, reset: d[0].Reset, synced: now, used: now}
+	}
+	s.entries[bucketIDOf(r)] = e
+	return e, true
+}
+
+// room is what e's bucket holds, as a local fleet counts it now, less what
+// this instance admitted since its last round: a cost over the share is
+// decided on it. The caller holds mu.
+func (s *syncer) room(e *syncEntry) int64 {
+	reading := e.req
+	reading.Cost, reading.ID = 0, ""
+	d, err := s.fleet.chargeAll(context.Background(), []Request{reading})
+	if err != nil || d[0].Limit == 0 {
+		return 0
+	}
+	return held(e.req.Policy, d[0]) - e.spent
 }
 
 // seeding is a bucket whose first requests here are in Redis: n of them,
@@ -439,8 +504,8 @@ func (s *syncer) round(final bool) {
 	}
 	start := time.Now()
 	var failed error
-	for _, part := range s.parts(ctx, reqs) {
-		d, err := s.store.chargeAll(ctx, pick(reqs, part))
+	for _, part := range s.fleet.groups(ctx, reqs) {
+		d, err := s.fleet.chargeAll(ctx, pick(reqs, part))
 		failed = cmp.Or(failed, err)
 		s.settled(now, part, es, d, err)
 	}
@@ -450,12 +515,13 @@ func (s *syncer) round(final bool) {
 	s.failing.Store(failed != nil)
 }
 
-// parts splits reqs by node, then into batches of at most maxChargeBatch.
-func (s *syncer) parts(ctx context.Context, reqs []Request) [][]int {
+// groups splits reqs by node, then into batches of at most
+// maxChargeBatch.
+func (s *RedisStore) groups(ctx context.Context, reqs []Request) [][]int {
 	byNode := map[string][]int{}
 	var order []string
 	for i, r := range reqs {
-		node := s.store.nodes(ctx, s.store.scriptRuns([]Request{r}))[0]
+		node := s.nodes(ctx, s.scriptRuns([]Request{r}))[0]
 		if _, ok := byNode[node]; !ok {
 			order = append(order, node)
 		}
@@ -545,11 +611,17 @@ func (s *syncer) register(ctx context.Context, now time.Time, force bool) {
 	}
 	s.lastSeen = now
 	s.regMu.Unlock()
-	key := s.store.prefix + "{sync}:instances"
-	n, err := registerScript.Run(ctx, s.store.client, []string{key}, s.id, instancesWindow.Milliseconds()).Int64()
+	n, err := s.fleet.registerSync(ctx, s.id, instancesWindow)
 	if err == nil {
 		s.n.Store(max(n, 1))
 	}
+}
+
+// registerSync registers id in the sorted set of the instances that sync,
+// on Redis's clock, and counts those registered within window.
+func (s *RedisStore) registerSync(ctx context.Context, id string, window time.Duration) (int64, error) {
+	key := s.prefix + "{sync}:instances"
+	return registerScript.Run(ctx, s.client, []string{key}, id, window.Milliseconds()).Int64()
 }
 
 // registerScript registers ARGV[1] in the sorted set KEYS[1] at Redis's

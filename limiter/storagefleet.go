@@ -1,0 +1,454 @@
+package limiter
+
+// Zones that sync through a storage (caddy-ratelimit's distributed mode
+// without Redis): the fleet is the instances that write their counts to
+// one storage, Caddy's (a directory, or a storage module).
+//
+// The model. Each instance counts what it admitted in each bucket, by
+// window (storageCounts: the window's start, its count and the previous
+// window's), writes all of its counts to its own file in the storage every
+// WriteEvery, and reads the others' files every ReadEvery. A bucket as the
+// fleet counts it is the sum of every instance's counts, each taken at
+// now's window (a count of a window that has ended is the previous
+// window's, then nothing). The syncer decides on it as it does on Redis's
+// bucket: each instance admits its share of what the fleet left, and
+// charges its admissions to its own counts at every round. Readings cost
+// no I/O (a round is a pass over memory); what the others admitted reaches
+// an instance within WriteEvery + ReadEvery, which is the interval the
+// bound of the syncer counts in.
+//
+// An instance learns what the others admitted only at its reads, so its
+// share is of what the fleet left at its last read, for the whole epoch
+// until the next: a bucket shows, to the syncer, what it held at the read
+// less N times what this instance charged since (N - 1 times more than
+// its own charges), so that the allowance, share of it, is the epoch's
+// share less what this instance admitted since the read. Without it, an
+// instance's rounds between two reads would each give it a share of what
+// the others seem to leave, and it would take all of it.
+//
+// Only the windows (fixed, sliding counter) are counted so: per-instance
+// counts of a window add up, a token bucket's state does not.
+//
+// Files. "<dir>/<instance>.json", written whole by its instance only (no
+// two instances write one file), holding digests of client keys (never a
+// key), as Redis does. A reader drops a file it cannot read (reported,
+// its name only), deletes files not written for PurgeAge (when set), or
+// else files whose counts have all faded and that were not written for
+// instancesWindow. An instance counts the instances whose file was written
+// within instancesWindow (three WriteEvery at least), itself included.
+//
+// Failure. While the others' files cannot be read for three ReadEvery, the
+// fleet's view is stale: rounds fail (nothing charged, kept to charge),
+// and the syncer admits by the local share, as with Redis.
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"path"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Storage is a store of named values shared by the instances of a fleet.
+// Caddy's storage (certmagic.Storage) has these methods.
+type Storage interface {
+	Store(ctx context.Context, key string, value []byte) error
+	Load(ctx context.Context, key string) ([]byte, error)
+	Delete(ctx context.Context, key string) error
+	List(ctx context.Context, path string, recursive bool) ([]string, error)
+}
+
+// StorageEvents are told of the storage's failures, and of files skipped.
+// Their methods must not block.
+type StorageEvents interface {
+	// StorageFailing: the storage failed (a read or a write); called once
+	// until StorageRecovered.
+	StorageFailing(err error)
+	// StorageRecovered: the storage answered again.
+	StorageRecovered()
+	// FileSkipped: another instance's file could not be used; called once
+	// per file until it reads well again.
+	FileSkipped(name string, err error)
+}
+
+// StorageOptions configure NewStorageLimiter.
+type StorageOptions struct {
+	// Dir is the storage's directory of the fleet's files. Default:
+	// DefaultStorageDir.
+	Dir string
+	// WriteEvery is how often an instance writes its counts, and
+	// ReadEvery how often it reads the others'. Default: 5s each.
+	WriteEvery, ReadEvery time.Duration
+	// PurgeAge deletes the files of instances that did not write for so
+	// long; 0: a file is deleted once its counts have all faded.
+	PurgeAge time.Duration
+	// Timeout is the longest a storage call waits. Default: 5s.
+	Timeout time.Duration
+	Events  StorageEvents
+}
+
+// DefaultStorageDir is where the fleet's files are, in the storage.
+const DefaultStorageDir = "rate_limit/sync"
+
+// errStorageStale fails the rounds while the others' counts are stale; it
+// charged nothing (not MayHaveRun).
+var errStorageStale = errors.New("the other instances' counts in the storage could not be read lately")
+
+// storageFleet is the fleet of the instances that share a storage.
+type storageFleet struct {
+	st   Storage
+	o    StorageOptions
+	id   string
+	now  func() time.Time
+	ioMu sync.Mutex // one read or write at a time
+
+	mu       sync.Mutex
+	own      map[bucketID]*storageCounts  // what this instance admitted
+	others   map[bucketID][]storageCounts // the others', as last read
+	n        int64                        // instances counted at the last read
+	lastRead time.Time                    // the last read that worked
+	failing  [2]bool                      // the last read, write failed
+	skipped  map[string]bool              // files reported skipped
+	stop     chan struct{}
+	done     chan struct{}
+	closing  sync.Once
+}
+
+// storageCounts are one instance's counts of a bucket: of the window of
+// Period that starts at Start (Unix ns), and of the one before.
+type storageCounts struct {
+	Zone   string `json:"z"`
+	Algo   string `json:"a"`
+	Digest string `json:"k"` // hex
+	Period int64  `json:"w"`
+	Start  int64  `json:"s"`
+	Curr   int64  `json:"c"`
+	Prev   int64  `json:"p"`
+	// since is what this instance charged since it last read the others'
+	// counts (its own counts only).
+	since int64
+}
+
+// at is c taken at now's window: its count and the previous one's.
+func (c storageCounts) at(now int64) (curr, prev int64) {
+	start := now - now%c.Period
+	switch c.Start {
+	case start:
+		return c.Curr, c.Prev
+	case start - c.Period:
+		return 0, c.Curr
+	}
+	return 0, 0
+}
+
+// weighed is what c counts against a limit of algo at now: a fixed
+// window's count, a sliding counter's with the previous one's part still
+// in the sliding window.
+func (c storageCounts) weighed(algo Algorithm, now int64) float64 {
+	curr, prev := c.at(now)
+	if algo == SlidingWindowCounter {
+		return float64(prev)*(1-float64(now%c.Period)/float64(c.Period)) + float64(curr)
+	}
+	return float64(curr)
+}
+
+// storageFile is an instance's file.
+type storageFile struct {
+	Version  int             `json:"v"`
+	Instance string          `json:"instance"`
+	At       int64           `json:"at"`    // when written, Unix ns
+	Until    int64           `json:"until"` // when its last count fades, Unix ns
+	Buckets  []storageCounts `json:"buckets"`
+}
+
+func newStorageFleet(st Storage, o StorageOptions) *storageFleet {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	o.Dir = strings.Trim(cmp.Or(o.Dir, DefaultStorageDir), "/")
+	o.WriteEvery, o.ReadEvery = max(cmp.Or(o.WriteEvery, 5*time.Second), 10*time.Millisecond), max(cmp.Or(o.ReadEvery, 5*time.Second), 10*time.Millisecond)
+	o.Timeout = cmp.Or(o.Timeout, 5*time.Second)
+	return &storageFleet{st: st, o: o, id: hex.EncodeToString(b[:]), now: time.Now, n: 1,
+		own: map[bucketID]*storageCounts{}, others: map[bucketID][]storageCounts{}, skipped: map[string]bool{},
+		stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+func (f *storageFleet) local() bool { return true }
+
+// groups: one group, the round is made in memory.
+func (f *storageFleet) groups(_ context.Context, reqs []Request) [][]int {
+	all := make([]int, len(reqs))
+	for i := range all {
+		all[i] = i
+	}
+	return [][]int{all}
+}
+
+// registerSync counts the instances whose files were fresh at the last
+// read, this one included (its own file is written every WriteEvery).
+func (f *storageFleet) registerSync(context.Context, string, time.Duration) (int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n, nil
+}
+
+// stale is how long the others' counts may go unread before the rounds
+// fail.
+func (f *storageFleet) stale() time.Duration { return 3 * f.o.ReadEvery }
+
+// chargeAll adds each request's cost to this instance's counts and tells
+// its bucket as the fleet counts it: its limit less every instance's
+// counts, negative past it. A request of an algorithm that does not count
+// in windows gets a zero decision. Fails, charging nothing, while the
+// others' counts are stale.
+func (f *storageFleet) chargeAll(_ context.Context, reqs []Request) ([]Decision, error) {
+	now := f.now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if now.Sub(f.lastRead) > f.stale() {
+		return nil, errStorageStale
+	}
+	d := make([]Decision, len(reqs))
+	ns := now.UnixNano()
+	for i, r := range reqs {
+		p := r.Policy
+		if p.Algorithm != FixedWindow && p.Algorithm != SlidingWindowCounter || p.Period <= 0 {
+			continue
+		}
+		id := bucketIDOf(r)
+		c := f.own[id]
+		if c == nil || c.Period != int64(p.Period) {
+			c = &storageCounts{Zone: r.Zone, Algo: p.Algorithm.String(), Digest: hex.EncodeToString(id.hash[:]), Period: int64(p.Period)}
+			f.own[id] = c
+		}
+		c.Curr, c.Prev = c.at(ns)
+		c.Start = ns - ns%c.Period
+		cost := boundedCost(r.Cost)
+		c.Curr, c.since = min(c.Curr+cost, MaxCost), min(c.since+cost, MaxCost)
+		total := c.weighed(p.Algorithm, ns)
+		for _, o := range f.others[id] {
+			if o.Period == c.Period {
+				total += o.weighed(p.Algorithm, ns)
+			}
+		}
+		reset := c.Start + c.Period
+		if p.Algorithm == SlidingWindowCounter && total > 0 {
+			reset += c.Period
+		}
+		left := int64(math.Floor(float64(p.Rate)-total+1e-9)) - (f.n-1)*c.since // see epoch
+		d[i] = Decision{Allowed: true, Limit: p.Limit(), Remaining: max(left, -MaxCost), Reset: time.Unix(0, reset), At: now}
+	}
+	return d, nil
+}
+
+// start reads the others' files and writes this instance's, within the
+// timeout, then keeps doing so in the background until close.
+func (f *storageFleet) start() {
+	f.read()
+	f.write()
+	go f.run()
+}
+
+func (f *storageFleet) run() {
+	defer close(f.done)
+	w, r := time.NewTicker(f.o.WriteEvery), time.NewTicker(f.o.ReadEvery)
+	defer w.Stop()
+	defer r.Stop()
+	for {
+		select {
+		case <-f.stop:
+			f.write() // what it counted last, for the others
+			return
+		case <-w.C:
+			f.write()
+		case <-r.C:
+			f.read()
+		}
+	}
+}
+
+// close stops the reads and writes, after a last write. Safe to call more
+// than once.
+func (f *storageFleet) close() {
+	f.closing.Do(func() {
+		close(f.stop)
+		<-f.done
+	})
+}
+
+// file is the name of an instance's file.
+func (f *storageFleet) file(instance string) string { return path.Join(f.o.Dir, instance+".json") }
+
+// write writes this instance's counts that have not faded, and forgets
+// those that have.
+func (f *storageFleet) write() {
+	f.ioMu.Lock()
+	defer f.ioMu.Unlock()
+	now := f.now()
+	ns := now.UnixNano()
+	file := storageFile{Version: 1, Instance: f.id, At: ns, Until: ns}
+	f.mu.Lock()
+	for id, c := range f.own {
+		curr, prev := c.at(ns)
+		if curr == 0 && prev == 0 {
+			delete(f.own, id)
+			continue
+		}
+		file.Buckets = append(file.Buckets, *c)
+		file.Until = max(file.Until, c.Start+2*c.Period)
+	}
+	f.mu.Unlock()
+	b, err := json.Marshal(file)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), f.o.Timeout)
+		err = f.st.Store(ctx, f.file(f.id), b)
+		cancel()
+	}
+	if err != nil {
+		err = fmt.Errorf("writing %s: %w", f.file(f.id), err)
+	}
+	f.reported(opWrite, err)
+}
+
+// read reads the others' files (see the model), deleting those to purge.
+func (f *storageFleet) read() {
+	f.ioMu.Lock()
+	defer f.ioMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), f.o.Timeout)
+	defer cancel()
+	now := f.now()
+	names, err := f.st.List(ctx, f.o.Dir, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		names, err = nil, nil
+	}
+	if err != nil {
+		f.reported(opRead, fmt.Errorf("listing %s: %w", f.o.Dir, err))
+		return
+	}
+	others, n := map[bucketID][]storageCounts{}, int64(1)
+	entries := 0
+	for _, name := range names {
+		inst, ok := strings.CutSuffix(path.Base(name), ".json")
+		if !ok || inst == f.id {
+			continue
+		}
+		file, err := f.load(ctx, name, inst)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			f.reported(opRead, err)
+			return
+		case err != nil:
+			f.skip(path.Base(name), err)
+			continue
+		case f.purge(now, file):
+			_ = f.st.Delete(ctx, name) // another instance may have deleted it first
+			continue
+		}
+		if now.Sub(time.Unix(0, file.At)) <= max(instancesWindow, 3*f.o.WriteEvery) {
+			n++
+		}
+		for _, c := range file.Buckets {
+			if entries >= maxSyncEntries {
+				break
+			}
+			if id, ok := c.bucketID(); ok {
+				others[id] = append(others[id], c)
+				entries++
+			}
+		}
+	}
+	f.mu.Lock()
+	f.others, f.n, f.lastRead = others, n, now
+	for _, c := range f.own { // a new epoch
+		c.since = 0
+	}
+	f.mu.Unlock()
+	f.reported(opRead, nil)
+}
+
+// load reads and checks the file name of instance inst.
+func (f *storageFleet) load(ctx context.Context, name, inst string) (storageFile, error) {
+	var file storageFile
+	b, err := f.st.Load(ctx, name)
+	if err != nil {
+		return file, err
+	}
+	if err := json.Unmarshal(b, &file); err != nil {
+		return file, errors.New(JSONError(err))
+	}
+	switch {
+	case file.Version != 1:
+		return file, fmt.Errorf("version %d: want 1 (written by another version?)", file.Version)
+	case file.Instance != inst:
+		return file, errors.New("the instance in the file is not the file's")
+	}
+	for _, c := range file.Buckets {
+		if _, ok := c.bucketID(); !ok || c.Period <= 0 || c.Curr < 0 || c.Prev < 0 || c.Curr > MaxCost || c.Prev > MaxCost {
+			return file, errors.New("a bucket's counts are malformed")
+		}
+	}
+	delete(f.skipped, path.Base(name))
+	return file, nil
+}
+
+// bucketID is the bucket c counts, false when c does not name one.
+func (c storageCounts) bucketID() (bucketID, bool) {
+	algo, err := ParseAlgorithm(c.Algo)
+	h, herr := hex.DecodeString(c.Digest)
+	if err != nil || herr != nil || len(h) != 16 || c.Zone == "" {
+		return bucketID{}, false
+	}
+	return bucketID{zone: c.Zone, algo: algo, hash: [16]byte(h)}, true
+}
+
+// purge reports whether file is to be deleted at now.
+func (f *storageFleet) purge(now time.Time, file storageFile) bool {
+	written := now.Sub(time.Unix(0, file.At))
+	if f.o.PurgeAge > 0 {
+		return written > f.o.PurgeAge
+	}
+	return written > max(instancesWindow, 3*f.o.WriteEvery) && now.UnixNano() > file.Until
+}
+
+// skip reports a file that could not be used, once until it reads well.
+func (f *storageFleet) skip(name string, err error) {
+	if f.skipped[name] {
+		return
+	}
+	f.skipped[name] = true
+	if f.o.Events != nil {
+		f.o.Events.FileSkipped(name, err)
+	}
+}
+
+// The storage's operations, whose failures are told apart.
+const (
+	opRead = iota
+	opWrite
+)
+
+// reported tells the events of a failure (err) or a recovery (nil) of op,
+// once each: a recovery when neither fails any more.
+func (f *storageFleet) reported(op int, err error) {
+	f.mu.Lock()
+	was := f.failing[0] || f.failing[1]
+	f.failing[op] = err != nil
+	is := f.failing[0] || f.failing[1]
+	changed := was != is
+	f.mu.Unlock()
+	if !changed || f.o.Events == nil {
+		return
+	}
+	if is {
+		f.o.Events.StorageFailing(err)
+		return
+	}
+	f.o.Events.StorageRecovered()
+}

@@ -1,0 +1,171 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+)
+
+// storageFleetOf is n Limiters sharing one directory through Caddy's file
+// system storage, writing and reading every every.
+func storageFleetOf(t *testing.T, dir string, n int, every time.Duration, ev StorageEvents) []*Limiter {
+	t.Helper()
+	var fleet []*Limiter
+	for range n {
+		l := NewStorageLimiter(&certmagic.FileStorage{Path: dir}, StorageOptions{WriteEvery: every, ReadEvery: every, Events: ev})
+		t.Cleanup(func() { l.Close() })
+		fleet = append(fleet, l)
+	}
+	for _, l := range fleet { // each sees the others' first files
+		l.fleet.read()
+		l.RegisterSync(context.Background(), every)
+	}
+	return fleet
+}
+
+// TestStorageFleetBounded: three instances sharing a directory, a window
+// of 100 a second, flooded through all three for two seconds: the fleet
+// admits at most the exact count of the windows the flood touched plus
+// the bound of a sync as long as a write and a read, and most of what the
+// exact limit admits; every instance counts the three.
+func TestStorageFleetBounded(t *testing.T) {
+	const every = 100 * time.Millisecond
+	for _, algo := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+		t.Run(algo.String(), func(t *testing.T) {
+			fleet := storageFleetOf(t, t.TempDir(), 3, every, nil)
+			if n := fleet[0].Instances(); n != 3 {
+				t.Fatalf("an instance counts %d instances, want 3", n)
+			}
+			p := Policy{Algorithm: algo, Rate: 100, Period: time.Second, Burst: 100}
+			req := Request{Zone: "api", Key: "flood", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil) // a write and a read
+			start := time.Now()
+			admitted, sent, took := floodSync(fleet, req, 2*time.Second)
+			windows := float64(start.Add(took).Truncate(time.Second).Sub(start.Truncate(time.Second))/time.Second + 1)
+			exact := 100 * windows
+			lag := 2 * every
+			bound := exact + 100*lag.Seconds() + 2.0/3*(100+100*lag.Seconds())
+			t.Logf("%s: %d of %d admitted in %s; exact at most %.0f, bound %.0f", algo, admitted, sent, took, exact, bound)
+			if float64(admitted) > bound {
+				t.Fatalf("%d admitted, over the bound %.0f", admitted, bound)
+			}
+			if admitted < 150 {
+				t.Fatalf("%d admitted in two seconds of 100 a second", admitted)
+			}
+		})
+	}
+}
+
+// recordedStorage records the storage events.
+type recordedStorage struct {
+	mu                 sync.Mutex
+	failing, recovered int
+	skipped            []string
+	lastErr            error
+}
+
+func (r *recordedStorage) StorageFailing(err error) {
+	r.mu.Lock()
+	r.failing++
+	r.lastErr = err
+	r.mu.Unlock()
+}
+func (r *recordedStorage) StorageRecovered() { r.mu.Lock(); r.recovered++; r.mu.Unlock() }
+func (r *recordedStorage) FileSkipped(name string, err error) {
+	r.mu.Lock()
+	r.skipped = append(r.skipped, name)
+	r.mu.Unlock()
+}
+
+// TestStorageFleetFiles: a file that is not an instance's counts is
+// skipped and reported once; an instance that stops writes what it
+// counted, and one that starts after it reads it (a window spent before a
+// restart stays spent); the files hold digests, never a client key.
+func TestStorageFleetFiles(t *testing.T) {
+	dir := t.TempDir()
+	sub := filepath.Join(dir, "rate_limit", "sync")
+	if err := os.MkdirAll(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sub, "bad.json"), []byte(`{"v":1,"instance":"bad","buckets":[{"z":"api"`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ev := &recordedStorage{}
+	const every = 50 * time.Millisecond
+	p := Policy{Algorithm: FixedWindow, Rate: 10, Period: time.Hour, Burst: 10}
+	req := Request{Zone: "api", Key: "secret-client-key", Policy: p, Cost: 1, Sync: every}.WithDigest(nil)
+	first := storageFleetOf(t, dir, 1, every, ev)[0]
+	if admitted, _, _ := floodSync([]*Limiter{first}, req, 300*time.Millisecond); admitted != 10 {
+		t.Fatalf("one instance admitted %d of a window of 10", admitted)
+	}
+	first.Close()
+	second := storageFleetOf(t, dir, 1, every, ev)[0]
+	if admitted, _, _ := floodSync([]*Limiter{second}, req, 300*time.Millisecond); admitted != 0 {
+		t.Fatalf("after the restart, %d admitted from a window spent before it", admitted)
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.skipped) != 2 || ev.skipped[0] != "bad.json" || ev.failing != 0 { // once by each instance
+		t.Fatalf("skipped %v, failing %d: want bad.json once per instance, no failure", ev.skipped, ev.failing)
+	}
+	files, _ := filepath.Glob(filepath.Join(sub, "*.json"))
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		if string(b) != "" && strings.Contains(string(b), "secret-client-key") {
+			t.Fatalf("%s holds the client key: %s", f, b)
+		}
+	}
+}
+
+// TestStorageFleetFailing: while the storage cannot be listed or written
+// (a file in the place of its directory), each of two instances admits its share
+// of the limit (on_store_error local's), reported once; when the storage
+// is back, recovery is reported, and what was admitted meanwhile counts:
+// no more than the bound follows.
+func TestStorageFleetFailing(t *testing.T) {
+	dir := t.TempDir()
+	sub, real, file := filepath.Join(dir, "rate_limit"), filepath.Join(dir, "real"), filepath.Join(dir, "file")
+	// rate_limit is a link, swapped at once (a rename) to a file and back
+	swap := func(to string) {
+		if err := os.Symlink(to, sub+".new"); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(sub+".new", sub); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(real, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	swap(real)
+	ev := &recordedStorage{}
+	const every = 50 * time.Millisecond
+	fleet := storageFleetOf(t, dir, 2, every, ev)
+	swap(file)
+	time.Sleep(4 * every) // the others' counts go stale
+	p := Policy{Algorithm: FixedWindow, Rate: 40, Period: time.Hour, Burst: 40}
+	req := Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
+	admitted, _, _ := floodSync(fleet, req, 500*time.Millisecond)
+	if admitted > 40 || admitted < 30 {
+		t.Fatalf("while the storage fails, two instances admitted %d of a window of 40: want their shares, 20 each", admitted)
+	}
+	swap(real)
+	time.Sleep(6 * every)
+	if more, _, _ := floodSync(fleet, req, 300*time.Millisecond); admitted+more > 40+20 { // the bound: (N-1)/N of the window's 40, what an instance reads before the other's charge
+		t.Fatalf("after the storage is back, %d more admitted: %d in all from a window of 40", more, admitted+more)
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if ev.failing != 2 || ev.recovered != 2 || !strings.Contains(fmt.Sprint(ev.lastErr), "rate_limit/sync") {
+		t.Fatalf("failing reported %d times (%v), recovered %d: want once each per instance", ev.failing, ev.lastErr, ev.recovered)
+	}
+}
