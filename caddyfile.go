@@ -104,7 +104,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	err := cmp.Or(parseBlock(d, "", h, handlerOptions), h.refuseDistributedCaddyfile(), checkConstantKeys(h))
+	err := cmp.Or(parseBlock(d, "", h, handlerOptions), checkConstantKeys(h))
 	if err == nil && len(h.Zones) == 0 {
 		err = d.Err("rate_limit needs at least one zone")
 	}
@@ -178,7 +178,7 @@ var handlerOptions = map[string]func(*caddyfile.Dispenser, *Handler) error{
 		return err
 	},
 	"distributed": parseDistributed,
-	"storage":     parseDistributed,
+	"storage":     parseStorage,
 }
 
 // parseLogRefusals parses: log_refusals [<interval> | off].
@@ -212,56 +212,6 @@ func parseFractionJitter(d *caddyfile.Dispenser, h *Handler) error {
 	}
 	h.Jitter = j
 	return nil
-}
-
-// distributedSeen is caddy-ratelimit's distributed and storage
-// subdirectives of a rate_limit block, refused once the whole block is
-// read, so that the redis block shown comes from the storage's settings
-// wherever the two are written.
-type distributedSeen struct {
-	at     caddyfile.Token     // the first of them: the error's line
-	option string              // its name
-	opts   map[string][]string // the storage's settings
-}
-
-// parseDistributed reads caddy-ratelimit's distributed and storage
-// subdirectives into h.distributed, for refuseDistributedCaddyfile.
-func parseDistributed(d *caddyfile.Dispenser, h *Handler) error {
-	d = d.NewFromNextSegment()
-	d.Next()
-	if h.distributed == nil {
-		h.distributed = &distributedSeen{at: d.Token(), option: d.Val(), opts: map[string][]string{}}
-	}
-	option, opts := d.Val(), map[string][]string{}
-	if args := d.RemainingArgs(); option == "storage" && len(args) > 0 {
-		opts["module"] = args[:1]
-		if len(args) > 1 {
-			opts["client_type"] = args[1:2] // storage redis cluster | failover
-		}
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		name := d.Val()
-		opts[name] = d.RemainingArgs()
-		for inner := d.Nesting(); d.NextBlock(inner); { // address { a b c }
-			opts[name] = append(opts[name], append([]string{d.Val()}, d.RemainingArgs()...)...)
-		}
-	}
-	if option == "storage" { // distributed's block holds intervals, no Redis settings
-		h.distributed.opts = opts
-	}
-	return nil
-}
-
-// refuseDistributedCaddyfile is the error for caddy-ratelimit's
-// distributed and storage, at the first of them, showing the redis block
-// to use instead; nil when the block has neither.
-func (h *Handler) refuseDistributedCaddyfile() error {
-	if h.distributed == nil {
-		return nil
-	}
-	d := caddyfile.NewDispenser([]caddyfile.Token{h.distributed.at})
-	d.Next()
-	return d.Errf("%s", distributedError(h.distributed.option, redisFromStorage(h.distributed.opts)))
 }
 
 // UnmarshalCaddyfile parses a redis block (see Handler.UnmarshalCaddyfile).

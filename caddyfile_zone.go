@@ -67,7 +67,7 @@ func (z *Zone) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // is the same for every request (see checkConstantKey), at its line. With
 // Redis, a key such as {system.hostname} is one bucket per instance.
 func checkConstantKeys(h *Handler) error {
-	if h.Redis != nil {
+	if h.Redis != nil || h.Distributed != nil {
 		return nil
 	}
 	for _, name := range sortedNames(h.Zones) {

@@ -15,8 +15,8 @@ import (
 // caddy-ratelimit's spelling (github.com/mholt/caddy-ratelimit), accepted
 // next to ours: a zone's events (JSON max_events) and window, zones
 // without a key, prefixes of 0, and the handler's rate_limits, log_key,
-// jitter, disable_metrics and sweep_interval. Its distributed mode is
-// refused with the equivalent redis block (distributed.go).
+// jitter, disable_metrics and sweep_interval; its distributed and storage
+// (distributed.go).
 
 // PrefixLength is the length in bits of the network prefix by which keys
 // that are IP addresses are grouped. In JSON it is a number; 0 means no
@@ -99,9 +99,6 @@ const maxJitter = 1
 // them their meaning here: rate_limits join the zones, log_key is
 // log_keys, disable_metrics leaves the zones out of the metrics.
 func (h *Handler) provisionCompat() error {
-	if err := refuseDistributed(h.Distributed, h.Storage); err != nil {
-		return err
-	}
 	switch {
 	case !(h.Jitter >= 0 && h.Jitter <= maxJitter): // NaN too
 		return fmt.Errorf("jitter %v: want a fraction of the wait from 0 to %d (0.2 adds up to 20%%)", h.Jitter, maxJitter)

@@ -23,7 +23,7 @@ var (
 	crlTestRateLimits    = fmt.Sprintf(crlconfigs.TestRateLimits, 60, 10)
 	crlTestDistinctZones = fmt.Sprintf(crlconfigs.TestDistinctZones, 10, 10)
 	crlTestMetrics       = fmt.Sprintf(crlconfigs.TestMetrics, 10, 2)
-	// Its README's examples without the one line we refuse (distributed).
+	// Its README's examples without distributed (each instance alone).
 	crlReadmeCaddyfileLocal = strings.Replace(crlconfigs.ReadmeCaddyfile, "\tdistributed\n", "", 1)
 	crlReadmeJSONLocal      = strings.Replace(crlconfigs.ReadmeJSON, "\"distributed\": {},\n", "", 1)
 )
@@ -56,14 +56,13 @@ func loadConfig(t *testing.T, format, src string) error {
 }
 
 func TestCaddyRateLimitConfigsLoad(t *testing.T) {
-	distributed := []string{"caddy-ratelimit's distributed rate limiting", "redis {\n\t\taddresses <host:port>\n\t}"}
 	cases := []struct {
 		name, format, src string
 		wantErr           []string // nil: it loads
 	}{
-		{"README Caddyfile example", "caddyfile", crlconfigs.ReadmeCaddyfile, append(distributed, "at Caddyfile:4")},
+		{"README Caddyfile example", "caddyfile", crlconfigs.ReadmeCaddyfile, nil},
 		{"README Caddyfile example without distributed", "caddyfile", crlReadmeCaddyfileLocal, nil},
-		{"README JSON example", "json", crlconfigs.ReadmeJSON, append(distributed, `in JSON: "redis": {"addresses":["<host:port>"]}`)},
+		{"README JSON example", "json", crlconfigs.ReadmeJSON, nil},
 		{"README JSON example without distributed", "json", crlReadmeJSONLocal, nil},
 		{"README order option", "caddyfile", crlconfigs.ReadmeOrder + crlSite(crlconfigs.ReadmePrefixCaddyfile), nil},
 		{"README prefix Caddyfile", "caddyfile", crlSite(crlconfigs.ReadmePrefixCaddyfile), nil},
@@ -72,7 +71,7 @@ func TestCaddyRateLimitConfigsLoad(t *testing.T) {
 		{"handler_test.go TestRateLimits", "json", crlTestRateLimits, nil},
 		{"handler_test.go TestDistinctZonesAndKeys", "json", crlTestDistinctZones, nil},
 		{"metrics_test.go TestMetrics", "json", crlTestMetrics, nil},
-		{"distributed_test.go TestDistributed", "json", fmt.Sprintf(crlconfigs.TestDistributed, t.TempDir(), "z", 60, 10), distributed},
+		{"distributed_test.go TestDistributed", "json", fmt.Sprintf(crlconfigs.TestDistributed, t.TempDir(), "z", 60, 10), nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -396,8 +395,7 @@ func TestHandlerCompatOptions(t *testing.T) {
 		"jitter NaN":             {&Handler{Jitter: math.NaN(), Zones: map[string]*Zone{"a": zone()}}, "jitter NaN"},
 		"negative sweep":         {&Handler{SweepInterval: -1, Zones: map[string]*Zone{"a": zone()}}, "sweep_interval"},
 		"sweep_interval":         {&Handler{SweepInterval: caddy.Duration(time.Minute), Zones: map[string]*Zone{"a": zone()}}, ""},
-		"distributed null":       {&Handler{Distributed: json.RawMessage("null"), Zones: map[string]*Zone{"a": zone()}}, ""},
-		"storage":                {&Handler{Storage: json.RawMessage(`{"module":"file_system","root":"/x"}`), Zones: map[string]*Zone{"a": zone()}}, "storage: caddy-ratelimit's distributed"},
+		"storage alone":          {&Handler{Storage: json.RawMessage(`{"module":"file_system","root":"/x"}`), Zones: map[string]*Zone{"a": zone()}}, ""},
 		"negative log interval":  {&Handler{LogRefusals: &RefusalLog{Interval: -1}, Zones: map[string]*Zone{"a": zone()}}, "log_refusals: interval"},
 	}
 	for name, c := range cases {
@@ -477,14 +475,17 @@ func TestCaddyfileCompatErrors(t *testing.T) {
 		{"jitter word", top("jitter some"), `jitter "some"`},
 		{"sweep_interval", top("sweep_interval never"), `sweep_interval "never": want a positive duration such as 1m, at Caddyfile:3`},
 		{"log_refusals", top("log_refusals often"), `log_refusals "often": want an interval such as 1m, or off, at Caddyfile:3`},
-		{"distributed", top("distributed {\n\t\t\tread_interval 5s\n\t\t}"), "distributed: caddy-ratelimit's distributed rate limiting (instances trading approximate counts through storage) is not supported, and each instance limiting alone in its place would be a silent downgrade. Share one exact limit through Redis: replace distributed and storage with\n\n\tredis {\n\t\taddresses <host:port>\n\t}\n\nin the rate_limit block, at Caddyfile:3"},
+		{"distributed argument", top("distributed now"), "wrong argument count or unexpected line ending after 'now', at Caddyfile:3"},
+		{"distributed unknown", top("distributed {\n\t\t\tinterval 5s\n\t\t}"), `distributed: unrecognized subdirective "interval": want read_interval, write_interval or purge_age, at Caddyfile:4`},
+		{"distributed bad interval", top("distributed {\n\t\t\tread_interval often\n\t\t}"), `distributed: read_interval "often": want a duration such as 5s, at Caddyfile:4`},
+		{"storage without module", top("storage"), "wrong argument count or unexpected line ending after 'storage', at Caddyfile:3"},
+		{"storage unknown module", top("storage nosuch"), "module not registered: caddy.storage.nosuch"},
+		// caddy-storage-redis is not built in: the redis block to write,
+		// from its settings, without its password.
 		{"storage redis", top("storage redis cluster {\n\t\t\taddress {\n\t\t\t\t10.0.0.1:6379\n\t\t\t\t10.0.0.2:6379\n\t\t\t}\n\t\t\tpassword secret\n\t\t}"),
-			"storage: caddy-ratelimit's distributed rate limiting (instances trading approximate counts through storage) is not supported, and each instance limiting alone in its place would be a silent downgrade. Share one exact limit through Redis: replace distributed and storage with\n\n\tredis {\n\t\taddresses 10.0.0.1:6379 10.0.0.2:6379\n\t\tcluster\n\t\tpassword {env.REDIS_PASSWORD}\n\t}\n\nin the rate_limit block, at Caddyfile:3"},
-		{"storage file_system", top("storage file_system /var/lib/caddy"), "replace distributed and storage with\n\n\tredis {\n\t\taddresses <host:port>\n\t}\n\nin the rate_limit block, at Caddyfile:3"},
-		// The redis block comes from the storage wherever it is written;
-		// the error names the first of the two.
-		{"distributed then storage", top("distributed\n\t\tzone y {\n\t\t\trate 1r/s\n\t\t}\n\t\tstorage redis {\n\t\t\thost 10.0.0.5\n\t\t}"),
-			"distributed: caddy-ratelimit's distributed rate limiting (instances trading approximate counts through storage) is not supported, and each instance limiting alone in its place would be a silent downgrade. Share one exact limit through Redis: replace distributed and storage with\n\n\tredis {\n\t\taddresses 10.0.0.5:6379\n\t}\n\nin the rate_limit block, at Caddyfile:3"},
+			"storage redis: caddy-storage-redis is not built into this Caddy. Share the zones through Redis: replace storage with\n\n\tredis {\n\t\taddresses 10.0.0.1:6379 10.0.0.2:6379\n\t\tcluster\n\t\tpassword {env.REDIS_PASSWORD}\n\t}\n\nin the rate_limit block, at Caddyfile:3"},
+		{"distributed then storage redis", top("distributed\n\t\tzone y {\n\t\t\trate 1r/s\n\t\t}\n\t\tstorage redis {\n\t\t\thost 10.0.0.5\n\t\t}"),
+			"replace storage with\n\n\tredis {\n\t\taddresses 10.0.0.5:6379\n\t}\n\nin the rate_limit block, at Caddyfile:7"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -2,34 +2,255 @@ package ratelimit
 
 import (
 	"bytes"
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
-// caddy-ratelimit's distributed mode has each instance write its counts to
-// Caddy's storage and read the others' every few seconds: an approximate,
-// eventually consistent sum. It is refused here rather than accepted as
-// something weaker: a fleet whose instances each limit alone would let
-// through N times the limit while its operators believe in one limit. The
-// error shows the redis block that shares one exact limit instead,
-// filled from the storage's settings when the storage is a Redis
-// (caddy-storage-redis: address, or host and port, username, password,
-// db, client_type, master_name, tls_enabled, tls_insecure).
+// caddy-ratelimit's distributed mode: its zones shared by the instances
+// that use one storage, approximately. Here every zone of a handler with
+// distributed syncs (see Zone.Sync): through the redis block when there is
+// one (every zone that can sync does, every interval of the two; the
+// others stay exact), else through the storage (Handler.Storage, or
+// Caddy's), where each instance writes its counts to a file of its own
+// and reads the others' (limiter/storagefleet.go). A zone in
+// caddy-ratelimit's spelling (events in a window, the sliding log) counts
+// with the sliding window counter, which can sync.
 
-// refuseDistributed is the error for caddy-ratelimit's JSON distributed
-// and storage fields, nil when neither is set.
-func refuseDistributed(distributed, storage json.RawMessage) error {
-	option := ""
-	switch {
-	case !isNull(distributed):
-		option = "distributed"
-	case !isNull(storage):
-		option = "storage"
-	default:
+// Distributed has every zone of the handler sync, as caddy-ratelimit's
+// distributed does: each instance decides on its own and shares its counts
+// with the others every so often. With a redis block, through Redis: the
+// zones sync every min(write_interval, read_interval) (see Zone.Sync);
+// without, through the storage (the handler's storage, else Caddy's):
+// fixed_window and sliding_window_counter zones only.
+type Distributed struct {
+	// WriteInterval is how often an instance writes its counts to the
+	// storage. Default: 5s.
+	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
+	// ReadInterval is how often an instance reads the others' counts from
+	// the storage. Default: 5s.
+	ReadInterval caddy.Duration `json:"read_interval,omitempty"`
+	// PurgeAge deletes the storage's files of instances that did not
+	// write for so long. Default: a file is deleted once its counts have
+	// all faded. With a redis block, nothing to purge: Redis expires the
+	// counts.
+	PurgeAge caddy.Duration `json:"purge_age,omitempty"`
+}
+
+// defaultDistributedInterval is caddy-ratelimit's read and write interval.
+const defaultDistributedInterval = 5 * time.Second
+
+// intervals are the write and read intervals with their defaults.
+func (d *Distributed) intervals() (write, read time.Duration) {
+	return cmp.Or(time.Duration(d.WriteInterval), defaultDistributedInterval), cmp.Or(time.Duration(d.ReadInterval), defaultDistributedInterval)
+}
+
+// check checks the intervals and the purge age.
+func (d *Distributed) check() error {
+	write, read := d.intervals()
+	for _, iv := range []struct {
+		name string
+		d    time.Duration
+	}{{"write_interval", write}, {"read_interval", read}} {
+		if iv.d < minSync || iv.d > maxSync {
+			return fmt.Errorf("distributed: %s %s: want an interval from %s to %s, such as 5s", iv.name, iv.d, minSync, maxSync)
+		}
+	}
+	if d.PurgeAge < 0 {
+		return fmt.Errorf("distributed: purge_age %s: want a positive duration, such as 1h", time.Duration(d.PurgeAge))
+	}
+	return nil
+}
+
+// sync is the interval of the zones' sync: with Redis, the shorter of the
+// two (a round writes and reads at once); through a storage, a write and
+// a read (what the others admitted takes that long to be seen), at most
+// maxSync.
+func (d *Distributed) sync(redis bool) time.Duration {
+	write, read := d.intervals()
+	if redis {
+		return min(write, read)
+	}
+	return min(write+read, maxSync)
+}
+
+// provisionDistributed gives the zones of a handler with distributed their
+// sync and their algorithm, and loads the storage they sync through
+// without Redis; without distributed, a storage is only noted.
+func (h *Handler) provisionDistributed(ctx caddy.Context) error {
+	if h.Distributed == nil {
+		if !isNull(h.Storage) {
+			h.logger.Warn("storage has no effect without distributed: the zones are not shared through it")
+		}
 		return nil
 	}
+	if err := h.Distributed.check(); err != nil {
+		return err
+	}
+	if h.Redis != nil && !isNull(h.Storage) {
+		return fmt.Errorf("storage: with a redis block, the zones of distributed share their counts in Redis; leave storage out")
+	}
+	for _, z := range h.Zones {
+		if z == nil {
+			continue
+		}
+		if z.Algorithm == "" && z.MaxEvents != 0 { // the sliding log cannot sync
+			z.Algorithm = limiter.SlidingWindowCounter.String()
+		}
+		z.distributed = h.Distributed.sync(h.Redis != nil)
+	}
+	if h.Redis != nil {
+		return nil
+	}
+	st, label, err := h.loadStorage(ctx)
+	if err != nil {
+		return err
+	}
+	h.storage, h.storageLabel = st, label
+	return nil
+}
+
+// loadStorage loads the storage of distributed without Redis: the
+// handler's storage module, else Caddy's; and its label, which names it in
+// logs and metrics.
+func (h *Handler) loadStorage(ctx caddy.Context) (certmagic.Storage, string, error) {
+	if isNull(h.Storage) {
+		st := caddyStorage(ctx)
+		if st == nil {
+			return nil, "", fmt.Errorf("distributed: Caddy has no storage here; set the handler's storage")
+		}
+		return st, storageLabel(st), nil
+	}
+	mod, err := ctx.LoadModule(h, "Storage")
+	if err != nil {
+		if strings.Contains(err.Error(), "caddy.storage.redis") {
+			return nil, "", storageRedisError(h.Storage)
+		}
+		return nil, "", fmt.Errorf("storage: %w", err)
+	}
+	conv, ok := mod.(caddy.StorageConverter)
+	if !ok {
+		return nil, "", fmt.Errorf("storage: module %T is not a storage", mod)
+	}
+	st, err := conv.CertMagicStorage()
+	if err != nil {
+		return nil, "", fmt.Errorf("storage: %w", err)
+	}
+	return st, storageLabel(st), nil
+}
+
+// caddyStorage is Caddy's storage, nil in a context without a config (a
+// test's), whose Storage panics.
+func caddyStorage(ctx caddy.Context) (st certmagic.Storage) {
+	defer func() { _ = recover() }()
+	return ctx.Storage()
+}
+
+// storageLabel names a storage: its own description (Caddy's file system
+// storage: "FileStorage:<path>"), else its type.
+func storageLabel(st certmagic.Storage) string {
+	if s, ok := st.(fmt.Stringer); ok {
+		return s.String()
+	}
+	return fmt.Sprintf("%T", st)
+}
+
+// storagePoolKey names the store of a storage and distributed's intervals
+// in stores: the handlers that share both share the store, across reloads.
+func (h *Handler) storagePoolKey() string {
+	write, read := h.Distributed.intervals()
+	id := fmt.Sprintf("%s\x00%s\x00%d %d %d", h.storageLabel, h.Storage, write, read, h.Distributed.PurgeAge)
+	if _, ok := h.storage.(fmt.Stringer); !ok {
+		id += fmt.Sprintf("\x00%p", h.storage) // no description: this storage alone
+	}
+	sum := sha256.Sum256([]byte(id))
+	return "storage:" + hex.EncodeToString(sum[:16])
+}
+
+// provisionStorage acquires the store of the storage distributed syncs
+// through.
+func (h *Handler) provisionStorage() error {
+	write, read := h.Distributed.intervals()
+	st, label := h.storage, h.storageLabel
+	return h.loadStore(h.storagePoolKey(), func() (caddy.Destructor, error) {
+		s := newSharedStore("")
+		s.namespace = label
+		s.Limiter = limiter.NewStorageLimiter(st, limiter.StorageOptions{WriteEvery: write, ReadEvery: read,
+			PurgeAge: time.Duration(h.Distributed.PurgeAge), Events: storageEvents{s}})
+		s.Limiter.OnSync(s)
+		s.overrides = limiter.NewMemoryOverrides(overrideEvents{s})
+		return s, nil
+	})
+}
+
+// checkStorageZone refuses, in a handler that syncs through a storage, a
+// zone that does not sync: each instance would limit it alone.
+func (h *Handler) checkStorageZone(z *Zone) error {
+	if h.Distributed == nil || h.Redis != nil {
+		return nil
+	}
+	if a := z.policy.Algorithm; z.Sync == 0 || a != limiter.FixedWindow && a != limiter.SlidingWindowCounter {
+		return fmt.Errorf("distributed without a redis block shares only fixed_window and sliding_window_counter zones "+
+			"(and events in a window) through the storage; %s%s would be limited by each instance alone: add a redis block to share it, "+
+			"or use one of them", z.policy.Algorithm, syncHint(z))
+	}
+	return nil
+}
+
+// syncHint names the option that keeps z from syncing, when it is not
+// its algorithm.
+func syncHint(z *Zone) string {
+	switch {
+	case !z.policy.Algorithm.Syncs():
+		return ""
+	case z.Ban != nil:
+		return " with ban"
+	case z.settles():
+		return " with count_status or cost_from_response"
+	}
+	return ""
+}
+
+// storageEvents logs the storage's failures (limiter.StorageEvents).
+type storageEvents struct{ s *sharedStore }
+
+func (e storageEvents) StorageFailing(err error) {
+	e.s.logger.Warn("the storage of distributed fails: each instance admits its share of the zones' limits (as on_store_error local) until it answers",
+		zap.String("store", e.s.label()), zap.Error(err))
+}
+
+func (e storageEvents) StorageRecovered() {
+	e.s.logger.Info("the storage of distributed answers again", zap.String("store", e.s.label()))
+}
+
+func (e storageEvents) FileSkipped(name string, err error) {
+	e.s.logger.Warn("an instance's counts in the storage of distributed cannot be used: skipped",
+		zap.String("store", e.s.label()), zap.String("file", name), zap.Error(err))
+}
+
+// isNull reports whether a JSON field is absent or null.
+func isNull(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) == 0 || string(raw) == "null"
+}
+
+// storageRedisError is the error for caddy-storage-redis as the storage,
+// which this build does not have: the redis block to write instead, filled
+// from its settings.
+func storageRedisError(storage json.RawMessage) error {
 	var fields map[string]any
 	_ = json.Unmarshal(storage, &fields) // not an object: no settings to carry over
 	c := redisFromStorage(storageOptions(fields))
@@ -39,22 +260,83 @@ func refuseDistributed(distributed, storage json.RawMessage) error {
 	if err := enc.Encode(c); err != nil {
 		return err
 	}
-	return fmt.Errorf("%s\nin JSON: \"redis\": %s", distributedError(option, c), bytes.TrimSpace(js.Bytes()))
+	return fmt.Errorf("%s\nin JSON: \"redis\": %s", redisStorageError(c), bytes.TrimSpace(js.Bytes()))
 }
 
-// isNull reports whether a JSON field is absent or null.
-func isNull(raw json.RawMessage) bool {
-	raw = bytes.TrimSpace(raw)
-	return len(raw) == 0 || string(raw) == "null"
+// redisStorageError explains that caddy-storage-redis is not built in and
+// shows c as a Caddyfile block.
+func redisStorageError(c RedisConfig) string {
+	return "storage redis: caddy-storage-redis is not built into this Caddy. Share the zones through Redis: " +
+		"replace storage with\n\n" + c.caddyfile() + "\n\nin the rate_limit block"
 }
 
-// distributedError explains why option is refused and shows c as a
-// Caddyfile block.
-func distributedError(option string, c RedisConfig) string {
-	return option + ": caddy-ratelimit's distributed rate limiting (instances trading approximate counts " +
-		"through storage) is not supported, and each instance limiting alone in its place would be a " +
-		"silent downgrade. Share one exact limit through Redis: replace distributed and storage with\n\n" +
-		c.caddyfile() + "\n\nin the rate_limit block"
+// parseStorage parses caddy-ratelimit's storage <module> [<args...>] [{ ... }]:
+// the storage module's own Caddyfile syntax; for caddy-storage-redis,
+// which this build does not have, the error shows the redis block to
+// write instead.
+func parseStorage(d *caddyfile.Dispenser, h *Handler) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	name, at := d.Val(), d.Token()
+	if _, err := caddy.GetModule("caddy.storage." + name); err != nil && name == "redis" {
+		msg := redisStorageError(redisFromStorage(storageTokens(d)))
+		d := caddyfile.NewDispenser([]caddyfile.Token{at}) // the error at storage's line
+		d.Next()
+		return d.Errf("%s", msg)
+	}
+	unm, err := caddyfile.UnmarshalModule(d, "caddy.storage."+name)
+	if err != nil {
+		return err
+	}
+	if _, ok := unm.(caddy.StorageConverter); !ok {
+		return d.Errf("storage %s: not a storage module", name)
+	}
+	h.Storage = caddyconfig.JSONModuleObject(unm, "module", name, nil)
+	return nil
+}
+
+// storageTokens reads caddy-storage-redis's options (storage redis
+// [cluster|failover] { ... }) as the redis block's conversion takes them.
+func storageTokens(d *caddyfile.Dispenser) map[string][]string {
+	opts := map[string][]string{"module": {"redis"}}
+	if d.NextArg() {
+		opts["client_type"] = []string{d.Val()}
+		for d.NextArg() {
+		}
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		opts[name] = d.RemainingArgs()
+		for inner := d.Nesting(); d.NextBlock(inner); { // address { a b c }
+			opts[name] = append(opts[name], append([]string{d.Val()}, d.RemainingArgs()...)...)
+		}
+	}
+	return opts
+}
+
+// parseDistributed parses distributed [{ read_interval, write_interval,
+// purge_age }].
+func parseDistributed(d *caddyfile.Dispenser, h *Handler) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	h.Distributed = new(Distributed)
+	fields := map[string]*caddy.Duration{"read_interval": &h.Distributed.ReadInterval,
+		"write_interval": &h.Distributed.WriteInterval, "purge_age": &h.Distributed.PurgeAge}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		f, ok := fields[d.Val()]
+		if !ok {
+			return d.Errf("distributed: unrecognized subdirective %q: want read_interval, write_interval or purge_age", d.Val())
+		}
+		name := d.Val()
+		var err error
+		*f, err = durationArg(d, 1, "distributed: "+name+" %q: want a duration such as 5s")
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // storageOptions flattens a storage module's JSON fields to strings:
@@ -75,13 +357,10 @@ func storageOptions(fields map[string]any) map[string][]string {
 	return opts
 }
 
-// redisFromStorage is the redis block equivalent to a storage module's
-// options; for a storage that is not a Redis, a template.
+// redisFromStorage is the redis block equivalent to caddy-storage-redis's
+// options.
 func redisFromStorage(opts map[string][]string) RedisConfig {
 	one := func(name string) string { return strings.Join(opts[name], " ") }
-	if one("module") != "redis" {
-		return RedisConfig{Addresses: []string{"<host:port>"}}
-	}
 	c := RedisConfig{Addresses: opts["address"], Username: one("username"), MasterName: one("master_name")}
 	if len(c.Addresses) == 0 {
 		c.Addresses = hostPorts(opts["host"], opts["port"])

@@ -2,19 +2,27 @@ package ratelimit
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
-// TestDistributedShowsRedis: the error shows the redis block equivalent
-// to a Redis storage (caddy-storage-redis's fields), in the Caddyfile and
-// in JSON, and never the storage's password.
-func TestDistributedShowsRedis(t *testing.T) {
+// TestStorageRedisShowsRedis: caddy-storage-redis as the storage (not
+// built in) fails with the redis block equivalent to its fields, in the
+// Caddyfile and in JSON, and never the storage's password.
+func TestStorageRedisShowsRedis(t *testing.T) {
 	storage := json.RawMessage(`{"module": "redis", "host": ["10.0.0.5", "10.0.0.6"], "port": ["6380"],
 		"password": "hunter2", "db": 2, "username": "rl", "tls_enabled": true, "client_type": "cluster"}`)
-	err := refuseDistributed(json.RawMessage(`{"read_interval": "5s"}`), storage)
+	h := &Handler{Distributed: &Distributed{}, Storage: storage, Zones: map[string]*Zone{"a": {Key: "static", MaxEvents: 5, Window: 60e9}}}
+	err := provision(t, h)
 	for _, want := range []string{
-		"distributed: caddy-ratelimit's distributed",
+		"storage redis: caddy-storage-redis is not built into this Caddy",
 		"\tredis {\n\t\taddresses 10.0.0.5:6380 10.0.0.6:6380\n\t\tcluster\n\t\tusername rl\n\t\tpassword {env.REDIS_PASSWORD}\n\t\tdb 2\n\t\ttls\n\t}",
 		`in JSON: "redis": {"addresses":["10.0.0.5:6380","10.0.0.6:6380"],"cluster":true,"username":"rl","password":"{env.REDIS_PASSWORD}","db":2,"tls":{}}`,
 	} {
@@ -24,5 +32,70 @@ func TestDistributedShowsRedis(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("the storage's password is in the error: %v", err)
+	}
+}
+
+// TestDistributedZones: distributed gives every zone that can sync its
+// sync: with a redis block, every min(write, read) interval, a token
+// bucket too, a concurrency limit staying exact; through a storage, every
+// write and read, windows only. A zone in caddy-ratelimit's spelling counts
+// with the sliding window counter. What cannot be shared fails to load,
+// saying why.
+func TestDistributedZones(t *testing.T) {
+	redisAddr := redistest.StandaloneAddr(t)
+	storage := func() json.RawMessage {
+		return json.RawMessage(`{"module":"file_system","root":` + strconv.Quote(t.TempDir()) + `}`)
+	}
+	events := func() *Zone { return &Zone{Key: "{http.request.remote.host}", MaxEvents: 10, Window: caddy.Duration(time.Minute)} }
+	d := &Distributed{WriteInterval: caddy.Duration(2 * time.Second), ReadInterval: caddy.Duration(3 * time.Second)}
+	cases := []struct {
+		name  string
+		h     *Handler
+		syncs map[string]time.Duration // zone: its sync
+		err   string
+	}{
+		{"redis", &Handler{Distributed: d, Redis: &RedisConfig{Addresses: []string{redisAddr}},
+			Zones: map[string]*Zone{"ev": events(), "tb": {Key: "k", Rate: "5r/s"}, "mc": {Key: "k", MaxConcurrent: 3}, "own": {Key: "k", Rate: "5r/s", Sync: caddy.Duration(time.Second)}}},
+			map[string]time.Duration{"ev": 2 * time.Second, "tb": 2 * time.Second, "mc": 0, "own": time.Second}, ""},
+		{"storage", &Handler{Distributed: d, Storage: storage(),
+			Zones: map[string]*Zone{"ev": events(), "fw": {Key: "k", Rate: "5r/s", Algorithm: "fixed_window"}}},
+			map[string]time.Duration{"ev": 5 * time.Second, "fw": 5 * time.Second}, ""},
+		{"storage token bucket", &Handler{Distributed: d, Storage: storage(), Zones: map[string]*Zone{"tb": {Key: "k", Rate: "5r/s"}}}, nil,
+			`zone "tb": distributed without a redis block shares only fixed_window and sliding_window_counter zones (and events in a window) through the storage; token_bucket would be limited by each instance alone: add a redis block to share it, or use one of them`},
+		{"storage concurrency", &Handler{Distributed: d, Storage: storage(), Zones: map[string]*Zone{"mc": {Key: "k", MaxConcurrent: 3}}}, nil,
+			`zone "mc": distributed without a redis block shares only`},
+		{"storage log", &Handler{Distributed: d, Storage: storage(), Zones: map[string]*Zone{"log": {Key: "k", Rate: "5r/s", Algorithm: "sliding_window_log"}}}, nil,
+			`sliding_window_log would be limited by each instance alone`},
+		{"storage ban", &Handler{Distributed: d, Storage: storage(), Zones: map[string]*Zone{"b": {Key: "k", Rate: "5r/s", Algorithm: "fixed_window", Ban: &BanConfig{After: 3, Within: caddy.Duration(time.Minute), For: caddy.Duration(time.Hour)}}}}, nil,
+			`fixed_window with ban would be limited by each instance alone: add a redis block to share it, or use one of them`},
+		{"redis and storage", &Handler{Distributed: d, Storage: storage(), Redis: &RedisConfig{Addresses: []string{redisAddr}}, Zones: map[string]*Zone{"ev": events()}}, nil,
+			"storage: with a redis block, the zones of distributed share their counts in Redis; leave storage out"},
+		{"interval too short", &Handler{Distributed: &Distributed{ReadInterval: caddy.Duration(time.Millisecond)}, Storage: storage(), Zones: map[string]*Zone{"ev": events()}}, nil,
+			"distributed: read_interval 1ms: want an interval from 10ms to 1h0m0s, such as 5s"},
+		{"purge negative", &Handler{Distributed: &Distributed{PurgeAge: -1}, Storage: storage(), Zones: map[string]*Zone{"ev": events()}}, nil,
+			"distributed: purge_age -1ns: want a positive duration"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := provision(t, c.h)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("provision = %v\nwant an error containing %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, want := range c.syncs {
+				z := c.h.Zones[name]
+				if time.Duration(z.Sync) != want {
+					t.Errorf("zone %s: sync %s, want %s", name, time.Duration(z.Sync), want)
+				}
+				if name == "ev" && z.policy.Algorithm != limiter.SlidingWindowCounter {
+					t.Errorf("zone ev counts with %s, want sliding_window_counter", z.policy.Algorithm)
+				}
+			}
+		})
 	}
 }

@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
@@ -202,19 +203,23 @@ type Handler struct {
 	// own, and Redis expires them with their TTL.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
-	// Distributed and Storage are caddy-ratelimit's approximate sync of
-	// instances through storage: refused, with an error that shows the
-	// redis block that shares one exact limit instead.
-	Distributed json.RawMessage `json:"distributed,omitempty"`
-	Storage     json.RawMessage `json:"storage,omitempty"`
+	// Distributed (caddy-ratelimit's) has every zone sync: through the
+	// redis block when there is one, else through Storage (see
+	// Distributed). Default: none; the zones sync only with their own
+	// sync.
+	Distributed *Distributed `json:"distributed,omitempty"`
+	// Storage is the storage module through which Distributed shares the
+	// zones without a redis block, as in Caddy's storage option (such as
+	// {"module": "file_system", "root": "/var/lib/caddy"}). Default:
+	// Caddy's storage.
+	Storage json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
 
 	events   *caddyevents.App // Caddy's events app, for rate_limit_exceeded; nil in tests without one
 	eventCtx caddy.Context    // the context events are emitted in: this handler's
 	refusals *refusalThrottle // LogRefusals' memory of clients logged; nil without LogRefusals
 	crlLog   bool             // LogRefusals' lines are caddy-ratelimit's (its spelling, no log_refusals)
-	// distributed is caddy-ratelimit's distributed and storage as the
-	// Caddyfile wrote them, refused once its block is read.
-	distributed *distributedSeen
+	storage      certmagic.Storage // where Distributed shares the zones without Redis; nil with Redis
+	storageLabel string            // storage's name in logs and metrics
 	claimConfig *prometheus.Registry // the config whose zone names h claimed (zonenames.go)
 	// dryRefusals is the memory of the dry-run refusals logged; nil
 	// without dry-run zones.
@@ -261,6 +266,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	if err = h.provisionCompat(); err != nil {
+		return err
+	}
+	if err = h.provisionDistributed(ctx); err != nil {
 		return err
 	}
 	if err = h.provisionRefusals(ctx); err != nil {

@@ -161,10 +161,18 @@ func (h *Handler) logSyncBounds() {
 			cancel()
 		}
 		b := syncBound(z.policy, time.Duration(z.Sync), n)
-		h.logger.Info("zone syncs with Redis: its decisions are local, and over any period the fleet may admit beyond the exact limit up to rate × sync + (instances − 1) / instances × (burst + rate × sync)",
-			zap.String("zone", z.name), zap.Duration("sync", time.Duration(z.Sync)), zap.Int("instances", n),
+		h.logger.Info("zone syncs "+h.syncedThrough()+": its decisions are local, and over any period the fleet may admit beyond the exact limit up to rate × sync + (instances − 1) / instances × (burst + rate × sync)",
+			zap.String("zone", z.name), zap.String("algorithm", z.policy.Algorithm.String()), zap.Duration("sync", time.Duration(z.Sync)), zap.Int("instances", n),
 			zap.Int64("bound", b), zap.String("with_one_more_instance", fmt.Sprint(syncBound(z.policy, time.Duration(z.Sync), n+1))))
 	}
+}
+
+// syncedThrough says where the zones that sync share their counts.
+func (h *Handler) syncedThrough() string {
+	if h.storage != nil {
+		return "through the storage"
+	}
+	return "with Redis"
 }
 
 // syncBound is the most a fleet of n instances syncing every interval may
@@ -185,15 +193,23 @@ func (s *sharedStore) Synced(keys int, took time.Duration, err error) {
 	if err != nil {
 		metrics.syncs.WithLabelValues("error").Inc()
 		if !s.syncFailing.Swap(true) {
-			s.logger.Warn("zones that sync cannot reach Redis: each instance admits its share of their limits (as on_store_error local), and what it admits is charged when Redis answers",
+			s.logger.Warn("zones that sync cannot reach "+s.fleetName()+": each instance admits its share of their limits (as on_store_error local), and what it admits is counted when it answers",
 				zap.String("store", s.label()), zap.Error(err))
 		}
 		return
 	}
 	metrics.syncs.WithLabelValues("ok").Inc()
 	if s.syncFailing.Swap(false) {
-		s.logger.Info("zones that sync reach Redis again", zap.String("store", s.label()))
+		s.logger.Info("zones that sync reach "+s.fleetName()+" again", zap.String("store", s.label()))
 	}
+}
+
+// fleetName names where the zones that sync share their counts.
+func (s *sharedStore) fleetName() string {
+	if s.Kind() == "storage" {
+		return "the storage"
+	}
+	return "Redis"
 }
 
 // provisionOverrides has the store read its overrides before h serves,

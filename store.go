@@ -85,9 +85,12 @@ func (h *Handler) provisionStore() error {
 		return fmt.Errorf("memory_capacity %d: want at least %d buckets (0 or none: %d)", n, limiter.MinMemoryCapacity, limiter.DefaultMemoryCapacity)
 	}
 	var err error
-	if h.Redis != nil {
+	switch {
+	case h.Redis != nil:
 		err = h.provisionRedis()
-	} else {
+	case h.storage != nil:
+		err = h.provisionStorage()
+	default:
 		err = h.loadStore(memoryPoolKey, newSharedMemory)
 	}
 	if err != nil {

@@ -162,8 +162,9 @@ type Zone struct {
 	// decision in Redis).
 	Sync caddy.Duration `json:"sync,omitempty"`
 
-	name     string
-	matchers caddyhttp.MatcherSets
+	name        string
+	distributed time.Duration // the sync a handler with distributed gives the zone, when it can sync and sets none
+	matchers    caddyhttp.MatcherSets
 	static   bool           // no placeholders in rate, burst and cost
 	policy   limiter.Policy // the static policy, or the defaults
 	cost     int64          // the static cost, or the default
@@ -226,11 +227,14 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 		if err := z.provision(ctx, name); err != nil {
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
-		if err := checkConstantKey(z.Key); err != nil && h.Redis == nil { // with Redis, one bucket per instance
+		if err := checkConstantKey(z.Key); err != nil && h.Redis == nil && h.Distributed == nil { // shared, one bucket per instance
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
-		if z.Sync != 0 && h.Redis == nil {
+		if z.Sync != 0 && h.Redis == nil && h.Distributed == nil {
 			return fmt.Errorf("zone %q: sync %s needs a redis block: without Redis, every zone is decided in this instance already", name, time.Duration(z.Sync))
+		}
+		if err := h.checkStorageZone(z); err != nil {
+			return fmt.Errorf("zone %q: %w", name, err)
 		}
 		warnForgeableKey(h.logger, name, z.Key)
 		if _, err := limiter.LocalPolicy(z.policy, h.onError.Instances); err != nil {
@@ -378,12 +382,22 @@ const (
 
 // checkSync checks sync against the zone's other options.
 func (z *Zone) checkSync() error {
+	if z.Sync == 0 && z.distributed > 0 && z.syncRefusal() == nil {
+		z.Sync = caddy.Duration(z.distributed)
+	}
 	d := time.Duration(z.Sync)
 	switch {
 	case d == 0:
 		return nil
 	case d < minSync || d > maxSync:
 		return about(fmt.Errorf("sync %s: want an interval from %s to %s", d, minSync, maxSync), "sync")
+	}
+	return z.syncRefusal()
+}
+
+// syncRefusal is why the zone cannot sync, nil when it can.
+func (z *Zone) syncRefusal() error {
+	switch {
 	case z.policy.Algorithm == limiter.SlidingWindowLog:
 		return about(fmt.Errorf("sync counts with counters, and sliding_window_log keeps one entry per request: "+
 			"use algorithm sliding_window_counter (close to it), or leave sync out"), "sync", "algorithm", "events")

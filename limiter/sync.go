@@ -294,6 +294,9 @@ func (s *syncer) read(now time.Time, r Request, n int) (*syncEntry, bool) {
 	if len(s.entries) >= maxSyncEntries {
 		return nil, false
 	}
+	if count, err := s.fleet.registerSync(context.Background(), s.id, instancesWindow); err == nil { // counted in memory
+		s.n.Store(max(count, 1))
+	}
 	reading := r
 	reading.Cost, reading.ID, reading.Key = 0, "", ""
 	d, err := s.fleet.chargeAll(context.Background(), []Request{reading})

@@ -1,0 +1,130 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/crlconfigs"
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/testcaddy"
+)
+
+// TestCompatDistributed: caddy-ratelimit's README Caddyfile example,
+// distributed included, its site body unchanged, on two Caddys whose
+// global storage is one directory, as its README describes ("two or more
+// instances sharing the same storage module ... act approximately as one
+// instance"). Each instance logs the bound of each zone. Once each has
+// read the other's file: one client (dynamic_example, 2 in 5 s per
+// address) sending through both gets 2 in all, not 2 from each; 150
+// clients sending GETs through both get static_example's 100 a minute
+// between them, within the stated bound, and no instance admits the whole
+// 100 on its own. The files hold no client address. With a redis block
+// added, the same through Redis.
+func TestCompatDistributed(t *testing.T) {
+	t.Parallel()
+	_, site, _ := strings.Cut(crlconfigs.ReadmeCaddyfile, ":80\n")
+	t.Run("storage", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		testDistributed(t, site, "\tstorage file_system "+dir, `"zone syncs through the storage`, 10, dir)
+	})
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		redis := fmt.Sprintf("\tredis {\n\t\taddresses %s\n\t\tkey_prefix crl%d:\n\t}\n", redistest.StandaloneAddr(t), time.Now().UnixNano())
+		testDistributed(t, strings.Replace(site, "\tdistributed\n", "\tdistributed\n"+redis, 1), "", `"zone syncs with Redis`, 5, "")
+	})
+}
+
+// testDistributed runs TestCompatDistributed's checks on two Caddys of
+// site with globals, which log synced and a sync of syncSeconds; dir is
+// the storage's directory ("" for Redis).
+func testDistributed(t *testing.T, site, globals, synced string, syncSeconds float64, dir string) {
+	a := testcaddy.Start(t, site, globals)
+	b := testcaddy.Start(t, site, globals)
+	for _, c := range []*testcaddy.Caddy{a, b} {
+		line := c.WaitLogs(synced)
+		if !strings.Contains(line, fmt.Sprintf(`"zone":"static_example","algorithm":"sliding_window_counter","sync":%g`, syncSeconds)) {
+			t.Fatalf("no bound logged for static_example:\n%s", line)
+		}
+	}
+	time.Sleep(5500 * time.Millisecond) // the first instance reads the second's file (read_interval 5s)
+
+	one := 0
+	for i := range 8 {
+		if fromAddr(t, "127.0.2.1", []*testcaddy.Caddy{a, b}[i%2]) {
+			one++
+		}
+	}
+	if one != 2 {
+		t.Fatalf("one client sending 8 requests through both instances got %d admitted; want dynamic_example's 2 (1 from each)", one)
+	}
+
+	var mu sync.Mutex
+	admitted := map[*testcaddy.Caddy]int{}
+	var wg sync.WaitGroup
+	for i := range 150 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 3 {
+				c := []*testcaddy.Caddy{a, b}[(i+j)%2]
+				if fromAddr(t, fmt.Sprintf("127.0.1.%d", i+1), c) {
+					mu.Lock()
+					admitted[c]++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	total := admitted[a] + admitted[b]
+	// rate × sync + (N − 1) / N × (burst + rate × sync): 100/60 a second, burst 100, N = 2
+	bound := 100 + 100.0/60*syncSeconds + 0.5*(100+100.0/60*syncSeconds)
+	t.Logf("static_example, 100 a minute: %d + %d admitted from 150 clients through the two instances; bound %.0f", admitted[a], admitted[b], bound)
+	if float64(total) > bound-2 || total < 90 { // the first client's 2 counted too
+		t.Fatalf("%d admitted in all: want about 98, at most %.0f", total, bound-2)
+	}
+	if admitted[a] >= 100 || admitted[b] >= 100 {
+		t.Fatalf("an instance admitted the whole limit alone (%d, %d): not shared", admitted[a], admitted[b])
+	}
+	if dir == "" {
+		return
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "rate_limit", "sync", "*.json"))
+	if len(files) != 2 {
+		t.Fatalf("the storage holds %v: want one file per instance", files)
+	}
+	for _, f := range files {
+		if body, _ := os.ReadFile(f); strings.Contains(string(body), "127.0.") {
+			t.Fatalf("%s holds a client address: %s", f, body)
+		}
+	}
+}
+
+// fromAddr sends a GET to c from the loopback address addr, and reports
+// whether it was admitted (200; a 429 is a refusal, anything else fails
+// the test).
+func fromAddr(t *testing.T, addr string, c *testcaddy.Caddy) bool {
+	t.Helper()
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(addr)}, Timeout: 5 * time.Second}
+	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	resp, err := client.Get(c.URL + "/")
+	if err != nil {
+		t.Errorf("GET from %s: %v", addr, err)
+		return false
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("GET from %s: %s", addr, resp.Status)
+	}
+	return resp.StatusCode == http.StatusOK
+}
