@@ -46,7 +46,9 @@ func TestDistributedZones(t *testing.T) {
 	storage := func() json.RawMessage {
 		return json.RawMessage(`{"module":"file_system","root":` + strconv.Quote(t.TempDir()) + `}`)
 	}
-	events := func() *Zone { return &Zone{Key: "{http.request.remote.host}", MaxEvents: 10, Window: caddy.Duration(time.Minute)} }
+	events := func() *Zone {
+		return &Zone{Key: "{http.request.remote.host}", MaxEvents: 10, Window: caddy.Duration(time.Minute)}
+	}
 	d := &Distributed{WriteInterval: caddy.Duration(2 * time.Second), ReadInterval: caddy.Duration(3 * time.Second)}
 	cases := []struct {
 		name  string

@@ -43,9 +43,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/certmagic"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/certmagic"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -214,13 +214,13 @@ type Handler struct {
 	// Caddy's storage.
 	Storage json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
 
-	events   *caddyevents.App // Caddy's events app, for rate_limit_exceeded; nil in tests without one
-	eventCtx caddy.Context    // the context events are emitted in: this handler's
-	refusals *refusalThrottle // LogRefusals' memory of clients logged; nil without LogRefusals
-	crlLog   bool             // LogRefusals' lines are caddy-ratelimit's (its spelling, no log_refusals)
-	storage      certmagic.Storage // where Distributed shares the zones without Redis; nil with Redis
-	storageLabel string            // storage's name in logs and metrics
-	claimConfig *prometheus.Registry // the config whose zone names h claimed (zonenames.go)
+	events       *caddyevents.App     // Caddy's events app, for rate_limit_exceeded; nil in tests without one
+	eventCtx     caddy.Context        // the context events are emitted in: this handler's
+	refusals     *refusalThrottle     // LogRefusals' memory of clients logged; nil without LogRefusals
+	crlLog       bool                 // LogRefusals' lines are caddy-ratelimit's (its spelling, no log_refusals)
+	storage      certmagic.Storage    // where Distributed shares the zones without Redis; nil with Redis
+	storageLabel string               // storage's name in logs and metrics
+	claimConfig  *prometheus.Registry // the config whose zone names h claimed (zonenames.go)
 	// dryRefusals is the memory of the dry-run refusals logged; nil
 	// without dry-run zones.
 	dryRefusals *refusalThrottle

@@ -165,10 +165,10 @@ type Zone struct {
 	name        string
 	distributed time.Duration // the sync a handler with distributed gives the zone, when it can sync and sets none
 	matchers    caddyhttp.MatcherSets
-	static   bool           // no placeholders in rate, burst and cost
-	policy   limiter.Policy // the static policy, or the defaults
-	cost     int64          // the static cost, or the default
-	warned   [numDynamicFields]atomic.Bool
+	static      bool           // no placeholders in rate, burst and cost
+	policy      limiter.Policy // the static policy, or the defaults
+	cost        int64          // the static cost, or the default
+	warned      [numDynamicFields]atomic.Bool
 	// noMetrics leaves the zone's decisions out of the metrics
 	// (the handler's disable_metrics).
 	noMetrics bool
