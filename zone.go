@@ -157,9 +157,11 @@ type Zone struct {
 	// each bucket with Redis at most every Sync (from 10ms to 1h). Over
 	// any period the fleet admits at most what the exact limit admits in
 	// that period and one Sync more (rate × Sync), plus (N−1)/N of the
-	// burst and of rate × Sync, for N instances. Token bucket zones only, without ban,
-	// count_status or cost_from_response. Default: none, exact (every
-	// decision in Redis).
+	// burst and of rate × Sync, for N instances. Token bucket,
+	// fixed_window and sliding_window_counter zones (a window's limit is
+	// its burst), without ban, count_status or cost_from_response. A
+	// handler's Distributed sets it for every zone that can sync.
+	// Default: none, exact (every decision in Redis).
 	Sync caddy.Duration `json:"sync,omitempty"`
 
 	name        string
