@@ -53,11 +53,13 @@ need redis-server redis-server
 VEGETA=$(type -P vegeta || echo "$(go env GOPATH)/bin/vegeta")
 [ -x "$VEGETA" ] || go install "github.com/tsenart/vegeta/v12@$VEGETA_VERSION"
 
-free_port() { # a port nobody listens on (checked with bash's /dev/tcp)
+TAKEN=" " # the ports free_port handed out: two routes never get one port
+free_port() { # FREE= a port nobody listens on (checked with bash's /dev/tcp), not handed out before
 	local p
 	while :; do
 		p=$((20000 + RANDOM % 10000))
-		(echo >"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+		[[ $TAKEN == *" $p "* ]] && continue
+		(echo >"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { TAKEN+="$p "; FREE=$p; return; }
 	done
 }
 
@@ -97,12 +99,16 @@ for _ in $(seq 300); do [ -f "$TMP/redis.env" ] && break; sleep 0.1; done
 source "$TMP/redis.env"
 CLUSTER=${RL_REDIS_CLUSTER//,/ }
 
-ADMIN=$(free_port)
+free_port
+ADMIN=$FREE
 declare -A PORT
 ROUTES=(plain memory memory_noheaders memory_refused standalone cluster_1key cluster_10k cluster_10k_sync cluster_refused)
 [ -z "$CRL_CADDY" ] || ROUTES+=(crl crl_refused)
 
-for r in "${ROUTES[@]}"; do PORT[$r]=$(free_port); done
+for r in "${ROUTES[@]}"; do
+	free_port
+	PORT[$r]=$FREE
+done
 MEASURED=("${ROUTES[@]}")
 if [ -n "${ONLY:-}" ]; then # ONLY="route ..." measures plain and those routes alone
 	read -ra only <<<"$ONLY"
@@ -141,8 +147,9 @@ kill -0 "$CADDY_PID" 2>/dev/null || { echo "caddy did not start:"; cat "$TMP/cad
 CRL_PID=""
 if [ -n "$CRL_CADDY" ]; then
 	crl_zone() { printf 'rate_limit {\n\t\tzone api {\n\t\t\tkey {http.request.header.X-API-Key}\n\t\t\tevents %s\n\t\t\twindow %s\n\t\t}\n\t}' "$1" "$2"; }
+	free_port
 	{
-		printf '{\n\tadmin 127.0.0.1:%s\n\tpersist_config off\n\tauto_https off\n\torder rate_limit before respond\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n' "$(free_port)"
+		printf '{\n\tadmin 127.0.0.1:%s\n\tpersist_config off\n\tauto_https off\n\torder rate_limit before respond\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n' "$FREE"
 		printf 'http://127.0.0.1:%s {\n\t%s\n\trespond "ok"\n}\n' "${PORT[crl]}" "$(crl_zone 10000 1s)" "${PORT[crl_refused]}" "$(crl_zone 1 1h)"
 	} >"$TMP/Caddyfile.crl"
 	HOME=$TMP XDG_DATA_HOME=$TMP XDG_CONFIG_HOME=$TMP "$CRL_CADDY" run --config "$TMP/Caddyfile.crl" --adapter caddyfile >"$TMP/caddy-crl.log" 2>&1 &

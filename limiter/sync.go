@@ -128,6 +128,8 @@ type syncer struct {
 	mu        sync.Mutex
 	entries   map[bucketID]*syncEntry
 	seeding   map[bucketID]*seeding // buckets whose first requests are in Redis
+	queue     []*syncEntry          // entries that may be due before the next walk (flag)
+	walked    time.Time             // the last walk of every entry
 	n         atomic.Int64          // instances syncing, this one included
 	failing   atomic.Bool
 	every     atomic.Int64 // ns: the shortest interval of the buckets synced
@@ -151,6 +153,7 @@ type syncEntry struct {
 	remaining int64     // the bucket's, as last read (after this instance's charge)
 	reset     time.Time // when the bucket was full again, as last read
 	wants     bool      // refused for want of allowance: wants a reading
+	queued    bool      // in the syncer's queue
 	used      time.Time // last request
 	synced    time.Time // last round that read it
 }
@@ -257,6 +260,7 @@ func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact
 		}
 		if room < cost && !(s.failing.Load() && s.localShare(now, e, r, n)) {
 			allowed, e.wants = false, true
+			s.flag(e)
 			d[i] = s.refusal(e, cost, now)
 			continue
 		}
@@ -274,6 +278,9 @@ func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact
 		if e != nil {
 			cost := boundedCost(reqs[i].Cost)
 			e.allowance, e.spent = max(e.allowance-cost, 0), min(e.spent+cost, MaxCost)
+			if 2*e.spent >= e.granted {
+				s.flag(e)
+			}
 		}
 	}
 	for _, i := range exact { // the first requests of a bucket in flight: seed waits for the last
@@ -309,6 +316,9 @@ func (s *syncer) read(now time.Time, r Request, n int) (*syncEntry, bool) {
 		*e = syncEntry{req: reading, allowance: a, granted: a, remaining: d[0].Remaining, reset: d[0].Reset, synced: now, used: now}
 	}
 	s.entries[bucketIDOf(r)] = e
+	if e.wants {
+		s.flag(e)
+	}
 	return e, true
 }
 
@@ -342,6 +352,7 @@ func (s *syncer) update(e *syncEntry, r Request, n int) {
 	if e.req.Policy != r.Policy || e.req.Sync != r.Sync {
 		e.allowance = min(e.allowance, share(r.Policy.Limit()+refill(r), s.instances(n)))
 		e.wants = true
+		s.flag(e)
 	}
 	r.Key = "" // only the digest is kept
 	e.req = r
@@ -555,6 +566,7 @@ func (s *syncer) settled(now time.Time, part []int, es []*syncEntry, d []Decisio
 		case err != nil: // may have run: counted charged, read next time
 			e.spent -= e.sending
 			e.sending, e.wants = 0, true
+			s.flag(e)
 			continue
 		}
 		e.spent -= e.sending
@@ -574,33 +586,93 @@ func staleAfter(interval time.Duration) time.Duration { return max(10*interval, 
 
 // due lists the buckets to sync at now, marking what each charges: those
 // refused for want of allowance, those that spent half of it, and those
-// whose admissions waited staleAfter. It drops those with nothing to tell
-// that were idle for staleAfter and whose bucket is full again.
+// whose admissions waited staleAfter. Between two walks of every entry
+// (every walkEvery, and the final round), it looks only at the queue of
+// entries flagged as they were refused or spent half (flag): the others
+// can only be due by waiting staleAfter, which a walk finds. A walk also
+// drops those with nothing to tell that were idle for staleAfter and whose
+// bucket is full again.
 func (s *syncer) due(now time.Time, final bool) ([]Request, []*syncEntry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var reqs []Request
 	var es []*syncEntry
-	for id, e := range s.entries {
-		interval, since := e.req.Sync, now.Sub(e.synced)
-		switch {
-		case final && e.spent > 0:
-		case since < interval:
-			continue
-		case e.spent == 0 && !e.wants:
-			if !now.Before(e.reset) && now.Sub(e.used) > staleAfter(interval) {
-				delete(s.entries, id) // full again and idle: its next request reads Redis
-			}
-			continue
-		case !e.wants && 2*e.spent < e.granted && since < staleAfter(interval):
-			continue
-		}
+	charge := func(e *syncEntry) {
 		r := e.req
 		r.Cost, r.ID = e.spent, ""
 		e.sending, e.wants = e.spent, false
 		reqs, es = append(reqs, r), append(es, e)
 	}
+	if !final && now.Sub(s.walked) < walkEvery {
+		queue := s.queue
+		s.queue = nil
+		for _, e := range queue {
+			e.queued = false
+			switch s.verdict(e, now, false) {
+			case dueNow:
+				charge(e)
+			case dueLater:
+				s.flag(e)
+			}
+		}
+		return reqs, es
+	}
+	s.walked = now
+	for _, e := range s.queue {
+		e.queued = false
+	}
+	s.queue = s.queue[:0]
+	for id, e := range s.entries {
+		switch s.verdict(e, now, final) {
+		case dueNow:
+			charge(e)
+		case dueLater:
+			if e.wants || 2*e.spent >= e.granted {
+				s.flag(e)
+			}
+		case dueIdle:
+			if !now.Before(e.reset) && now.Sub(e.used) > staleAfter(e.req.Sync) {
+				delete(s.entries, id) // full again and idle: its next request reads Redis
+			}
+		}
+	}
 	return reqs, es
+}
+
+// walkEvery is how often a round looks at every entry (see due).
+const walkEvery = time.Second
+
+// What a round does with an entry (verdict).
+const (
+	dueNot   = iota // nothing to charge yet
+	dueNow          // charge and read it
+	dueLater        // it was synced less than an interval ago
+	dueIdle         // nothing to charge or read
+)
+
+// verdict is what a round at now does with e (see due). The caller holds
+// mu.
+func (s *syncer) verdict(e *syncEntry, now time.Time, final bool) int {
+	interval, since := e.req.Sync, now.Sub(e.synced)
+	switch {
+	case final && e.spent > 0:
+		return dueNow
+	case since < interval:
+		return dueLater
+	case e.spent == 0 && !e.wants:
+		return dueIdle
+	case !e.wants && 2*e.spent < e.granted && since < staleAfter(interval):
+		return dueNot
+	}
+	return dueNow
+}
+
+// flag queues e for the next rounds (see due). The caller holds mu.
+func (s *syncer) flag(e *syncEntry) {
+	if !e.queued {
+		e.queued = true
+		s.queue = append(s.queue, e)
+	}
 }
 
 // register marks this instance as syncing, on Redis's clock, and counts
