@@ -476,7 +476,7 @@ func TestCaddyfileCompatErrors(t *testing.T) {
 		{"sweep_interval", top("sweep_interval never"), `sweep_interval "never": want a positive duration such as 1m, at Caddyfile:3`},
 		{"log_refusals", top("log_refusals often"), `log_refusals "often": want an interval such as 1m, or off, at Caddyfile:3`},
 		{"distributed argument", top("distributed now"), "wrong argument count or unexpected line ending after 'now', at Caddyfile:3"},
-		{"distributed unknown", top("distributed {\n\t\t\tinterval 5s\n\t\t}"), `distributed: unrecognized subdirective "interval": want read_interval, write_interval or purge_age, at Caddyfile:4`},
+		{"distributed unknown", top("distributed {\n\t\t\tinterval 5s\n\t\t}"), `distributed: unrecognized subdirective "interval": want read_interval, write_interval, purge_age or key_secret, at Caddyfile:4`},
 		{"distributed bad interval", top("distributed {\n\t\t\tread_interval often\n\t\t}"), `distributed: read_interval "often": want a duration such as 5s, at Caddyfile:4`},
 		{"storage without module", top("storage"), "wrong argument count or unexpected line ending after 'storage', at Caddyfile:3"},
 		{"storage unknown module", top("storage nosuch"), "module not registered: caddy.storage.nosuch"},

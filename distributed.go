@@ -48,6 +48,14 @@ type Distributed struct {
 	// all faded. With a redis block, nothing to purge: Redis expires the
 	// counts.
 	PurgeAge caddy.Duration `json:"purge_age,omitempty"`
+	// KeySecret keys the digests of client keys in the storage's files
+	// (HMAC-SHA-256), as the redis block's key_secret does in Redis, so
+	// that whoever reads the storage cannot test guesses of client keys
+	// (an IPv4 address is one of 2^32): at least 16 characters, the same
+	// on every instance; a placeholder such as {env.RATE_LIMIT_KEY_SECRET}
+	// is resolved at load. Default: none (plain SHA-256). Not with a redis
+	// block, whose key_secret applies.
+	KeySecret string `json:"key_secret,omitempty"`
 }
 
 // defaultDistributedInterval is caddy-ratelimit's read and write interval.
@@ -69,8 +77,9 @@ func (d *Distributed) check() error {
 			return fmt.Errorf("distributed: %s %s: want an interval from %s to %s, such as 5s", iv.name, iv.d, minSync, maxSync)
 		}
 	}
-	if d.PurgeAge < 0 {
-		return fmt.Errorf("distributed: purge_age %s: want a positive duration, such as 1h", time.Duration(d.PurgeAge))
+	if least := max(3*write, 10*time.Second); d.PurgeAge < 0 || d.PurgeAge > 0 && time.Duration(d.PurgeAge) < least {
+		return fmt.Errorf("distributed: purge_age %s: want at least %s (three write_interval, ten seconds at least), "+
+			"or none: a live instance's file would be deleted between its writes", time.Duration(d.PurgeAge), least)
 	}
 	return nil
 }
@@ -102,6 +111,9 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 	}
 	if h.Redis != nil && !isNull(h.Storage) {
 		return fmt.Errorf("storage: with a redis block, the zones of distributed share their counts in Redis; leave storage out")
+	}
+	if h.Redis != nil && h.Distributed.KeySecret != "" {
+		return fmt.Errorf("distributed: key_secret: with a redis block, set key_secret in the redis block")
 	}
 	for _, z := range h.Zones {
 		if z == nil {
@@ -316,7 +328,7 @@ func storageTokens(d *caddyfile.Dispenser) map[string][]string {
 }
 
 // parseDistributed parses distributed [{ read_interval, write_interval,
-// purge_age }].
+// purge_age, key_secret }].
 func parseDistributed(d *caddyfile.Dispenser, h *Handler) error {
 	if d.NextArg() {
 		return d.ArgErr()
@@ -325,9 +337,15 @@ func parseDistributed(d *caddyfile.Dispenser, h *Handler) error {
 	fields := map[string]*caddy.Duration{"read_interval": &h.Distributed.ReadInterval,
 		"write_interval": &h.Distributed.WriteInterval, "purge_age": &h.Distributed.PurgeAge}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if d.Val() == "key_secret" {
+			if err := oneArg(d, &h.Distributed.KeySecret); err != nil {
+				return err
+			}
+			continue
+		}
 		f, ok := fields[d.Val()]
 		if !ok {
-			return d.Errf("distributed: unrecognized subdirective %q: want read_interval, write_interval or purge_age", d.Val())
+			return d.Errf("distributed: unrecognized subdirective %q: want read_interval, write_interval, purge_age or key_secret", d.Val())
 		}
 		name := d.Val()
 		var err error

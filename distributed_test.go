@@ -75,7 +75,13 @@ func TestDistributedZones(t *testing.T) {
 		{"interval too short", &Handler{Distributed: &Distributed{ReadInterval: caddy.Duration(time.Millisecond)}, Storage: storage(), Zones: map[string]*Zone{"ev": events()}}, nil,
 			"distributed: read_interval 1ms: want an interval from 10ms to 1h0m0s, such as 5s"},
 		{"purge negative", &Handler{Distributed: &Distributed{PurgeAge: -1}, Storage: storage(), Zones: map[string]*Zone{"ev": events()}}, nil,
-			"distributed: purge_age -1ns: want a positive duration"},
+			"distributed: purge_age -1ns: want at least 15s (three write_interval, ten seconds at least), or none"},
+		{"purge within writes", &Handler{Distributed: &Distributed{PurgeAge: caddy.Duration(time.Second)}, Storage: storage(), Zones: map[string]*Zone{"ev": events()}}, nil,
+			"distributed: purge_age 1s: want at least 15s"},
+		{"key_secret with redis", &Handler{Distributed: &Distributed{KeySecret: "0123456789abcdef"}, Redis: &RedisConfig{Addresses: []string{redisAddr}}, Zones: map[string]*Zone{"ev": events()}}, nil,
+			"distributed: key_secret: with a redis block, set key_secret in the redis block"},
+		{"key_secret short", &Handler{Distributed: &Distributed{KeySecret: "short"}, Storage: storage(), Zones: map[string]*Zone{"ev": events()}}, nil,
+			"distributed: key_secret: at least 16 characters, not 5"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -117,22 +117,29 @@ const minKeySecret = 16
 // when set, else nil (SHA-256); without Redis, the process's own
 // (limiter.ProcessKeyHasher: digests of the memory store alone).
 func (c *RedisConfig) keyHasher() (*limiter.KeyHasher, error) {
-	switch {
-	case c == nil: // the memory store alone: its digests never leave the process
+	if c == nil { // the memory store alone: its digests never leave the process
 		return limiter.ProcessKeyHasher, nil
-	case c.KeySecret == "":
+	}
+	return sharedKeyHasher("redis", c.KeySecret)
+}
+
+// sharedKeyHasher is the hasher of digests that instances share (in Redis,
+// or in a storage): keyed by secret, the option key_secret of block; plain
+// SHA-256 without one.
+func sharedKeyHasher(block, keySecret string) (*limiter.KeyHasher, error) {
+	if keySecret == "" {
 		return nil, nil
 	}
 	// A placeholder that is unknown (a typo, or the Caddyfile's {$VAR} in
 	// JSON) or empty is an error: it would leave a secret everyone can read.
-	secret, err := caddy.NewReplacer().ReplaceOrErr(c.KeySecret, true, true)
+	secret, err := caddy.NewReplacer().ReplaceOrErr(keySecret, true, true)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("redis: key_secret %q: %w", c.KeySecret, err)
+		return nil, fmt.Errorf("%s: key_secret %q: %w", block, keySecret, err)
 	case secret == "":
-		return nil, fmt.Errorf("redis: key_secret %q resolves to nothing (an unset environment variable?)", c.KeySecret)
+		return nil, fmt.Errorf("%s: key_secret %q resolves to nothing (an unset environment variable?)", block, keySecret)
 	case len(secret) < minKeySecret:
-		return nil, fmt.Errorf("redis: key_secret: at least %d characters, not %d", minKeySecret, len(secret))
+		return nil, fmt.Errorf("%s: key_secret: at least %d characters, not %d", block, minKeySecret, len(secret))
 	}
 	return limiter.NewKeyHasher(secret), nil
 }

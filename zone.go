@@ -218,6 +218,9 @@ const maxLogLimit = 10000
 // provisionZones compiles the zones, in the order of their names.
 func (h *Handler) provisionZones(ctx caddy.Context) error {
 	hasher, err := h.Redis.keyHasher()
+	if h.Redis == nil && h.Distributed != nil { // digests the instances that share the storage agree on
+		hasher, err = sharedKeyHasher("distributed", h.Distributed.KeySecret)
+	}
 	if err != nil {
 		return err
 	}

@@ -45,6 +45,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -52,8 +53,10 @@ import (
 	"io/fs"
 	"math"
 	"path"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -114,12 +117,33 @@ type storageFleet struct {
 	own      map[bucketID]*storageCounts  // what this instance admitted
 	others   map[bucketID][]storageCounts // the others', as last read
 	n        int64                        // instances counted at the last read
+	ids      []string                     // their names, sorted, this one's included
+	epoch    int                          // reads so far (see storageCounts.epochs)
+	epochAt  [maxEpochs]int64             // when each epoch began (Unix ns), by epoch mod maxEpochs
+	oldest   int64                        // when the oldest of the others' files last read was written (Unix ns)
+	gen      atomic.Uint64                // reads of the others' files so far
 	lastRead time.Time                    // the last read that worked
 	failing  [2]bool                      // the last read, write failed
 	skipped  map[string]bool              // files reported skipped
 	stop     chan struct{}
 	done     chan struct{}
 	closing  sync.Once
+}
+
+// maxEpochs bounds the epochs whose charges may be unseen by the others.
+const maxEpochs = 8
+
+// unseen is what this instance charged c's bucket since the oldest of the
+// others' files it read was written: the others' admissions since then
+// are not in its view, and unseen is their estimate (an instance's share
+// of a fleet's traffic is alike). Counted by epoch: the current one, and
+// each before it that ended after that write. The caller holds mu.
+func (f *storageFleet) unseen(c *storageCounts) int64 {
+	sum := c.epochs[f.epoch%maxEpochs]
+	for k := 1; k < maxEpochs && f.epochAt[(f.epoch-k+1+maxEpochs)%maxEpochs] > f.oldest; k++ {
+		sum += c.epochs[(f.epoch-k+maxEpochs)%maxEpochs]
+	}
+	return sum
 }
 
 // storageCounts are one instance's counts of a bucket: of the window of
@@ -132,9 +156,10 @@ type storageCounts struct {
 	Start  int64  `json:"s"`
 	Curr   int64  `json:"c"`
 	Prev   int64  `json:"p"`
-	// since is what this instance charged since it last read the others'
-	// counts (its own counts only).
-	since int64
+	// epochs is what this instance charged in each of the last epochs (an
+	// epoch ends at a read of the others' counts; the fleet's epoch, mod
+	// len, is the current one): the others may not have seen them yet.
+	epochs [maxEpochs]int64
 }
 
 // at is c taken at now's window: its count and the previous one's.
@@ -180,7 +205,59 @@ func newStorageFleet(st Storage, o StorageOptions) *storageFleet {
 		stop: make(chan struct{}), done: make(chan struct{})}
 }
 
-func (f *storageFleet) local() bool { return true }
+// generation changes at every read of the others' files.
+func (f *storageFleet) generation() uint64 { return f.gen.Load() }
+
+// give takes back what chargeAll charged reqs, from the windows that hold
+// now (a charge of a window that has ended is left: nothing counts it
+// any more but the sliding counter's fading previous count).
+func (f *storageFleet) give(reqs []Request) {
+	ns := f.now().UnixNano()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range reqs {
+		c := f.own[bucketIDOf(r)]
+		if c == nil || c.Start != ns-ns%c.Period {
+			continue
+		}
+		cost := boundedCost(r.Cost)
+		e := &c.epochs[f.epoch%maxEpochs]
+		c.Curr, *e = max(c.Curr-cost, 0), max(*e-cost, 0)
+	}
+}
+
+// owns reports whether this instance is r's bucket's owner among the
+// instances counted at the last read (by the digest, over their sorted
+// names): it alone decides the bucket's requests that cost more than a
+// share, on the whole of what the fleet left.
+func (f *storageFleet) owns(r Request) bool {
+	h := r.Digest()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.ids) == 0 {
+		return true
+	}
+	return f.ids[binary.BigEndian.Uint64(h[:8])%uint64(len(f.ids))] == f.id
+}
+
+// left is what r's bucket holds as the fleet counts it now: its limit
+// less every instance's counts (not the epoch's share: see chargeAll).
+func (f *storageFleet) left(r Request) int64 {
+	ns := f.now().UnixNano()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id := bucketIDOf(r)
+	total := 0.0
+	if c := f.own[id]; c != nil {
+		total += c.weighed(r.Policy.Algorithm, ns)
+	}
+	for _, o := range f.others[id] {
+		if o.Period == int64(r.Policy.Period) {
+			total += o.weighed(r.Policy.Algorithm, ns)
+		}
+	}
+	return int64(math.Floor(float64(r.Policy.Rate) - total + 1e-9))
+}
 
 // groups: one group, the round is made in memory.
 func (f *storageFleet) groups(_ context.Context, reqs []Request) [][]int {
@@ -229,9 +306,12 @@ func (f *storageFleet) chargeAll(_ context.Context, reqs []Request) ([]Decision,
 			f.own[id] = c
 		}
 		c.Curr, c.Prev = c.at(ns)
-		c.Start = ns - ns%c.Period
+		if start := ns - ns%c.Period; c.Start != start { // a new window: a new epoch for it
+			c.Start, c.epochs = start, [maxEpochs]int64{}
+		}
 		cost := boundedCost(r.Cost)
-		c.Curr, c.since = min(c.Curr+cost, MaxCost), min(c.since+cost, MaxCost)
+		e := &c.epochs[f.epoch%maxEpochs]
+		c.Curr, *e = min(c.Curr+cost, MaxCost), min(*e+cost, MaxCost)
 		total := c.weighed(p.Algorithm, ns)
 		for _, o := range f.others[id] {
 			if o.Period == c.Period {
@@ -242,7 +322,7 @@ func (f *storageFleet) chargeAll(_ context.Context, reqs []Request) ([]Decision,
 		if p.Algorithm == SlidingWindowCounter && total > 0 {
 			reset += c.Period
 		}
-		left := int64(math.Floor(float64(p.Rate)-total+1e-9)) - (f.n-1)*c.since // see epoch
+		left := int64(math.Floor(float64(p.Rate)-total+1e-9)) - (f.n-1)*f.unseen(c) // see the epochs
 		d[i] = Decision{Allowed: true, Limit: p.Limit(), Remaining: max(left, -MaxCost), Reset: time.Unix(0, reset), At: now}
 	}
 	return d, nil
@@ -332,7 +412,7 @@ func (f *storageFleet) read() {
 		f.reported(opRead, fmt.Errorf("listing %s: %w", f.o.Dir, err))
 		return
 	}
-	others, n := map[bucketID][]storageCounts{}, int64(1)
+	others, n, ids, oldest := map[bucketID][]storageCounts{}, int64(1), []string{f.id}, now.UnixNano()
 	entries := 0
 	for _, name := range names {
 		inst, ok := strings.CutSuffix(path.Base(name), ".json")
@@ -353,6 +433,8 @@ func (f *storageFleet) read() {
 		}
 		if now.Sub(time.Unix(0, file.At)) <= max(instancesWindow, 3*f.o.WriteEvery) {
 			n++
+			ids = append(ids, inst)
+			oldest = min(oldest, file.At)
 		}
 		for _, c := range file.Buckets {
 			if entries >= maxSyncEntries {
@@ -364,12 +446,16 @@ func (f *storageFleet) read() {
 			}
 		}
 	}
+	slices.Sort(ids)
 	f.mu.Lock()
-	f.others, f.n, f.lastRead = others, n, now
-	for _, c := range f.own { // a new epoch
-		c.since = 0
+	f.others, f.n, f.ids, f.lastRead = others, n, ids, now
+	f.epoch++ // a new epoch
+	f.epochAt[f.epoch%maxEpochs], f.oldest = now.UnixNano(), oldest
+	for _, c := range f.own {
+		c.epochs[f.epoch%maxEpochs] = 0
 	}
 	f.mu.Unlock()
+	f.gen.Add(1)
 	f.reported(opRead, nil)
 }
 

@@ -98,13 +98,23 @@ type fleet interface {
 	// registerSync marks the instance id as syncing now and counts those
 	// that did within window, id included.
 	registerSync(ctx context.Context, id string, window time.Duration) (int64, error)
-	// local tells whether chargeAll is made in this process (the storage
-	// fleet: readings cost nothing, so a bucket's first request here is
-	// read, not decided elsewhere).
-	local() bool
 }
 
-func (s *RedisStore) local() bool { return false }
+// localFleet is a fleet whose chargeAll is made in this process (the
+// storage fleet): readings cost nothing, so the syncer reads a bucket
+// whenever the fleet has news of it, and charges admissions as they are
+// made.
+type localFleet interface {
+	fleet
+	// generation changes whenever the others' counts were read again.
+	generation() uint64
+	// give takes back what chargeAll charged reqs, in the windows they
+	// were charged in while they last.
+	give(reqs []Request)
+	// owns reports whether this instance decides r's bucket's requests
+	// that cost more than a share: one instance per bucket.
+	owns(r Request) bool
+}
 
 // chargeAll charges every request its cost (0: a reading), on the
 // server's clock, in one batched call per node.
@@ -154,6 +164,8 @@ type syncEntry struct {
 	reset     time.Time // when the bucket was full again, as last read
 	wants     bool      // refused for want of allowance: wants a reading
 	queued    bool      // in the syncer's queue
+	gen       uint64    // a local fleet's generation at the last reading
+	turns     time.Time // when the window of the last reading ends (windows); a local fleet reads again then
 	used      time.Time // last request
 	synced    time.Time // last round that read it
 }
@@ -240,12 +252,18 @@ func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact
 	d = make([]Decision, len(reqs))
 	es := make([]*syncEntry, len(reqs))
 	allowed := true
-	local := s.fleet.local()
+	lf, local := s.fleet.(localFleet)
 	for i, r := range reqs {
 		cost := boundedCost(r.Cost)
 		e, ok := s.entries[bucketIDOf(r)]
-		if !ok && local {
-			e, ok = s.read(now, r, n)
+		if local && (!ok || e.gen != lf.generation() || !e.turns.IsZero() && !now.Before(e.turns)) {
+			e, ok = s.read(now, r, n, e) // news of the others, or a new window
+		}
+		if !ok && local { // past maxSyncEntries: the local share
+			if d[i], ok = s.shareOnly(now, r, n); !ok {
+				allowed = false
+			}
+			continue
 		}
 		over := cost > share(r.Policy.Limit()+refill(r), s.instances(n))
 		if !ok || over && !local {
@@ -255,8 +273,11 @@ func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact
 		s.update(e, r, n)
 		es[i], e.used = e, now
 		room := e.allowance
-		if over { // a local fleet's view, now, less what this instance admitted since its last round
-			room = s.room(e)
+		if over { // the bucket's owner decides on the fleet's view, now; the others refuse
+			room = 0
+			if lf.owns(r) {
+				room = s.room(e)
+			}
 		}
 		if room < cost && !(s.failing.Load() && s.localShare(now, e, r, n)) {
 			allowed, e.wants = false, true
@@ -274,11 +295,15 @@ func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact
 		}
 		return d, nil, nil
 	}
+	charged := local && s.chargeNow(reqs, es)
 	for i, e := range es {
 		if e != nil {
 			cost := boundedCost(reqs[i].Cost)
-			e.allowance, e.spent = max(e.allowance-cost, 0), min(e.spent+cost, MaxCost)
-			if 2*e.spent >= e.granted {
+			e.allowance = max(e.allowance-cost, 0)
+			if !charged { // charged at a round
+				e.spent = min(e.spent+cost, MaxCost)
+			}
+			if !charged && 2*e.spent >= e.granted {
 				s.flag(e)
 			}
 		}
@@ -291,16 +316,47 @@ func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact
 			s.seeding[id].n++
 		}
 	}
-	return d, exact, func() { s.giveBack(es, reqs) }
+	return d, exact, func() { s.giveBack(es, reqs, charged) }
+}
+
+// chargeNow charges a local fleet what the take of reqs admitted (the
+// entries es), as it is admitted: its window is the one it counts in, and
+// the others see it at this instance's next write. False when the fleet
+// failed (charged nothing: the rounds charge it).
+func (s *syncer) chargeNow(reqs []Request, es []*syncEntry) bool {
+	var charge []Request
+	for i, e := range es {
+		if e != nil {
+			r := reqs[i]
+			r.Key, r.ID = "", ""
+			charge = append(charge, r)
+		}
+	}
+	_, err := s.fleet.chargeAll(context.Background(), charge)
+	return err == nil
+}
+
+// shareOnly decides r, of a bucket the syncer keeps no entry of (past
+// maxSyncEntries), by the instance's share of its limit, in memory.
+func (s *syncer) shareOnly(now time.Time, r Request, n int) (Decision, bool) {
+	p, err := LocalPolicy(r.Policy, int(s.instances(n)))
+	if err != nil {
+		return Decision{Limit: r.Policy.Limit(), RetryAfter: r.Sync, At: now}, false
+	}
+	r.Policy = p
+	d := s.memory.TakeAt(now, []Request{r})
+	return d[0], d[0].Allowed
 }
 
 // read makes the entry of r's bucket from a reading of a local fleet
-// (nothing charged); false past maxSyncEntries, or when the fleet cannot
-// tell. The caller holds mu.
-func (s *syncer) read(now time.Time, r Request, n int) (*syncEntry, bool) {
-	if len(s.entries) >= maxSyncEntries {
+// (nothing charged), or gives old, its entry, a new allowance from one;
+// false past maxSyncEntries, or when the fleet cannot tell. The caller
+// holds mu.
+func (s *syncer) read(now time.Time, r Request, n int, old *syncEntry) (*syncEntry, bool) {
+	if old == nil && len(s.entries) >= maxSyncEntries {
 		return nil, false
 	}
+	gen := s.fleet.(localFleet).generation()
 	if count, err := s.fleet.registerSync(context.Background(), s.id, instancesWindow); err == nil { // counted in memory
 		s.n.Store(max(count, 1))
 	}
@@ -310,29 +366,38 @@ func (s *syncer) read(now time.Time, r Request, n int) (*syncEntry, bool) {
 	if err == nil && d[0].Limit == 0 {
 		return nil, false
 	}
-	e := &syncEntry{req: reading, wants: true, synced: now, used: now} // the fleet cannot tell: the local share, and a reading at the next round
-	if err == nil {
-		a := share(held(r.Policy, d[0])+refill(r), s.instances(n))
-		*e = syncEntry{req: reading, allowance: a, granted: a, remaining: d[0].Remaining, reset: d[0].Reset, synced: now, used: now}
+	e := old
+	if e == nil {
+		e = &syncEntry{req: reading, used: now}
+		s.entries[bucketIDOf(r)] = e
 	}
-	s.entries[bucketIDOf(r)] = e
-	if e.wants {
+	e.synced, e.gen, e.turns = now, gen, windowTurns(now, r.Policy)
+	if err != nil { // the fleet cannot tell: the local share, and a reading at the next round
+		e.wants = true
 		s.flag(e)
+		return e, true
 	}
+	a := max(share(held(r.Policy, d[0])+refill(r), s.instances(n))-e.spent, 0)
+	e.allowance, e.granted, e.remaining, e.reset = a, a, d[0].Remaining, d[0].Reset
 	return e, true
+}
+
+// windowTurns is when the window of p that holds now ends (windows start
+// at multiples of their length since the Unix epoch); zero for the other
+// algorithms.
+func windowTurns(now time.Time, p Policy) time.Time {
+	if p.Algorithm != FixedWindow && p.Algorithm != SlidingWindowCounter || p.Period <= 0 {
+		return time.Time{}
+	}
+	ns, w := now.UnixNano(), int64(p.Period)
+	return time.Unix(0, ns-ns%w+w)
 }
 
 // room is what e's bucket holds, as a local fleet counts it now, less what
 // this instance admitted since its last round: a cost over the share is
 // decided on it. The caller holds mu.
 func (s *syncer) room(e *syncEntry) int64 {
-	reading := e.req
-	reading.Cost, reading.ID = 0, ""
-	d, err := s.fleet.chargeAll(context.Background(), []Request{reading})
-	if err != nil || d[0].Limit == 0 {
-		return 0
-	}
-	return held(e.req.Policy, d[0]) - e.spent
+	return s.fleet.(interface{ left(Request) int64 }).left(e.req) - e.spent
 }
 
 // seeding is a bucket whose first requests here are in Redis: n of them,
@@ -417,17 +482,26 @@ func (s *syncer) localShare(now time.Time, e *syncEntry, r Request, n int) bool 
 	return true
 }
 
-// giveBack undoes a take whose request another zone refused.
-func (s *syncer) giveBack(es []*syncEntry, reqs []Request) {
+// giveBack undoes a take whose request another zone refused; charged:
+// the take charged a local fleet at once.
+func (s *syncer) giveBack(es []*syncEntry, reqs []Request, charged bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var give []Request
 	for i, e := range es {
 		if e == nil {
 			continue
 		}
 		cost := boundedCost(reqs[i].Cost)
 		e.allowance += cost
+		if charged {
+			give = append(give, reqs[i])
+			continue
+		}
 		e.spent = max(e.spent-cost, e.sending)
+	}
+	if len(give) > 0 {
+		s.fleet.(localFleet).give(give)
 	}
 }
 

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -67,24 +68,7 @@ func testDistributed(t *testing.T, site, globals, synced string, syncSeconds flo
 		t.Fatalf("one client sending 8 requests through both instances got %d admitted; want dynamic_example's 2 (1 from each)", one)
 	}
 
-	var mu sync.Mutex
-	admitted := map[*testcaddy.Caddy]int{}
-	var wg sync.WaitGroup
-	for i := range 150 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := range 3 {
-				c := []*testcaddy.Caddy{a, b}[(i+j)%2]
-				if fromAddr(t, fmt.Sprintf("127.0.1.%d", i+1), c) {
-					mu.Lock()
-					admitted[c]++
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	admitted := burst(t, "127.0.1.%d", a, b)
 	total := admitted[a] + admitted[b]
 	// rate × sync + (N − 1) / N × (burst + rate × sync): 100/60 a second, burst 100, N = 2
 	bound := 100 + 100.0/60*syncSeconds + 0.5*(100+100.0/60*syncSeconds)
@@ -95,6 +79,16 @@ func testDistributed(t *testing.T, site, globals, synced string, syncSeconds flo
 	if admitted[a] >= 100 || admitted[b] >= 100 {
 		t.Fatalf("an instance admitted the whole limit alone (%d, %d): not shared", admitted[a], admitted[b])
 	}
+	// Two syncs later, each instance has read what the other admitted:
+	// the minute's 100 are spent (the sliding counter lets back a part of
+	// them as the minute goes by, 1/60 of them a second).
+	time.Sleep(time.Duration(2*syncSeconds+1) * time.Second)
+	more := burst(t, "127.0.3.%d", a, b)
+	t.Logf("two syncs later: %d + %d more admitted", more[a], more[b])
+	if fade := 100 * (2*syncSeconds + 6) / 60; float64(more[a]+more[b]) > fade {
+		t.Fatalf("%d + %d more admitted two syncs later from a minute's 100 spent; want at most what faded, %.0f: "+
+			"the instances do not see each other's counts", more[a], more[b], fade)
+	}
 	if dir == "" {
 		return
 	}
@@ -102,11 +96,51 @@ func testDistributed(t *testing.T, site, globals, synced string, syncSeconds flo
 	if len(files) != 2 {
 		t.Fatalf("the storage holds %v: want one file per instance", files)
 	}
+	digests := map[string]bool{} // static_example's one bucket, as each instance names it
 	for _, f := range files {
-		if body, _ := os.ReadFile(f); strings.Contains(string(body), "127.0.") {
+		body, _ := os.ReadFile(f)
+		if strings.Contains(string(body), "127.0.") {
 			t.Fatalf("%s holds a client address: %s", f, body)
 		}
+		var file struct {
+			Buckets []struct{ Z, K string }
+		}
+		if err := json.Unmarshal(body, &file); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for _, b := range file.Buckets {
+			if b.Z == "static_example" {
+				digests[b.K] = true
+			}
+		}
 	}
+	if len(digests) != 1 {
+		t.Fatalf("the instances name static_example's one bucket by %d digests (%v): they cannot add up each other's counts", len(digests), digests)
+	}
+}
+
+// burst sends 3 GETs from each of 150 loopback addresses (addr with %d,
+// from 1), through a and b in turn, and counts those each admitted.
+func burst(t *testing.T, addr string, a, b *testcaddy.Caddy) map[*testcaddy.Caddy]int {
+	var mu sync.Mutex
+	admitted := map[*testcaddy.Caddy]int{}
+	var wg sync.WaitGroup
+	for i := range 150 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 3 {
+				c := []*testcaddy.Caddy{a, b}[(i+j)%2]
+				if fromAddr(t, fmt.Sprintf(addr, i+1), c) {
+					mu.Lock()
+					admitted[c]++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return admitted
 }
 
 // fromAddr sends a GET to c from the loopback address addr, and reports
