@@ -122,6 +122,7 @@ type storageFleet struct {
 	epochAt  [maxEpochs]int64             // when each epoch began (Unix ns), by epoch mod maxEpochs
 	oldest   int64                        // when the oldest of the others' files last read was written (Unix ns)
 	gen      atomic.Uint64                // reads of the others' files so far
+	wrote    atomic.Bool                  // this instance's file was written once
 	lastRead time.Time                    // the last read that worked
 	failing  [2]bool                      // the last read, write failed
 	skipped  map[string]bool              // files reported skipped
@@ -393,6 +394,8 @@ func (f *storageFleet) write() {
 	}
 	if err != nil {
 		err = fmt.Errorf("writing %s: %w", f.file(f.id), err)
+	} else {
+		f.wrote.Store(true)
 	}
 	f.reported(opWrite, err)
 }
@@ -404,10 +407,7 @@ func (f *storageFleet) read() {
 	ctx, cancel := context.WithTimeout(context.Background(), f.o.Timeout)
 	defer cancel()
 	now := f.now()
-	names, err := f.st.List(ctx, f.o.Dir, false)
-	if errors.Is(err, fs.ErrNotExist) {
-		names, err = nil, nil
-	}
+	names, err := f.list(ctx)
 	if err != nil {
 		f.reported(opRead, fmt.Errorf("listing %s: %w", f.o.Dir, err))
 		return
@@ -457,6 +457,24 @@ func (f *storageFleet) read() {
 	f.mu.Unlock()
 	f.gen.Add(1)
 	f.reported(opRead, nil)
+}
+
+// list lists the fleet's directory. A file that goes between the listing
+// and its look (a write's temporary file, renamed) fails the whole listing
+// as not existing: it is listed again; the directory itself is missing only
+// until this instance's first write.
+func (f *storageFleet) list(ctx context.Context) ([]string, error) {
+	for try := 0; ; try++ {
+		names, err := f.st.List(ctx, f.o.Dir, false)
+		switch {
+		case !errors.Is(err, fs.ErrNotExist):
+			return names, err
+		case !f.wrote.Load():
+			return nil, nil // no instance wrote yet
+		case try == 4:
+			return nil, err
+		}
+	}
 }
 
 // load reads and checks the file name of instance inst.

@@ -169,3 +169,52 @@ func TestStorageFleetFailing(t *testing.T) {
 		t.Fatalf("failing reported %d times (%v), recovered %d: want once each per instance", ev.failing, ev.lastErr, ev.recovered)
 	}
 }
+
+// turns sends req through each instance of fleet in turn, pausing pause
+// after each turn, for d, and counts the cost admitted.
+func turns(fleet []*Limiter, req Request, d, pause time.Duration) (admitted int64) {
+	for start := time.Now(); time.Since(start) < d; time.Sleep(pause) {
+		for _, l := range fleet {
+			var v Verdict
+			l.Decide(context.Background(), time.Time{}, []Request{req}, Caller{Fallback: Fallback{Mode: FallbackDeny}}, &v)
+			if v.States[0] == Allowed {
+				admitted += req.Cost
+			}
+			v.Release()
+		}
+	}
+	return admitted
+}
+
+// TestStorageFleetCostOverShare: a cost over an instance's share (a limit
+// of 5 over 10 instances; a cost of 5 from 10 over 3) is decided by the
+// bucket's owner alone, on what the fleet left: the limit, not each
+// instance's whole view of it.
+func TestStorageFleetCostOverShare(t *testing.T) {
+	const every = 100 * time.Millisecond
+	for _, c := range []struct{ n, limit, cost int64 }{{10, 5, 1}, {3, 10, 5}} {
+		fleet := storageFleetOf(t, t.TempDir(), int(c.n), every, nil)
+		p := Policy{Algorithm: FixedWindow, Rate: c.limit, Period: time.Hour, Burst: c.limit}
+		req := Request{Zone: "api", Key: "k", Policy: p, Cost: c.cost, Sync: 2 * every}.WithDigest(nil)
+		if got := turns(fleet, req, time.Second, 10*time.Millisecond); got != c.limit {
+			t.Errorf("%d instances, a limit of %d, a cost of %d: %d admitted, want %d", c.n, c.limit, c.cost, got, c.limit)
+		}
+	}
+}
+
+// TestStorageFleetShortWindows: a window shorter than the sync (10 in
+// 200 ms, synced every second) admits about its limit in every window on
+// one instance: the instance reads the bucket again as each window turns.
+func TestStorageFleetShortWindows(t *testing.T) {
+	const every = 500 * time.Millisecond
+	fleet := storageFleetOf(t, t.TempDir(), 1, every, nil)
+	for _, algo := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+		p := Policy{Algorithm: algo, Rate: 10, Period: 200 * time.Millisecond, Burst: 10}
+		req := Request{Zone: "z" + algo.String(), Key: "k", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
+		got := turns(fleet, req, 2*time.Second, 5*time.Millisecond)
+		t.Logf("%s, 10 in 200 ms, sync 1s: %d admitted in 2 s (the exact limit: about 100)", algo, got)
+		if got < 50 || got > 110 {
+			t.Errorf("%s: %d admitted in 2 s of 10 per 200 ms", algo, got)
+		}
+	}
+}
