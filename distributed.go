@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -77,8 +78,8 @@ func (d *Distributed) check() error {
 			return fmt.Errorf("distributed: %s %s: want an interval from %s to %s, such as 5s", iv.name, iv.d, minSync, maxSync)
 		}
 	}
-	if least := max(3*write, 10*time.Second); d.PurgeAge < 0 || d.PurgeAge > 0 && time.Duration(d.PurgeAge) < least {
-		return fmt.Errorf("distributed: purge_age %s: want at least %s (three write_interval, ten seconds at least), "+
+	if least := max(2*write, 10*time.Second); d.PurgeAge < 0 || d.PurgeAge > 0 && time.Duration(d.PurgeAge) < least {
+		return fmt.Errorf("distributed: purge_age %s: want at least %s (two write_interval, ten seconds at least), "+
 			"or none: a live instance's file would be deleted between its writes", time.Duration(d.PurgeAge), least)
 	}
 	return nil
@@ -200,12 +201,21 @@ func (h *Handler) provisionStorage() error {
 	return h.loadStore(h.storagePoolKey(), func() (caddy.Destructor, error) {
 		s := newSharedStore("")
 		s.namespace = label
-		s.Limiter = limiter.NewStorageLimiter(st, limiter.StorageOptions{WriteEvery: write, ReadEvery: read,
+		s.Limiter = limiter.NewStorageLimiter(sizedStorage{st}, limiter.StorageOptions{WriteEvery: write, ReadEvery: read,
 			PurgeAge: time.Duration(h.Distributed.PurgeAge), Events: storageEvents{s}})
 		s.Limiter.OnSync(s)
 		s.overrides = limiter.NewMemoryOverrides(overrideEvents{s})
 		return s, nil
 	})
+}
+
+// sizedStorage is a Caddy storage that tells the fleet its files' sizes
+// (limiter.Sizer), so that none too large is read.
+type sizedStorage struct{ certmagic.Storage }
+
+func (s sizedStorage) Size(ctx context.Context, key string) (int64, error) {
+	info, err := s.Stat(ctx, key)
+	return info.Size, err
 }
 
 // checkStorageZone refuses, in a handler that syncs through a storage, a
@@ -219,6 +229,7 @@ func (h *Handler) checkStorageZone(z *Zone) error {
 			"(and events in a window) through the storage; %s%s would be limited by each instance alone: add a redis block to share it, "+
 			"or use one of them", z.policy.Algorithm, syncHint(z))
 	}
+	z.Sync = caddy.Duration(max(time.Duration(z.Sync), h.Distributed.sync(false))) // the others' admissions take that long to be seen
 	return nil
 }
 

@@ -69,6 +69,21 @@ type Storage interface {
 	List(ctx context.Context, path string, recursive bool) ([]string, error)
 }
 
+// Sizer is a Storage that tells a value's size, so that a file too large
+// to be an instance's counts is not read.
+type Sizer interface {
+	Size(ctx context.Context, key string) (int64, error)
+}
+
+// maxFileSize bounds an instance's file: maxSyncEntries buckets of about
+// 150 bytes.
+const maxFileSize = 160 << 20
+
+// maxAhead is how far ahead of this instance's clock another's file may
+// say it was written: more is a clock to set right, and its counts and its
+// freshness are not used.
+const maxAhead = 30 * time.Second
+
 // StorageEvents are told of the storage's failures, and of files skipped.
 // Their methods must not block.
 type StorageEvents interface {
@@ -101,9 +116,10 @@ type StorageOptions struct {
 // DefaultStorageDir is where the fleet's files are, in the storage.
 const DefaultStorageDir = "rate_limit/sync"
 
-// errStorageStale fails the rounds while the others' counts are stale; it
-// charged nothing (not MayHaveRun).
-var errStorageStale = errors.New("the other instances' counts in the storage could not be read lately")
+// errStorageStale fails the rounds while the others' counts are stale, or
+// this instance's (its file could not be written lately); it charged
+// nothing (not MayHaveRun).
+var errStorageStale = errors.New("the instances' counts in the storage could not be read or written lately")
 
 // storageFleet is the fleet of the instances that share a storage.
 type storageFleet struct {
@@ -113,22 +129,25 @@ type storageFleet struct {
 	now  func() time.Time
 	ioMu sync.Mutex // one read or write at a time
 
-	mu       sync.Mutex
-	own      map[bucketID]*storageCounts  // what this instance admitted
-	others   map[bucketID][]storageCounts // the others', as last read
-	n        int64                        // instances counted at the last read
-	ids      []string                     // their names, sorted, this one's included
-	epoch    int                          // reads so far (see storageCounts.epochs)
-	epochAt  [maxEpochs]int64             // when each epoch began (Unix ns), by epoch mod maxEpochs
-	oldest   int64                        // when the oldest of the others' files last read was written (Unix ns)
-	gen      atomic.Uint64                // reads of the others' files so far
-	wrote    atomic.Bool                  // this instance's file was written once
-	lastRead time.Time                    // the last read that worked
-	failing  [2]bool                      // the last read, write failed
-	skipped  map[string]bool              // files reported skipped
-	stop     chan struct{}
-	done     chan struct{}
-	closing  sync.Once
+	mu        sync.Mutex
+	own       map[bucketID]*storageCounts  // what this instance admitted
+	others    map[bucketID][]storageCounts // the others', as last read
+	n         int64                        // instances counted at the last read
+	ids       []string                     // their names, sorted, this one's included
+	epoch     int                          // reads so far (see storageCounts.epochs)
+	epochAt   [maxEpochs]int64             // when each epoch began (Unix ns), by epoch mod maxEpochs
+	oldest    int64                        // when the oldest of the others' files last read was written (Unix ns)
+	gen       atomic.Uint64                // reads of the others' files so far
+	wrote     atomic.Bool                  // this instance's file was written once
+	lastWrite time.Time                    // the last write that worked
+	busyMu    sync.Mutex
+	busy      map[string]bool // keys with a storage call running (see call)
+	lastRead  time.Time       // the last read that worked
+	failing   [2]bool         // the last read, write failed
+	skipped   map[string]bool // files reported skipped
+	stop      chan struct{}
+	done      chan struct{}
+	closing   sync.Once
 }
 
 // maxEpochs bounds the epochs whose charges may be unseen by the others.
@@ -202,7 +221,7 @@ func newStorageFleet(st Storage, o StorageOptions) *storageFleet {
 	o.WriteEvery, o.ReadEvery = max(cmp.Or(o.WriteEvery, 5*time.Second), 10*time.Millisecond), max(cmp.Or(o.ReadEvery, 5*time.Second), 10*time.Millisecond)
 	o.Timeout = cmp.Or(o.Timeout, 5*time.Second)
 	return &storageFleet{st: st, o: o, id: hex.EncodeToString(b[:]), now: time.Now, n: 1,
-		own: map[bucketID]*storageCounts{}, others: map[bucketID][]storageCounts{}, skipped: map[string]bool{},
+		own: map[bucketID]*storageCounts{}, others: map[bucketID][]storageCounts{}, skipped: map[string]bool{}, busy: map[string]bool{},
 		stop: make(chan struct{}), done: make(chan struct{})}
 }
 
@@ -277,6 +296,13 @@ func (f *storageFleet) registerSync(context.Context, string, time.Duration) (int
 	return f.n, nil
 }
 
+// registered is the instances counted at the last read.
+func (f *storageFleet) registered() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n
+}
+
 // stale is how long the others' counts may go unread before the rounds
 // fail.
 func (f *storageFleet) stale() time.Duration { return 3 * f.o.ReadEvery }
@@ -290,7 +316,7 @@ func (f *storageFleet) chargeAll(_ context.Context, reqs []Request) ([]Decision,
 	now := f.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if now.Sub(f.lastRead) > f.stale() {
+	if now.Sub(f.lastRead) > f.stale() || now.Sub(f.lastWrite) > 3*f.o.WriteEvery { // the others' view of this one is stale too
 		return nil, errStorageStale
 	}
 	d := make([]Decision, len(reqs))
@@ -332,8 +358,9 @@ func (f *storageFleet) chargeAll(_ context.Context, reqs []Request) ([]Decision,
 // start reads the others' files and writes this instance's, within the
 // timeout, then keeps doing so in the background until close.
 func (f *storageFleet) start() {
-	f.read()
-	f.write()
+	first := min(f.o.Timeout, 2*time.Second) // the config waits for these
+	f.read(first)
+	f.write(first, false)
 	go f.run()
 }
 
@@ -345,12 +372,12 @@ func (f *storageFleet) run() {
 	for {
 		select {
 		case <-f.stop:
-			f.write() // what it counted last, for the others
+			f.write(f.o.Timeout, true) // what it counted last, for the others
 			return
 		case <-w.C:
-			f.write()
+			f.write(f.o.Timeout, false)
 		case <-r.C:
-			f.read()
+			f.read(f.o.Timeout)
 		}
 	}
 }
@@ -368,8 +395,8 @@ func (f *storageFleet) close() {
 func (f *storageFleet) file(instance string) string { return path.Join(f.o.Dir, instance+".json") }
 
 // write writes this instance's counts that have not faded, and forgets
-// those that have.
-func (f *storageFleet) write() {
+// those that have, within timeout; final, with none, it deletes the file.
+func (f *storageFleet) write(timeout time.Duration, final bool) {
 	f.ioMu.Lock()
 	defer f.ioMu.Unlock()
 	now := f.now()
@@ -386,28 +413,72 @@ func (f *storageFleet) write() {
 		file.Until = max(file.Until, c.Start+2*c.Period)
 	}
 	f.mu.Unlock()
+	name := f.file(f.id)
 	b, err := json.Marshal(file)
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), f.o.Timeout)
-		err = f.st.Store(ctx, f.file(f.id), b)
-		cancel()
+	if err == nil && final && len(file.Buckets) == 0 { // nothing to tell the others (caddy validate, an idle instance)
+		err = f.call(name, timeout, func(ctx context.Context) error { return f.st.Delete(ctx, name) })
+		if errors.Is(err, fs.ErrNotExist) {
+			err = nil
+		}
+	} else if err == nil {
+		err = f.call(name, timeout, func(ctx context.Context) error { return f.st.Store(ctx, name, b) })
 	}
 	if err != nil {
-		err = fmt.Errorf("writing %s: %w", f.file(f.id), err)
+		err = fmt.Errorf("writing %s: %w", name, err)
 	} else {
 		f.wrote.Store(true)
+		f.mu.Lock()
+		f.lastWrite = now
+		f.mu.Unlock()
 	}
 	f.reported(opWrite, err)
 }
 
+// call runs op on the storage within timeout, in a goroutine of its own: a
+// storage may not honour its context (a hung network mount, a FIFO where a
+// file should be). While an op on key runs past its timeout, no other is
+// started on that key: the call fails at once.
+func (f *storageFleet) call(key string, timeout time.Duration, op func(ctx context.Context) error) error {
+	f.busyMu.Lock()
+	if f.busy[key] {
+		f.busyMu.Unlock()
+		return fmt.Errorf("%s: an earlier call of the storage is still running, past its timeout", key)
+	}
+	f.busy[key] = true
+	f.busyMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	done := make(chan error, 1)
+	go func() {
+		err := op(ctx)
+		f.busyMu.Lock()
+		delete(f.busy, key)
+		f.busyMu.Unlock()
+		done <- err
+		cancel()
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		select {
+		case err := <-done: // it ended as the time was up
+			return err
+		default:
+			return fmt.Errorf("%s: %w", key, context.DeadlineExceeded)
+		}
+	}
+}
+
 // read reads the others' files (see the model), deleting those to purge.
-func (f *storageFleet) read() {
+func (f *storageFleet) read(timeout time.Duration) {
 	f.ioMu.Lock()
 	defer f.ioMu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), f.o.Timeout)
-	defer cancel()
 	now := f.now()
-	names, err := f.list(ctx)
+	var names []string
+	err := f.call(f.o.Dir, timeout, func(ctx context.Context) (err error) {
+		names, err = f.list(ctx)
+		return err
+	})
 	if err != nil {
 		f.reported(opRead, fmt.Errorf("listing %s: %w", f.o.Dir, err))
 		return
@@ -419,31 +490,38 @@ func (f *storageFleet) read() {
 		if !ok || inst == f.id {
 			continue
 		}
-		file, err := f.load(ctx, name, inst)
+		file, err := f.load(name, inst, timeout)
 		switch {
-		case err != nil && ctx.Err() != nil:
-			f.reported(opRead, err)
-			return
 		case err != nil:
 			f.skip(path.Base(name), err)
 			continue
 		case f.purge(now, file):
-			_ = f.st.Delete(ctx, name) // another instance may have deleted it first
+			_ = f.call(name, timeout, func(ctx context.Context) error { return f.st.Delete(ctx, name) }) // another instance may have deleted it first
+			continue
+		case file.At > now.Add(maxAhead).UnixNano():
+			f.skip(path.Base(name), fmt.Errorf("written %s ahead of this instance's clock: check the clocks (NTP)", time.Duration(file.At-now.UnixNano()).Round(time.Second)))
 			continue
 		}
+		delete(f.skipped, path.Base(name)) // read well: reported again if it goes wrong
 		if now.Sub(time.Unix(0, file.At)) <= max(instancesWindow, 3*f.o.WriteEvery) {
 			n++
 			ids = append(ids, inst)
 			oldest = min(oldest, file.At)
 		}
+		if entries+len(file.Buckets) > maxSyncEntries {
+			f.skip(path.Base(name), fmt.Errorf("%d buckets: more than the %d kept of all the others' files", len(file.Buckets), maxSyncEntries))
+			continue
+		}
 		for _, c := range file.Buckets {
-			if entries >= maxSyncEntries {
-				break
-			}
 			if id, ok := c.bucketID(); ok {
 				others[id] = append(others[id], c)
 				entries++
 			}
+		}
+	}
+	for name := range f.skipped { // files gone: forgotten
+		if !slices.ContainsFunc(names, func(n string) bool { return path.Base(n) == name }) {
+			delete(f.skipped, name)
 		}
 	}
 	slices.Sort(ids)
@@ -478,9 +556,23 @@ func (f *storageFleet) list(ctx context.Context) ([]string, error) {
 }
 
 // load reads and checks the file name of instance inst.
-func (f *storageFleet) load(ctx context.Context, name, inst string) (storageFile, error) {
+func (f *storageFleet) load(name, inst string, timeout time.Duration) (storageFile, error) {
 	var file storageFile
-	b, err := f.st.Load(ctx, name)
+	var b []byte
+	err := f.call(name, timeout, func(ctx context.Context) error {
+		if s, ok := f.st.(Sizer); ok {
+			size, err := s.Size(ctx, name)
+			if err != nil {
+				return err
+			}
+			if size > maxFileSize {
+				return fmt.Errorf("%d bytes: more than the %d an instance's counts take", size, maxFileSize)
+			}
+		}
+		var err error
+		b, err = f.st.Load(ctx, name)
+		return err
+	})
 	if err != nil {
 		return file, err
 	}
@@ -498,7 +590,6 @@ func (f *storageFleet) load(ctx context.Context, name, inst string) (storageFile
 			return file, errors.New("a bucket's counts are malformed")
 		}
 	}
-	delete(f.skipped, path.Base(name))
 	return file, nil
 }
 

@@ -2,11 +2,14 @@ package limiter
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,7 +27,7 @@ func storageFleetOf(t *testing.T, dir string, n int, every time.Duration, ev Sto
 		fleet = append(fleet, l)
 	}
 	for _, l := range fleet { // each sees the others' first files
-		l.fleet.read()
+		l.fleet.read(time.Second)
 		l.RegisterSync(context.Background(), every)
 	}
 	return fleet
@@ -216,5 +219,93 @@ func TestStorageFleetShortWindows(t *testing.T) {
 		if got < 50 || got > 110 {
 			t.Errorf("%s: %d admitted in 2 s of 10 per 200 ms", algo, got)
 		}
+	}
+}
+
+// sizedFileStorage is Caddy's file system storage telling sizes (as the
+// handler's storage does, through certmagic's Stat).
+type sizedFileStorage struct{ *certmagic.FileStorage }
+
+func (s sizedFileStorage) Size(ctx context.Context, key string) (int64, error) {
+	info, err := s.Stat(ctx, key)
+	return info.Size, err
+}
+
+// TestStorageFleetHostileFiles: what else lies in the directory costs a
+// timeout at most, once, and is reported: a FIFO where a file should be
+// (reading it never ends) neither holds the config's load nor the
+// instance's stop; a file too large to be an instance's counts is not
+// read; a file written an hour ahead of this clock is not counted as an
+// instance. The instances that write their files still count each other.
+func TestStorageFleetHostileFiles(t *testing.T) {
+	dir := t.TempDir()
+	sub := filepath.Join(dir, "rate_limit", "sync")
+	if err := os.MkdirAll(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(sub, "fifo.json")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { // let the read that waits on it end
+		if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			w.Close()
+		}
+	}()
+	big, err := os.Create(filepath.Join(sub, "big.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = big.Truncate(maxFileSize + 1)
+	big.Close()
+	ahead, _ := json.Marshal(storageFile{Version: 1, Instance: "ahead", At: time.Now().Add(time.Hour).UnixNano()})
+	if err := os.WriteFile(filepath.Join(sub, "ahead.json"), ahead, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ev := &recordedStorage{}
+	st := sizedFileStorage{&certmagic.FileStorage{Path: dir}}
+	o := StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond, Timeout: 200 * time.Millisecond, Events: ev}
+	start := time.Now()
+	a, b := NewStorageLimiter(st, o), NewStorageLimiter(st, o)
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("two instances took %s to start", took)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := a.fleet.registered(); n != 2 {
+		t.Errorf("an instance counts %d instances, want 2 (the FIFO, the large file and the file from the future left out)", n)
+	}
+	start = time.Now()
+	a.Close()
+	b.Close()
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("two instances took %s to stop", took)
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	slices.Sort(ev.skipped)
+	if want := []string{"ahead.json", "ahead.json", "big.json", "big.json", "fifo.json", "fifo.json"}; !slices.Equal(ev.skipped, want) {
+		t.Errorf("skipped %v, want %v (each once per instance)", ev.skipped, want)
+	}
+}
+
+// TestStorageFleetWriteFails: an instance that cannot write its file (the
+// others do not see what it admits) admits its share of the limit, as when
+// it cannot read.
+func TestStorageFleetWriteFails(t *testing.T) {
+	dir := t.TempDir()
+	const every = 50 * time.Millisecond
+	fleet := storageFleetOf(t, dir, 2, every, nil)
+	own := filepath.Join(dir, "rate_limit", "sync", fleet[0].fleet.id+".json")
+	if err := os.Remove(own); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(own, 0o700); err != nil { // its writes now fail (a rename onto a directory)
+		t.Fatal(err)
+	}
+	time.Sleep(5 * every)
+	p := Policy{Algorithm: FixedWindow, Rate: 40, Period: time.Hour, Burst: 40}
+	req := Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
+	if got := turns(fleet[:1], req, 300*time.Millisecond, time.Millisecond); got != 20 {
+		t.Fatalf("an instance that cannot write admitted %d of 40, want its share, 20", got)
 	}
 }

@@ -333,6 +333,7 @@ func (s *syncer) chargeNow(reqs []Request, es []*syncEntry) bool {
 		}
 	}
 	_, err := s.fleet.chargeAll(context.Background(), charge)
+	s.failing.Store(err != nil)
 	return err == nil
 }
 
@@ -366,17 +367,18 @@ func (s *syncer) read(now time.Time, r Request, n int, old *syncEntry) (*syncEnt
 	if err == nil && d[0].Limit == 0 {
 		return nil, false
 	}
+	s.failing.Store(err != nil) // a local fleet tells at once
 	e := old
 	if e == nil {
 		e = &syncEntry{req: reading, used: now}
 		s.entries[bucketIDOf(r)] = e
 	}
-	e.synced, e.gen, e.turns = now, gen, windowTurns(now, r.Policy)
 	if err != nil { // the fleet cannot tell: the local share, and a reading at the next round
 		e.wants = true
 		s.flag(e)
 		return e, true
 	}
+	e.synced, e.gen, e.turns = now, gen, windowTurns(now, r.Policy)
 	a := max(share(held(r.Policy, d[0])+refill(r), s.instances(n))-e.spent, 0)
 	e.allowance, e.granted, e.remaining, e.reset = a, a, d[0].Remaining, d[0].Reset
 	return e, true
