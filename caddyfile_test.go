@@ -138,6 +138,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"unknown matcher", zone("\t\t\tmatch {\n\t\t\t\tnope x\n\t\t\t}\n\t\t\tkey k\n\t\t\trate 1r/s"), `getting matcher module 'nope'`},
 		{"directive argument", ":8080 {\n\trate_limit 5 {\n\t}\n}", `wrong argument count`},
 		{"redis without addresses", withRedis("\t\t\ttimeout 1s"), `redis: addresses is required, at Caddyfile:5`},
+		{"sync over half a window", zone("\t\t\tkey k\n\t\t\trate 10r/s\n\t\t\talgorithm fixed_window\n\t\t\tsync 600ms"), `zone "api": sync 600ms on a window of 1s: at most half the window (500ms), since each instance reads what the window has left once per sync, at Caddyfile:7`},
 		{"sync on a leaky bucket", zone("\t\t\tkey k\n\t\t\trate 10r/s\n\t\t\talgorithm leaky_bucket\n\t\t\tsync 100ms"), `zone "api": sync applies to token_bucket, fixed_window and sliding_window_counter zones: leaky_bucket counts exactly in Redis (leave sync out, or use one of them), at Caddyfile:7`},
 		{"sync on a sliding log", zone("\t\t\tkey k\n\t\t\trate 10r/s\n\t\t\talgorithm sliding_window_log\n\t\t\tsync 100ms"), `zone "api": sync counts with counters, and sliding_window_log keeps one entry per request: use algorithm sliding_window_counter (close to it), or leave sync out, at Caddyfile:7`},
 		{"sync on a concurrency zone", zone("\t\t\tkey k\n\t\t\tmax_concurrent 5\n\t\t\tsync 100ms"), `sync does not apply to max_concurrent: concurrency limits stay exact, at Caddyfile:6`},

@@ -123,7 +123,7 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 		if z.Algorithm == "" && z.MaxEvents != 0 { // the sliding log cannot sync
 			z.Algorithm = limiter.SlidingWindowCounter.String()
 		}
-		z.distributed = h.Distributed.sync(h.Redis != nil)
+		z.distributed, z.viaStorage = h.Distributed.sync(h.Redis != nil), h.Redis == nil
 	}
 	if h.Redis != nil {
 		return nil

@@ -57,11 +57,12 @@ func TestDistributedZones(t *testing.T) {
 		err   string
 	}{
 		{"redis", &Handler{Distributed: d, Redis: &RedisConfig{Addresses: []string{redisAddr}},
-			Zones: map[string]*Zone{"ev": events(), "tb": {Key: "k", Rate: "5r/s"}, "mc": {Key: "k", MaxConcurrent: 3}, "own": {Key: "k", Rate: "5r/s", Sync: caddy.Duration(time.Second)}}},
-			map[string]time.Duration{"ev": 2 * time.Second, "tb": 2 * time.Second, "mc": 0, "own": time.Second}, ""},
+			Zones: map[string]*Zone{"ev": events(), "tb": {Key: "k", Rate: "5r/s"}, "mc": {Key: "k", MaxConcurrent: 3}, "own": {Key: "k", Rate: "5r/s", Sync: caddy.Duration(time.Second)},
+				"short": {Key: "k", MaxEvents: 2, Window: caddy.Duration(2 * time.Second)}, "tiny": {Key: "k", MaxEvents: 2, Window: caddy.Duration(10 * time.Millisecond)}}},
+			map[string]time.Duration{"ev": 2 * time.Second, "tb": 2 * time.Second, "mc": 0, "own": time.Second, "short": time.Second, "tiny": 0}, ""},
 		{"storage", &Handler{Distributed: d, Storage: storage(),
-			Zones: map[string]*Zone{"ev": events(), "fw": {Key: "k", Rate: "5r/s", Algorithm: "fixed_window"}}},
-			map[string]time.Duration{"ev": 5 * time.Second, "fw": 5 * time.Second}, ""},
+			Zones: map[string]*Zone{"ev": events(), "fw": {Key: "k", Rate: "5r/s", Algorithm: "fixed_window"}, "own": {Key: "k", Rate: "5r/s", Algorithm: "fixed_window", Sync: caddy.Duration(100 * time.Millisecond)}}},
+			map[string]time.Duration{"ev": 5 * time.Second, "fw": 5 * time.Second, "own": 5 * time.Second}, ""},
 		{"storage token bucket", &Handler{Distributed: d, Storage: storage(), Zones: map[string]*Zone{"tb": {Key: "k", Rate: "5r/s"}}}, nil,
 			`zone "tb": distributed without a redis block shares only fixed_window and sliding_window_counter zones (and events in a window) through the storage; token_bucket would be limited by each instance alone: add a redis block to share it, or use one of them`},
 		{"storage concurrency", &Handler{Distributed: d, Storage: storage(), Zones: map[string]*Zone{"mc": {Key: "k", MaxConcurrent: 3}}}, nil,

@@ -166,6 +166,7 @@ type Zone struct {
 
 	name        string
 	distributed time.Duration // the sync a handler with distributed gives the zone, when it can sync and sets none
+	viaStorage  bool          // it syncs through a storage (distributed without redis)
 	matchers    caddyhttp.MatcherSets
 	static      bool           // no placeholders in rate, burst and cost
 	policy      limiter.Policy // the static policy, or the defaults
@@ -387,8 +388,15 @@ const (
 
 // checkSync checks sync against the zone's other options.
 func (z *Zone) checkSync() error {
+	w := z.window()
 	if z.Sync == 0 && z.distributed > 0 && z.syncRefusal() == nil {
-		z.Sync = caddy.Duration(z.distributed)
+		d := z.distributed
+		if w > 0 && !z.viaStorage {
+			d = min(d, w/2)
+		}
+		if d >= minSync { // else exact
+			z.Sync = caddy.Duration(d)
+		}
 	}
 	d := time.Duration(z.Sync)
 	switch {
@@ -396,8 +404,19 @@ func (z *Zone) checkSync() error {
 		return nil
 	case d < minSync || d > maxSync:
 		return about(fmt.Errorf("sync %s: want an interval from %s to %s", d, minSync, maxSync), "sync")
+	case w > 0 && d > w/2 && !z.viaStorage:
+		return about(fmt.Errorf("sync %s on a window of %s: at most half the window (%s), since each instance reads "+
+			"what the window has left once per sync", d, w, w/2), "sync", "rate", "window")
 	}
 	return z.syncRefusal()
+}
+
+// window is the length of the zone's window, 0 for an algorithm without.
+func (z *Zone) window() time.Duration {
+	if a := z.policy.Algorithm; a == limiter.FixedWindow || a == limiter.SlidingWindowCounter || a == limiter.SlidingWindowLog {
+		return z.policy.Period
+	}
+	return 0
 }
 
 // syncRefusal is why the zone cannot sync, nil when it can.

@@ -272,6 +272,10 @@ func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact
 		}
 		s.update(e, r, n)
 		es[i], e.used = e, now
+		if !local && !e.turns.IsZero() && !now.Before(e.turns) { // a new window: read at the next round
+			e.turns, e.wants = windowTurns(now, r.Policy), true
+			s.flag(e)
+		}
 		room := e.allowance
 		if over { // the bucket's owner decides on the fleet's view, now; the others refuse
 			room = 0
@@ -463,7 +467,8 @@ func (s *syncer) seed(r Request, d Decision, now time.Time, n int) {
 	r, d = sd.req, sd.best
 	r.Key = ""
 	a := share(held(r.Policy, d)+refill(r), s.instances(n))
-	s.entries[id] = &syncEntry{req: r, allowance: a, granted: a, remaining: d.Remaining, reset: d.Reset, synced: now, used: now}
+	s.entries[id] = &syncEntry{req: r, allowance: a, granted: a, remaining: d.Remaining, reset: d.Reset, synced: now, used: now,
+		turns: windowTurns(now, r.Policy)}
 }
 
 // localShare decides r by the instance's share of its limit while rounds
@@ -647,7 +652,7 @@ func (s *syncer) settled(now time.Time, part []int, es []*syncEntry, d []Decisio
 		}
 		e.spent -= e.sending
 		e.sending = 0
-		e.remaining, e.reset, e.synced = d[j].Remaining, d[j].Reset, now
+		e.remaining, e.reset, e.synced, e.turns = d[j].Remaining, d[j].Reset, now, windowTurns(now, e.req.Policy)
 		e.allowance = max(share(held(e.req.Policy, d[j])+refill(e.req), s.n.Load())-e.spent, 0)
 		e.granted = e.allowance
 	}
