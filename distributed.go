@@ -143,7 +143,7 @@ func (h *Handler) loadStorage(ctx caddy.Context) (certmagic.Storage, string, err
 	if isNull(h.Storage) {
 		st := caddyStorage(ctx)
 		if st == nil {
-			return nil, "", fmt.Errorf("distributed: Caddy has no storage here; set the handler's storage")
+			st = caddy.DefaultStorage // what a config without storage gets
 		}
 		return st, storageLabel(st), nil
 	}
@@ -165,8 +165,8 @@ func (h *Handler) loadStorage(ctx caddy.Context) (certmagic.Storage, string, err
 	return st, storageLabel(st), nil
 }
 
-// caddyStorage is Caddy's storage, nil in a context without a config (a
-// test's), whose Storage panics.
+// caddyStorage is Caddy's storage, nil in a context without a config
+// (caddy validate's, a test's), whose Storage panics.
 func caddyStorage(ctx caddy.Context) (st certmagic.Storage) {
 	defer func() { _ = recover() }()
 	return ctx.Storage()
