@@ -202,7 +202,7 @@ func (h *Handler) provisionStorage() error {
 		s := newSharedStore("")
 		s.namespace = label
 		s.Limiter = limiter.NewStorageLimiter(sizedStorage{st}, limiter.StorageOptions{WriteEvery: write, ReadEvery: read,
-			PurgeAge: time.Duration(h.Distributed.PurgeAge), Events: storageEvents{s}})
+			PurgeAge: time.Duration(h.Distributed.PurgeAge), Events: storageEvents{s}, Read: countSync})
 		s.Limiter.OnSync(s)
 		s.overrides = limiter.NewMemoryOverrides(overrideEvents{s})
 		return s, nil

@@ -73,15 +73,15 @@ func initMetrics() {
 		Help: "Run-time overrides in force, of zones (scope zone) and of client keys (scope key), by store: memory, or the Redis's configured addresses.",
 	}, []string{"store", "scope"})
 	metrics.syncs = counterVec("syncs_total",
-		"Rounds of the zones that sync (sync <interval>) with Redis, by result: ok or error.", "result")
+		"Rounds of the zones that sync (sync <interval>) with Redis, or reads of the others' counts in a storage (distributed), by result: ok or error.", "result")
 	metrics.syncDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "sync_duration_seconds",
-		Help:    "Time a round of the zones that sync took in Redis, errors included.",
+		Help:    "Time a round of the zones that sync took in Redis (or a read of a storage), errors included.",
 		Buckets: prometheus.ExponentialBuckets(0.00005, 2.5, 12),
 	})
 	metrics.syncedKeys = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "synced_keys_total",
-		Help: "Buckets synced with Redis by the rounds of the zones that sync (a round charges and reads each in one batched call per node).",
+		Help: "Buckets synced with Redis by the rounds of the zones that sync (a round charges and reads each in one batched call per node), or read from the others' files in a storage.",
 	})
 	metrics.scriptErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "script_errors_total",

@@ -188,17 +188,14 @@ func syncBound(p limiter.Policy, interval time.Duration, n int) int64 {
 // Synced counts a round of the zones that sync, and logs when rounds
 // start failing and when they work again (limiter.SyncEvents).
 func (s *sharedStore) Synced(keys int, took time.Duration, err error) {
-	metrics.syncDuration.Observe(took.Seconds())
-	metrics.syncedKeys.Add(float64(keys))
+	countSync(keys, took, err)
 	if err != nil {
-		metrics.syncs.WithLabelValues("error").Inc()
 		if !s.syncFailing.Swap(true) {
 			s.logger.Warn("zones that sync cannot reach "+s.fleetName()+": each instance admits its share of their limits (as on_store_error local), and what it admits is counted when it answers",
 				zap.String("store", s.label()), zap.Error(err))
 		}
 		return
 	}
-	metrics.syncs.WithLabelValues("ok").Inc()
 	if s.syncFailing.Swap(false) {
 		s.logger.Info("zones that sync reach "+s.fleetName()+" again", zap.String("store", s.label()))
 	}
@@ -210,6 +207,18 @@ func (s *sharedStore) fleetName() string {
 		return "the storage"
 	}
 	return "Redis"
+}
+
+// countSync counts a round of the zones that sync (or a read of the
+// others' counts in a storage): its keys, its latency, its result.
+func countSync(keys int, took time.Duration, err error) {
+	metrics.syncDuration.Observe(took.Seconds())
+	metrics.syncedKeys.Add(float64(keys))
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	metrics.syncs.WithLabelValues(result).Inc()
 }
 
 // provisionOverrides has the store read its overrides before h serves,

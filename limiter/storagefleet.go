@@ -111,6 +111,9 @@ type StorageOptions struct {
 	// Timeout is the longest a storage call waits. Default: 5s.
 	Timeout time.Duration
 	Events  StorageEvents
+	// Read, when set, is told of every read of the others' files: the
+	// buckets read, how long it took, and its error.
+	Read func(buckets int, took time.Duration, err error)
 }
 
 // DefaultStorageDir is where the fleet's files are, in the storage.
@@ -474,17 +477,24 @@ func (f *storageFleet) read(timeout time.Duration) {
 	f.ioMu.Lock()
 	defer f.ioMu.Unlock()
 	now := f.now()
+	start, entries := time.Now(), 0
+	var err error
+	defer func() {
+		if f.o.Read != nil {
+			f.o.Read(entries, time.Since(start), err)
+		}
+	}()
 	var names []string
-	err := f.call(f.o.Dir, timeout, func(ctx context.Context) (err error) {
+	err = f.call(f.o.Dir, timeout, func(ctx context.Context) (err error) {
 		names, err = f.list(ctx)
 		return err
 	})
 	if err != nil {
-		f.reported(opRead, fmt.Errorf("listing %s: %w", f.o.Dir, err))
+		err = fmt.Errorf("listing %s: %w", f.o.Dir, err)
+		f.reported(opRead, err)
 		return
 	}
 	others, n, ids, oldest := map[bucketID][]storageCounts{}, int64(1), []string{f.id}, now.UnixNano()
-	entries := 0
 	for _, name := range names {
 		inst, ok := strings.CutSuffix(path.Base(name), ".json")
 		if !ok || inst == f.id {

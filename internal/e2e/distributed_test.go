@@ -92,6 +92,15 @@ func testDistributed(t *testing.T, site, globals, synced string, syncSeconds flo
 	if dir == "" {
 		return
 	}
+	resp, err := http.Get(a.Admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(metrics), `caddy_rate_limit_syncs_total{result="ok"}`) {
+		t.Errorf("/metrics counts no read of the storage as a sync")
+	}
 	files, _ := filepath.Glob(filepath.Join(dir, "rate_limit", "sync", "*.json"))
 	if len(files) != 2 {
 		t.Fatalf("the storage holds %v: want one file per instance", files)
