@@ -78,6 +78,10 @@ func (d *Distributed) check() error {
 			return fmt.Errorf("distributed: %s %s: want an interval from %s to %s, such as 5s", iv.name, iv.d, minSync, maxSync)
 		}
 	}
+	if write > 4*read {
+		return fmt.Errorf("distributed: write_interval %s: at most four read_interval (%s): each instance estimates what the others "+
+			"admitted since their last write from what it admitted itself, over its last reads", write, 4*read)
+	}
 	if least := max(2*write, 10*time.Second); d.PurgeAge < 0 || d.PurgeAge > 0 && time.Duration(d.PurgeAge) < least {
 		return fmt.Errorf("distributed: purge_age %s: want at least %s (two write_interval, ten seconds at least), "+
 			"or none: a live instance's file would be deleted between its writes", time.Duration(d.PurgeAge), least)

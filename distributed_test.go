@@ -77,6 +77,8 @@ func TestDistributedZones(t *testing.T) {
 			"distributed: read_interval 1ms: want an interval from 10ms to 1h0m0s, such as 5s"},
 		{"purge negative", &Handler{Distributed: &Distributed{PurgeAge: -1}, Storage: storage(), Zones: map[string]*Zone{"ev": events()}}, nil,
 			"distributed: purge_age -1ns: want at least 10s (two write_interval, ten seconds at least), or none"},
+		{"writes far apart", &Handler{Distributed: &Distributed{WriteInterval: caddy.Duration(5 * time.Second), ReadInterval: caddy.Duration(time.Second)}, Storage: storage(), Zones: map[string]*Zone{"ev": events()}}, nil,
+			"distributed: write_interval 5s: at most four read_interval (4s)"},
 		{"purge within writes", &Handler{Distributed: &Distributed{PurgeAge: caddy.Duration(time.Second)}, Storage: storage(), Zones: map[string]*Zone{"ev": events()}}, nil,
 			"distributed: purge_age 1s: want at least 10s"},
 		{"key_secret with redis", &Handler{Distributed: &Distributed{KeySecret: "0123456789abcdef"}, Redis: &RedisConfig{Addresses: []string{redisAddr}}, Zones: map[string]*Zone{"ev": events()}}, nil,

@@ -126,11 +126,12 @@ var errStorageStale = errors.New("the instances' counts in the storage could not
 
 // storageFleet is the fleet of the instances that share a storage.
 type storageFleet struct {
-	st   Storage
-	o    StorageOptions
-	id   string
-	now  func() time.Time
-	ioMu sync.Mutex // one read or write at a time
+	st      Storage
+	o       StorageOptions
+	id      string
+	now     func() time.Time
+	readMu  sync.Mutex // one read at a time
+	writeMu sync.Mutex // one write at a time
 
 	mu        sync.Mutex
 	own       map[bucketID]*storageCounts  // what this instance admitted
@@ -210,11 +211,14 @@ func (c storageCounts) weighed(algo Algorithm, now int64) float64 {
 
 // storageFile is an instance's file.
 type storageFile struct {
-	Version  int             `json:"v"`
-	Instance string          `json:"instance"`
-	At       int64           `json:"at"`    // when written, Unix ns
-	Until    int64           `json:"until"` // when its last count fades, Unix ns
-	Buckets  []storageCounts `json:"buckets"`
+	Version  int    `json:"v"`
+	Instance string `json:"instance"`
+	At       int64  `json:"at"`    // when written, Unix ns
+	Until    int64  `json:"until"` // when its last count fades, Unix ns
+	// Stopped: the instance's last write, as it stopped: its counts hold,
+	// it is no instance any more.
+	Stopped bool            `json:"stopped,omitempty"`
+	Buckets []storageCounts `json:"buckets"`
 }
 
 func newStorageFleet(st Storage, o StorageOptions) *storageFleet {
@@ -249,18 +253,24 @@ func (f *storageFleet) give(reqs []Request) {
 	}
 }
 
-// owns reports whether this instance is r's bucket's owner among the
-// instances counted at the last read (by the digest, over their sorted
-// names): it alone decides the bucket's requests that cost more than a
-// share, on the whole of what the fleet left.
+// owns reports whether this instance is r's bucket's owner, now, among
+// the instances counted at the last read (by the digest and the window,
+// over their sorted names): it alone decides the bucket's requests that
+// cost more than a share, on the whole of what the fleet left. The owner
+// moves on with each window, so that a client whose requests all reach
+// one instance gets a window in N.
 func (f *storageFleet) owns(r Request) bool {
 	h := r.Digest()
+	turn := uint64(0)
+	if p := int64(r.Policy.Period); p > 0 {
+		turn = uint64(f.now().UnixNano() / p)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.ids) == 0 {
 		return true
 	}
-	return f.ids[binary.BigEndian.Uint64(h[:8])%uint64(len(f.ids))] == f.id
+	return f.ids[(binary.BigEndian.Uint64(h[:8])+turn)%uint64(len(f.ids))] == f.id
 }
 
 // left is what r's bucket holds as the fleet counts it now: its limit
@@ -361,26 +371,41 @@ func (f *storageFleet) chargeAll(_ context.Context, reqs []Request) ([]Decision,
 // start reads the others' files and writes this instance's, within the
 // timeout, then keeps doing so in the background until close.
 func (f *storageFleet) start() {
-	first := min(f.o.Timeout, 2*time.Second) // the config waits for these
+	first := min(f.o.Timeout, 2*time.Second) // the config waits for these, each at most so long
 	f.read(first)
 	f.write(first, false)
 	go f.run()
 }
 
+// run writes every WriteEvery and reads every ReadEvery, each in a
+// goroutine of its own (a long read does not hold the writes), until
+// close; then a last write.
 func (f *storageFleet) run() {
 	defer close(f.done)
-	w, r := time.NewTicker(f.o.WriteEvery), time.NewTicker(f.o.ReadEvery)
+	reads := make(chan struct{})
+	go func() {
+		defer close(reads)
+		r := time.NewTicker(f.o.ReadEvery)
+		defer r.Stop()
+		for {
+			select {
+			case <-f.stop:
+				return
+			case <-r.C:
+				f.read(f.o.Timeout)
+			}
+		}
+	}()
+	w := time.NewTicker(f.o.WriteEvery)
 	defer w.Stop()
-	defer r.Stop()
 	for {
 		select {
 		case <-f.stop:
 			f.write(f.o.Timeout, true) // what it counted last, for the others
+			<-reads
 			return
 		case <-w.C:
 			f.write(f.o.Timeout, false)
-		case <-r.C:
-			f.read(f.o.Timeout)
 		}
 	}
 }
@@ -400,11 +425,11 @@ func (f *storageFleet) file(instance string) string { return path.Join(f.o.Dir, 
 // write writes this instance's counts that have not faded, and forgets
 // those that have, within timeout; final, with none, it deletes the file.
 func (f *storageFleet) write(timeout time.Duration, final bool) {
-	f.ioMu.Lock()
-	defer f.ioMu.Unlock()
+	f.writeMu.Lock()
+	defer f.writeMu.Unlock()
 	now := f.now()
 	ns := now.UnixNano()
-	file := storageFile{Version: 1, Instance: f.id, At: ns, Until: ns}
+	file := storageFile{Version: 1, Instance: f.id, At: ns, Until: ns, Stopped: final}
 	f.mu.Lock()
 	for id, c := range f.own {
 		curr, prev := c.at(ns)
@@ -472,12 +497,16 @@ func (f *storageFleet) call(key string, timeout time.Duration, op func(ctx conte
 	}
 }
 
-// read reads the others' files (see the model), deleting those to purge.
-func (f *storageFleet) read(timeout time.Duration) {
-	f.ioMu.Lock()
-	defer f.ioMu.Unlock()
+// read reads the others' files (see the model), deleting those to purge,
+// within budget in all (a file whose call still runs past its timeout is
+// skipped at once the next time): a read cut short changes nothing.
+func (f *storageFleet) read(budget time.Duration) {
+	f.readMu.Lock()
+	defer f.readMu.Unlock()
 	now := f.now()
 	start, entries := time.Now(), 0
+	deadline := start.Add(budget)
+	timeout := func() time.Duration { return max(min(f.o.Timeout, time.Until(deadline)), time.Millisecond) }
 	var err error
 	defer func() {
 		if f.o.Read != nil {
@@ -485,7 +514,7 @@ func (f *storageFleet) read(timeout time.Duration) {
 		}
 	}()
 	var names []string
-	err = f.call(f.o.Dir, timeout, func(ctx context.Context) (err error) {
+	err = f.call(f.o.Dir, timeout(), func(ctx context.Context) (err error) {
 		names, err = f.list(ctx)
 		return err
 	})
@@ -500,20 +529,25 @@ func (f *storageFleet) read(timeout time.Duration) {
 		if !ok || inst == f.id {
 			continue
 		}
-		file, err := f.load(name, inst, timeout)
+		if time.Now().After(deadline) {
+			err = fmt.Errorf("reading %s: the others' files took more than %s", f.o.Dir, budget)
+			f.reported(opRead, err)
+			return
+		}
+		file, err := f.load(name, inst, timeout())
 		switch {
 		case err != nil:
 			f.skip(path.Base(name), err)
 			continue
 		case f.purge(now, file):
-			_ = f.call(name, timeout, func(ctx context.Context) error { return f.st.Delete(ctx, name) }) // another instance may have deleted it first
+			_ = f.call(name, timeout(), func(ctx context.Context) error { return f.st.Delete(ctx, name) }) // another instance may have deleted it first
 			continue
 		case file.At > now.Add(maxAhead).UnixNano():
 			f.skip(path.Base(name), fmt.Errorf("written %s ahead of this instance's clock: check the clocks (NTP)", time.Duration(file.At-now.UnixNano()).Round(time.Second)))
 			continue
 		}
 		delete(f.skipped, path.Base(name)) // read well: reported again if it goes wrong
-		if now.Sub(time.Unix(0, file.At)) <= max(instancesWindow, 3*f.o.WriteEvery) {
+		if !file.Stopped && now.Sub(time.Unix(0, file.At)) <= max(instancesWindow, 3*f.o.WriteEvery) {
 			n++
 			ids = append(ids, inst)
 			oldest = min(oldest, file.At)

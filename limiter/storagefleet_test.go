@@ -232,9 +232,9 @@ func (s sizedFileStorage) Size(ctx context.Context, key string) (int64, error) {
 }
 
 // TestStorageFleetHostileFiles: what else lies in the directory costs a
-// timeout at most, once, and is reported: a FIFO where a file should be
-// (reading it never ends) neither holds the config's load nor the
-// instance's stop; a file too large to be an instance's counts is not
+// timeout at most, once, and is reported: ten FIFOs where files should be
+// (reading one never ends) neither hold the config's load (one timeout
+// for the whole first read) nor the instance's stop; a file too large to be an instance's counts is not
 // read; a file written an hour ahead of this clock is not counted as an
 // instance. The instances that write their files still count each other.
 func TestStorageFleetHostileFiles(t *testing.T) {
@@ -243,15 +243,19 @@ func TestStorageFleetHostileFiles(t *testing.T) {
 	if err := os.MkdirAll(sub, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	fifo := filepath.Join(sub, "fifo.json")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { // let the read that waits on it end
-		if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-			w.Close()
+	for i := range 10 { // FIFOs where files should be: a read of one never ends
+		fifo := filepath.Join(sub, fmt.Sprintf("fifo%d.json", i))
+		if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+			t.Fatal(err)
 		}
-	}()
+		defer func() { // let the reads that wait on it end
+			for range 2 {
+				if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+					w.Close()
+				}
+			}
+		}()
+	}
 	big, err := os.Create(filepath.Join(sub, "big.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -270,7 +274,7 @@ func TestStorageFleetHostileFiles(t *testing.T) {
 	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("two instances took %s to start", took)
 	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(3 * time.Second) // each FIFO costs a read a timeout once, then is skipped at once
 	if n := a.fleet.registered(); n != 2 {
 		t.Errorf("an instance counts %d instances, want 2 (the FIFO, the large file and the file from the future left out)", n)
 	}
@@ -283,7 +287,12 @@ func TestStorageFleetHostileFiles(t *testing.T) {
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
 	slices.Sort(ev.skipped)
-	if want := []string{"ahead.json", "ahead.json", "big.json", "big.json", "fifo.json", "fifo.json"}; !slices.Equal(ev.skipped, want) {
+	want := []string{"ahead.json", "ahead.json", "big.json", "big.json"}
+	for i := range 10 {
+		want = append(want, fmt.Sprintf("fifo%d.json", i), fmt.Sprintf("fifo%d.json", i))
+	}
+	slices.Sort(want)
+	if !slices.Equal(ev.skipped, want) {
 		t.Errorf("skipped %v, want %v (each once per instance)", ev.skipped, want)
 	}
 }
@@ -307,5 +316,44 @@ func TestStorageFleetWriteFails(t *testing.T) {
 	req := Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
 	if got := turns(fleet[:1], req, 300*time.Millisecond, time.Millisecond); got != 20 {
 		t.Fatalf("an instance that cannot write admitted %d of 40, want its share, 20", got)
+	}
+}
+
+// TestStorageFleetStopped: an instance that stops is no instance any more
+// as soon as the others read its last file (the others' shares grow back),
+// and what it admitted still counts.
+func TestStorageFleetStopped(t *testing.T) {
+	const every = 50 * time.Millisecond
+	fleet := storageFleetOf(t, t.TempDir(), 3, every, nil)
+	p := Policy{Algorithm: FixedWindow, Rate: 30, Period: time.Hour, Burst: 30}
+	req := Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
+	if got := turns(fleet[2:], req, 100*time.Millisecond, time.Millisecond); got != 10 {
+		t.Fatalf("one of three admitted %d of 30, want its share, 10", got)
+	}
+	fleet[2].Close()
+	time.Sleep(4 * every)
+	if n := fleet[0].fleet.registered(); n != 2 {
+		t.Errorf("after one of three stopped, an instance counts %d instances, want 2", n)
+	}
+	if got := turns(fleet[:2], req, 300*time.Millisecond, time.Millisecond); got != 20 {
+		t.Errorf("the two left admitted %d more, want the 20 the stopped one left", got)
+	}
+}
+
+// TestStorageFleetOwnerTurns: a limit under the instances' number (2 over
+// 3: every request is over the share) is decided by the bucket's owner,
+// which moves on with each window: a client whose requests all reach one
+// instance gets the limit in a window of three, never more, never none.
+func TestStorageFleetOwnerTurns(t *testing.T) {
+	const every = 50 * time.Millisecond
+	fleet := storageFleetOf(t, t.TempDir(), 3, every, nil)
+	p := Policy{Algorithm: FixedWindow, Rate: 2, Period: 300 * time.Millisecond, Burst: 2}
+	req := Request{Zone: "api", Key: "pinned", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
+	start := time.Now()
+	got := turns(fleet[:1], req, 3*time.Second, 5*time.Millisecond)
+	windows := int64(time.Since(start)/(300*time.Millisecond)) + 1
+	t.Logf("a client on one of three instances, 2 per 300 ms: %d admitted in %d windows", got, windows)
+	if got < 2 || got > 2*(windows/3+1) {
+		t.Fatalf("%d admitted in %d windows: want 2 in about one window of three", got, windows)
 	}
 }
