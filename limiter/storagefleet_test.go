@@ -194,7 +194,7 @@ func turns(fleet []*Limiter, req Request, d, pause time.Duration) (admitted int6
 // bucket's owner alone, on what the fleet left: the limit, not each
 // instance's whole view of it.
 func TestStorageFleetCostOverShare(t *testing.T) {
-	const every = 100 * time.Millisecond
+	const every = 200 * time.Millisecond // a read late by less than 3 of them is no failure, on a busy machine
 	for _, c := range []struct{ n, limit, cost int64 }{{10, 5, 1}, {3, 10, 5}} {
 		fleet := storageFleetOf(t, t.TempDir(), int(c.n), every, nil)
 		p := Policy{Algorithm: FixedWindow, Rate: c.limit, Period: time.Hour, Burst: c.limit}
@@ -286,14 +286,20 @@ func TestStorageFleetHostileFiles(t *testing.T) {
 	}
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
-	slices.Sort(ev.skipped)
+	var skipped []string // the instances' own files may be skipped too, when a read of one is slow
+	for _, name := range ev.skipped {
+		if name != a.fleet.id+".json" && name != b.fleet.id+".json" {
+			skipped = append(skipped, name)
+		}
+	}
+	slices.Sort(skipped)
 	want := []string{"ahead.json", "ahead.json", "big.json", "big.json"}
 	for i := range 10 {
 		want = append(want, fmt.Sprintf("fifo%d.json", i), fmt.Sprintf("fifo%d.json", i))
 	}
 	slices.Sort(want)
-	if !slices.Equal(ev.skipped, want) {
-		t.Errorf("skipped %v, want %v (each once per instance)", ev.skipped, want)
+	if !slices.Equal(skipped, want) {
+		t.Errorf("skipped %v, want %v (each once per instance)", skipped, want)
 	}
 }
 
@@ -323,11 +329,11 @@ func TestStorageFleetWriteFails(t *testing.T) {
 // as soon as the others read its last file (the others' shares grow back),
 // and what it admitted still counts.
 func TestStorageFleetStopped(t *testing.T) {
-	const every = 50 * time.Millisecond
+	const every = 150 * time.Millisecond
 	fleet := storageFleetOf(t, t.TempDir(), 3, every, nil)
 	p := Policy{Algorithm: FixedWindow, Rate: 30, Period: time.Hour, Burst: 30}
 	req := Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
-	if got := turns(fleet[2:], req, 100*time.Millisecond, time.Millisecond); got != 10 {
+	if got := turns(fleet[2:], req, 2*every, time.Millisecond); got != 10 {
 		t.Fatalf("one of three admitted %d of 30, want its share, 10", got)
 	}
 	fleet[2].Close()
@@ -335,7 +341,7 @@ func TestStorageFleetStopped(t *testing.T) {
 	if n := fleet[0].fleet.registered(); n != 2 {
 		t.Errorf("after one of three stopped, an instance counts %d instances, want 2", n)
 	}
-	if got := turns(fleet[:2], req, 300*time.Millisecond, time.Millisecond); got != 20 {
+	if got := turns(fleet[:2], req, 4*every, time.Millisecond); got != 20 {
 		t.Errorf("the two left admitted %d more, want the 20 the stopped one left", got)
 	}
 }

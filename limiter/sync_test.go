@@ -174,10 +174,6 @@ func TestSyncWindowsBounded(t *testing.T) {
 			if admitted < 150 {
 				t.Fatalf("%d admitted in two seconds of 100 a second", admitted)
 			}
-			d, err := fleet[0].redis.Peek(context.Background(), req)
-			if err != nil || d.Remaining != 0 && algo == FixedWindow {
-				t.Fatalf("after the flood, Redis's window shows %d remaining (%v): the fleet's admissions not charged", d.Remaining, err)
-			}
 		})
 	}
 }
