@@ -46,21 +46,7 @@ func TestStorageFleetBounded(t *testing.T) {
 			if n := fleet[0].Instances(); n != 3 {
 				t.Fatalf("an instance counts %d instances, want 3", n)
 			}
-			p := Policy{Algorithm: algo, Rate: 100, Period: time.Second, Burst: 100}
-			req := Request{Zone: "api", Key: "flood", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil) // a write and a read
-			start := time.Now()
-			admitted, sent, took := floodSync(fleet, req, 2*time.Second)
-			windows := float64(start.Add(took).Truncate(time.Second).Sub(start.Truncate(time.Second))/time.Second + 1)
-			exact := 100 * windows
-			lag := 2 * every
-			bound := exact + 100*lag.Seconds() + 2.0/3*(100+100*lag.Seconds())
-			t.Logf("%s: %d of %d admitted in %s; exact at most %.0f, bound %.0f", algo, admitted, sent, took, exact, bound)
-			if float64(admitted) > bound {
-				t.Fatalf("%d admitted, over the bound %.0f", admitted, bound)
-			}
-			if admitted < 150 {
-				t.Fatalf("%d admitted in two seconds of 100 a second", admitted)
-			}
+			floodWindows(t, fleet, algo, 2*every, 2*every) // a sync of a write and a read
 		})
 	}
 }
