@@ -523,7 +523,7 @@ func (f *storageFleet) read(budget time.Duration) {
 		f.reported(opRead, err)
 		return
 	}
-	others, n, ids, oldest := map[bucketID][]storageCounts{}, int64(1), []string{f.id}, now.UnixNano()
+	rd := reading{others: map[bucketID][]storageCounts{}, n: 1, ids: []string{f.id}, oldest: now.UnixNano()}
 	for _, name := range names {
 		inst, ok := strings.CutSuffix(path.Base(name), ".json")
 		if !ok || inst == f.id {
@@ -534,51 +534,73 @@ func (f *storageFleet) read(budget time.Duration) {
 			f.reported(opRead, err)
 			return
 		}
-		file, err := f.load(name, inst, timeout())
-		switch {
-		case err != nil:
-			f.skip(path.Base(name), err)
-			continue
-		case f.purge(now, file):
-			_ = f.call(name, timeout(), func(ctx context.Context) error { return f.st.Delete(ctx, name) }) // another instance may have deleted it first
-			continue
-		case file.At > now.Add(maxAhead).UnixNano():
-			f.skip(path.Base(name), fmt.Errorf("written %s ahead of this instance's clock: check the clocks (NTP)", time.Duration(file.At-now.UnixNano()).Round(time.Second)))
-			continue
-		}
-		delete(f.skipped, path.Base(name)) // read well: reported again if it goes wrong
-		if !file.Stopped && now.Sub(time.Unix(0, file.At)) <= max(instancesWindow, 3*f.o.WriteEvery) {
-			n++
-			ids = append(ids, inst)
-			oldest = min(oldest, file.At)
-		}
-		if entries+len(file.Buckets) > maxSyncEntries {
-			f.skip(path.Base(name), fmt.Errorf("%d buckets: more than the %d kept of all the others' files", len(file.Buckets), maxSyncEntries))
-			continue
-		}
-		for _, c := range file.Buckets {
-			if id, ok := c.bucketID(); ok {
-				others[id] = append(others[id], c)
-				entries++
-			}
-		}
+		f.readFile(now, name, inst, timeout(), &rd)
 	}
+	entries = rd.entries
 	for name := range f.skipped { // files gone: forgotten
 		if !slices.ContainsFunc(names, func(n string) bool { return path.Base(n) == name }) {
 			delete(f.skipped, name)
 		}
 	}
-	slices.Sort(ids)
+	f.newEpoch(now, rd)
+	f.reported(opRead, nil)
+}
+
+// reading is what a read gathers of the others' files.
+type reading struct {
+	others  map[bucketID][]storageCounts
+	n       int64    // instances counted
+	ids     []string // their names
+	oldest  int64    // the oldest write of theirs (Unix ns)
+	entries int      // buckets read
+}
+
+// readFile reads the file name of instance inst into rd, or skips it (and
+// reports why), or deletes it when it is to purge.
+func (f *storageFleet) readFile(now time.Time, name, inst string, timeout time.Duration, rd *reading) {
+	file, err := f.load(name, inst, timeout)
+	switch {
+	case err != nil:
+		f.skip(path.Base(name), err)
+		return
+	case f.purge(now, file):
+		_ = f.call(name, timeout, func(ctx context.Context) error { return f.st.Delete(ctx, name) }) // another instance may have deleted it first
+		return
+	case file.At > now.Add(maxAhead).UnixNano():
+		f.skip(path.Base(name), fmt.Errorf("written %s ahead of this instance's clock: check the clocks (NTP)", time.Duration(file.At-now.UnixNano()).Round(time.Second)))
+		return
+	}
+	delete(f.skipped, path.Base(name)) // read well: reported again if it goes wrong
+	if !file.Stopped && now.Sub(time.Unix(0, file.At)) <= max(instancesWindow, 3*f.o.WriteEvery) {
+		rd.n++
+		rd.ids = append(rd.ids, inst)
+		rd.oldest = min(rd.oldest, file.At)
+	}
+	if rd.entries+len(file.Buckets) > maxSyncEntries {
+		f.skip(path.Base(name), fmt.Errorf("%d buckets: more than the %d kept of all the others' files", len(file.Buckets), maxSyncEntries))
+		return
+	}
+	for _, c := range file.Buckets {
+		if id, ok := c.bucketID(); ok {
+			rd.others[id] = append(rd.others[id], c)
+			rd.entries++
+		}
+	}
+}
+
+// newEpoch puts a read in force at now: the others' counts, the
+// instances, and a new epoch (see unseen).
+func (f *storageFleet) newEpoch(now time.Time, rd reading) {
+	slices.Sort(rd.ids)
 	f.mu.Lock()
-	f.others, f.n, f.ids, f.lastRead = others, n, ids, now
-	f.epoch++ // a new epoch
-	f.epochAt[f.epoch%maxEpochs], f.oldest = now.UnixNano(), oldest
+	f.others, f.n, f.ids, f.lastRead = rd.others, rd.n, rd.ids, now
+	f.epoch++
+	f.epochAt[f.epoch%maxEpochs], f.oldest = now.UnixNano(), rd.oldest
 	for _, c := range f.own {
 		c.epochs[f.epoch%maxEpochs] = 0
 	}
 	f.mu.Unlock()
 	f.gen.Add(1)
-	f.reported(opRead, nil)
 }
 
 // list lists the fleet's directory. A file that goes between the listing

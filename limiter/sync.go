@@ -252,44 +252,15 @@ func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact
 	d = make([]Decision, len(reqs))
 	es := make([]*syncEntry, len(reqs))
 	allowed := true
-	lf, local := s.fleet.(localFleet)
 	for i, r := range reqs {
-		cost := boundedCost(r.Cost)
-		e, ok := s.entries[bucketIDOf(r)]
-		if local && (!ok || e.gen != lf.generation() || !e.turns.IsZero() && !now.Before(e.turns)) {
-			e, ok = s.read(now, r, n, e) // news of the others, or a new window
-		}
-		if !ok && local { // past maxSyncEntries: the local share
-			if d[i], ok = s.shareOnly(now, r, n); !ok {
-				allowed = false
-			}
-			continue
-		}
-		over := cost > share(r.Policy.Limit()+refill(r), s.instances(n))
-		if !ok || over && !local {
+		var how int
+		es[i], d[i], how = s.takeOne(now, r, n)
+		switch how {
+		case tookExact:
 			exact = append(exact, i)
-			continue
+		case tookRefused:
+			allowed = false
 		}
-		s.update(e, r, n)
-		es[i], e.used = e, now
-		if !local && !e.turns.IsZero() && !now.Before(e.turns) { // a new window: read at the next round
-			e.turns, e.wants = windowTurns(now, r.Policy), true
-			s.flag(e)
-		}
-		room := e.allowance
-		if over { // the bucket's owner decides on the fleet's view, now; the others refuse
-			room = 0
-			if lf.owns(r) {
-				room = s.room(e)
-			}
-		}
-		if room < cost && !(s.failing.Load() && s.localShare(now, e, r, n)) {
-			allowed, e.wants = false, true
-			s.flag(e)
-			d[i] = s.refusal(e, cost, now)
-			continue
-		}
-		d[i] = Decision{Allowed: true, Limit: r.Policy.Limit(), Remaining: e.allowance - cost, Reset: e.reset, At: now}
 	}
 	if !allowed {
 		for i := range d { // none charged: a refusal shows, the others are not asked
@@ -299,19 +270,7 @@ func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact
 		}
 		return d, nil, nil
 	}
-	charged := local && s.chargeNow(reqs, es)
-	for i, e := range es {
-		if e != nil {
-			cost := boundedCost(reqs[i].Cost)
-			e.allowance = max(e.allowance-cost, 0)
-			if !charged { // charged at a round
-				e.spent = min(e.spent+cost, MaxCost)
-			}
-			if !charged && 2*e.spent >= e.granted {
-				s.flag(e)
-			}
-		}
-	}
+	charged := s.spend(reqs, es)
 	for _, i := range exact { // the first requests of a bucket in flight: seed waits for the last
 		if id := bucketIDOf(reqs[i]); s.entries[id] == nil {
 			if s.seeding[id] == nil {
@@ -321,6 +280,77 @@ func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact
 		}
 	}
 	return d, exact, func() { s.giveBack(es, reqs, charged) }
+}
+
+// What takeOne did with a request.
+const (
+	tookAllowed = iota // from the entry's allowance (or the local share): the entry is to spend
+	tookRefused        // refused
+	tookExact          // left to Redis
+	tookShared         // decided by the local share without an entry (past maxSyncEntries)
+)
+
+// takeOne decides r at now, from its entry's allowance, without spending
+// it (see spend); the entry, or nil when it has none. The caller holds mu.
+func (s *syncer) takeOne(now time.Time, r Request, n int) (*syncEntry, Decision, int) {
+	cost := boundedCost(r.Cost)
+	lf, local := s.fleet.(localFleet)
+	e, ok := s.entries[bucketIDOf(r)]
+	if local && (!ok || e.gen != lf.generation() || !e.turns.IsZero() && !now.Before(e.turns)) {
+		e, ok = s.read(now, r, n, e) // news of the others, or a new window
+	}
+	if !ok && local { // past maxSyncEntries: the local share
+		d, shared := s.shareOnly(now, r, n)
+		if shared {
+			return nil, d, tookShared
+		}
+		return nil, d, tookRefused
+	}
+	over := cost > share(r.Policy.Limit()+refill(r), s.instances(n))
+	if !ok || over && !local {
+		return nil, Decision{}, tookExact
+	}
+	s.update(e, r, n)
+	e.used = now
+	if !local && !e.turns.IsZero() && !now.Before(e.turns) { // a new window: read at the next round
+		e.turns, e.wants = windowTurns(now, r.Policy), true
+		s.flag(e)
+	}
+	room := e.allowance
+	if over { // the bucket's owner decides on the fleet's view, now; the others refuse
+		room = 0
+		if lf.owns(r) {
+			room = s.room(e)
+		}
+	}
+	if room < cost && !(s.failing.Load() && s.localShare(now, e, r, n)) {
+		e.wants = true
+		s.flag(e)
+		return nil, s.refusal(e, cost, now), tookRefused
+	}
+	return e, Decision{Allowed: true, Limit: r.Policy.Limit(), Remaining: e.allowance - cost, Reset: e.reset, At: now}, tookAllowed
+}
+
+// spend takes what reqs cost from their entries es (nil: none), charging a
+// local fleet at once; it reports whether it did (else the rounds charge
+// it). The caller holds mu.
+func (s *syncer) spend(reqs []Request, es []*syncEntry) bool {
+	_, local := s.fleet.(localFleet)
+	charged := local && s.chargeNow(reqs, es)
+	for i, e := range es {
+		if e == nil {
+			continue
+		}
+		cost := boundedCost(reqs[i].Cost)
+		e.allowance = max(e.allowance-cost, 0)
+		if !charged { // charged at a round
+			e.spent = min(e.spent+cost, MaxCost)
+			if 2*e.spent >= e.granted {
+				s.flag(e)
+			}
+		}
+	}
+	return charged
 }
 
 // chargeNow charges a local fleet what the take of reqs admitted (the
