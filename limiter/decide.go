@@ -160,6 +160,19 @@ func (l *Limiter) takeSynced(ctx context.Context, now time.Time, reqs []Request,
 	if now.IsZero() {
 		now = time.Now()
 	}
+	if allSync(reqs) { // the common case: no copies of the requests and their decisions
+		start := time.Now()
+		sd, toRedis, undo := l.sync.take(now, reqs, c.Fallback.Instances)
+		call.Store, call.Took = "sync", time.Since(start)
+		if undo == nil || len(toRedis) == 0 {
+			return sd, nil
+		}
+		all := make([]int, len(reqs))
+		for i := range all {
+			all[i] = i
+		}
+		return l.takeRest(ctx, now, reqs, all, nil, sd, toRedis, undo, c, call)
+	}
 	var synced, exact []int
 	for i, r := range reqs {
 		if r.Sync > 0 {
@@ -169,9 +182,26 @@ func (l *Limiter) takeSynced(ctx context.Context, now time.Time, reqs []Request,
 		}
 	}
 	start := time.Now()
-	sreqs := pick(reqs, synced)
-	sd, toRedis, undo := l.sync.take(now, sreqs, c.Fallback.Instances)
+	sd, toRedis, undo := l.sync.take(now, pick(reqs, synced), c.Fallback.Instances)
 	call.Store, call.Took = "sync", time.Since(start)
+	return l.takeRest(ctx, now, reqs, synced, exact, sd, toRedis, undo, c, call)
+}
+
+// allSync reports whether every request of reqs syncs.
+func allSync(reqs []Request) bool {
+	for _, r := range reqs {
+		if r.Sync == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// takeRest decides, after the allowances decided reqs at synced (sd; undo
+// nil: refused), the others in Redis: exact, and the synced ones at
+// toRedis; a refusal there gives the allowances back (all or nothing).
+func (l *Limiter) takeRest(ctx context.Context, now time.Time, reqs []Request, synced, exact []int, sd []Decision, toRedis []int,
+	undo func(), c Caller, call *Call) ([]Decision, func()) {
 	d := make([]Decision, len(reqs))
 	for j, i := range synced {
 		d[i] = sd[j]
