@@ -181,27 +181,24 @@ caddy_cpu() {
 	[[ $1 != crl* ]] || pid=$CRL_PID
 	awk -v t="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / t }' "/proc/$pid/stat"
 }
-# redis_cpu <addresses> is the CPU time so far of the Redis servers at
-# addresses (space-separated host:port), in seconds.
-redis_cpu() {
+# redis_sum <addresses> <INFO section> <field regex> <printf format> sums a
+# field of INFO over the Redis servers at addresses (space-separated
+# host:port).
+redis_sum() {
 	local a sum=0
 	for a in $1; do
-		sum=$(redis-cli -h "${a%:*}" -p "${a##*:}" INFO cpu | tr -d '\r' |
-			awk -F: -v s="$sum" '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.3f", s }')
+		sum=$(redis-cli -h "${a%:*}" -p "${a##*:}" INFO "$2" | tr -d '\r' |
+			awk -F: -v s="$sum" -v f="^($3):" -v fmt="$4" '$0 ~ f { s += $2 } END { printf fmt, s }')
 	done
 	echo "$sum"
 }
+# redis_cpu <addresses> is the CPU time so far of the Redis servers at
+# addresses, in seconds.
+redis_cpu() { redis_sum "$1" cpu 'used_cpu_sys|used_cpu_user' '%.3f'; }
 # redis_cmds <addresses> is the commands the Redis servers at addresses
 # processed so far (INFO stats: a script is one command; replicas count the
 # writes they apply).
-redis_cmds() {
-	local a sum=0
-	for a in $1; do
-		sum=$(redis-cli -h "${a%:*}" -p "${a##*:}" INFO stats | tr -d '\r' |
-			awk -F: -v s="$sum" '/^total_commands_processed:/ { s += $2 } END { printf "%d", s }')
-	done
-	echo "$sum"
-}
+redis_cmds() { redis_sum "$1" stats total_commands_processed '%d'; }
 redis_of() { # route -> the Redis servers it uses (masters and replicas alike)
 	case $1 in
 	standalone) echo "$RL_REDIS_STANDALONE" ;;
