@@ -114,6 +114,8 @@ type localFleet interface {
 	// owns reports whether this instance decides r's bucket's requests
 	// that cost more than a share: one instance per bucket.
 	owns(r Request) bool
+	// left is what r's bucket holds as the fleet counts it now.
+	left(r Request) int64
 }
 
 // chargeAll charges every request its cost (0: a reading), on the
@@ -433,7 +435,7 @@ func windowTurns(now time.Time, p Policy) time.Time {
 // this instance admitted since its last round: a cost over the share is
 // decided on it. The caller holds mu.
 func (s *syncer) room(e *syncEntry) int64 {
-	return s.fleet.(interface{ left(Request) int64 }).left(e.req) - e.spent
+	return s.fleet.(localFleet).left(e.req) - e.spent
 }
 
 // seeding is a bucket whose first requests here are in Redis: n of them,
