@@ -90,8 +90,39 @@ type Caddy struct {
 
 // Start runs Caddy on a Caddyfile made from site: the site block's body,
 // served at URL. Global options set the admin address and keep Caddy's
-// files in a temporary directory. Extra global options may be given.
+// files in a temporary directory. Extra global options may be given. A
+// port that another process took between FreePort and Caddy's listen
+// ("address already in use") is picked again, up to three times.
 func Start(t testing.TB, site string, globals ...string) *Caddy {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		c := start(t, site, globals...)
+		if !c.exitedInUse() || attempt == 3 {
+			c.waitReady()
+			return c
+		}
+	}
+}
+
+// exitedInUse waits until c listens or exits, and reports whether it
+// exited because a port was taken.
+func (c *Caddy) exitedInUse() bool {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		select {
+		case <-c.done:
+			return strings.Contains(c.Logs(), "address already in use")
+		default:
+		}
+		if conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", c.HTTPPort), time.Second); err == nil {
+			conn.Close()
+			return false
+		}
+	}
+	return false
+}
+
+// start starts Caddy on fresh ports, without waiting for it.
+func start(t testing.TB, site string, globals ...string) *Caddy {
 	t.Helper()
 	c := &Caddy{t: t, dir: t.TempDir(), logs: new(bytes.Buffer), mu: new(sync.Mutex), done: make(chan struct{})}
 	c.HTTPPort, c.AdminPort = FreePort(t), FreePort(t)
@@ -111,7 +142,6 @@ func Start(t testing.TB, site string, globals ...string) *Caddy {
 	}
 	go func() { _ = c.cmd.Wait(); close(c.done) }()
 	t.Cleanup(c.Stop)
-	c.waitReady()
 	return c
 }
 
