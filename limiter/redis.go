@@ -255,7 +255,9 @@ var firstIndex = []int{0}
 
 // scriptRuns groups reqs into script runs, one per algorithm: in
 // standalone Redis, all keys of an algorithm in one run; in a cluster, one
-// run per algorithm and hash slot (that is, per client key).
+// run per algorithm and hash tag (the client key's digest: see RedisKey),
+// so that a run's keys share a slot. A request may carry its digest alone
+// (a sync round's), so runs are told apart by the digest, never by Key.
 func (s *RedisStore) scriptRuns(reqs []Request) []scriptRun {
 	if len(reqs) == 1 { // the common case, without the grouping
 		r, one := reqs[0], oneRuns.Get().(*oneRun)
@@ -266,14 +268,15 @@ func (s *RedisStore) scriptRuns(reqs []Request) []scriptRun {
 	}
 	type group struct {
 		a   Algorithm
-		key string
+		tag [redisDigestBytes]byte
 	}
 	var runs []scriptRun
 	byGroup := map[group]int{}
 	for i, r := range reqs {
 		g := group{a: r.Policy.Algorithm}
 		if s.cluster {
-			g.key = r.Key
+			d := r.Digest()
+			g.tag = [redisDigestBytes]byte(d[:redisDigestBytes])
 		}
 		j, ok := byGroup[g]
 		if !ok {

@@ -187,3 +187,60 @@ func floodWindows(t *testing.T, fleet []*Limiter, algo Algorithm, sync, lag time
 		t.Fatalf("%d admitted in two seconds of 100 a second", admitted)
 	}
 }
+
+// syncRounds counts a syncer's rounds by outcome, keeping the first error.
+type syncRounds struct {
+	ok, failed atomic.Int64
+	first      atomic.Pointer[error]
+}
+
+func (r *syncRounds) Synced(_ int, _ time.Duration, err error) {
+	if err == nil {
+		r.ok.Add(1)
+		return
+	}
+	r.failed.Add(1)
+	r.first.CompareAndSwap(nil, &err)
+}
+
+// TestSyncManyKeysCluster: three instances on the Cluster, a zone of each
+// algorithm that syncs, 1,500 client keys (every master's slots): a round
+// charges the buckets of many slots, and every round succeeds (a call
+// that declares keys of several slots fails with CROSSSLOT).
+func TestSyncManyKeysCluster(t *testing.T) {
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t)})
+	defer c.Close()
+	const interval = 100 * time.Millisecond
+	fleet := syncFleet(t, c, 3)
+	rounds := make([]*syncRounds, len(fleet))
+	for i, l := range fleet {
+		rounds[i] = &syncRounds{}
+		l.OnSync(rounds[i])
+	}
+	registerAll(fleet, interval)
+	var v Verdict
+	for k := range 1500 {
+		for _, algo := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowCounter} {
+			p := Policy{Algorithm: algo, Rate: 4, Period: time.Second, Burst: 4} // a share of 1: the second request is charged
+			req := Request{Zone: "many", Key: fmt.Sprintf("client-%d", k), Policy: p, Cost: 1, Sync: interval}.WithDigest(nil)
+			for _, l := range fleet { // seeded by the first, spent by the rounds' charges after
+				for range 2 {
+					l.Decide(context.Background(), time.Time{}, []Request{req}, Caller{Fallback: Fallback{Mode: FallbackDeny}}, &v)
+					v.Release()
+				}
+			}
+		}
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		time.Sleep(interval)
+	}
+	for i, r := range rounds {
+		if r.failed.Load() > 0 {
+			t.Fatalf("instance %d: %d of %d rounds failed, first: %v", i, r.failed.Load(), r.failed.Load()+r.ok.Load(), *r.first.Load())
+		}
+		if r.ok.Load() == 0 {
+			t.Fatalf("instance %d: no round ran", i)
+		}
+	}
+}
