@@ -12,10 +12,12 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"net"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
@@ -191,7 +193,7 @@ func (s *sharedStore) Synced(keys int, took time.Duration, err error) {
 	countSync(keys, took, err)
 	if err != nil {
 		if !s.syncFailing.Swap(true) {
-			s.logger.Warn("zones that sync cannot reach "+s.fleetName()+": each instance admits its share of their limits (as on_store_error local), and what it admits is counted when it answers",
+			s.logger.Warn("rounds of the zones that sync fail: "+s.syncFailure(err)+"; each instance admits its share of their limits (as on_store_error local), and what it admits is counted when rounds succeed again",
 				zap.String("store", s.label()), zap.Error(err))
 		}
 		return
@@ -199,6 +201,28 @@ func (s *sharedStore) Synced(keys int, took time.Duration, err error) {
 	if s.syncFailing.Swap(false) {
 		s.logger.Info("zones that sync reach "+s.fleetName()+" again", zap.String("store", s.label()))
 	}
+}
+
+// syncFailure says what made a round fail: a reply of Redis's that is an
+// error (the store answered: the error's code), a time-out, or no answer.
+func (s *sharedStore) syncFailure(err error) string {
+	var reply redis.Error
+	switch {
+	case errors.Is(err, limiter.ErrBreakerOpen):
+		return "the circuit breaker skips " + s.fleetName() + " after its failures"
+	case errors.As(err, &reply) && !errors.Is(err, redis.ErrClosed):
+		code, _, _ := strings.Cut(reply.Error(), " ")
+		return s.fleetName() + " answered with the error " + code
+	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+		return s.fleetName() + " did not answer within the timeout"
+	}
+	return "cannot reach " + s.fleetName()
+}
+
+// isTimeout reports whether err is a network time-out.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // fleetName names where the zones that sync share their counts.

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -10,8 +11,10 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
 // TestSyncNeedsRedis: a zone that syncs without a redis block fails to
@@ -64,3 +67,42 @@ func testSyncZoneDecides(t *testing.T, algo string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestSyncFailureSays: the warning of failing rounds says what failed: an
+// error Redis answered with (its code), a time-out, or no answer; never
+// "cannot reach Redis" when Redis answered.
+func TestSyncFailureSays(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	ctx := context.Background()
+	crossslot := c.Eval(ctx, "return redis.error_reply('CROSSSLOT Keys in request do not hash to the same slot')", nil).Err()
+	short, cancel := context.WithTimeout(ctx, time.Nanosecond)
+	defer cancel()
+	<-short.Done()
+	timeout := c.Ping(short).Err()
+	closed := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer closed.Close()
+	refused := closed.Ping(ctx).Err()
+	l, err := limiter.NewRedisLimiter(c, limiter.RedisOptions{KeyPrefix: "says:"}, quietNodes{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSharedStore("")
+	s.Limiter = l
+	for err, want := range map[error]string{
+		crossslot:              "Redis answered with the error CROSSSLOT",
+		timeout:                "Redis did not answer within the timeout",
+		refused:                "cannot reach Redis",
+		limiter.ErrBreakerOpen: "the circuit breaker skips Redis",
+	} {
+		if got := s.syncFailure(err); !strings.HasPrefix(got, want) {
+			t.Errorf("round failing with %v: says %q, want %q", err, got, want)
+		}
+	}
+}
+
+// quietNodes are NodeEvents that tell no one.
+type quietNodes struct{}
+
+func (quietNodes) BreakerChanged(string, bool) {}
+func (quietNodes) NodeGone(string)             {}
