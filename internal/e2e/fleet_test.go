@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -156,10 +157,13 @@ func (p *pacer) Wait(n int, within time.Duration) bool {
 	return false
 }
 
-// flood sends key on path through the fleet, round-robin, as fast as
-// workers go, for d, and returns the shots.
-func (f *fleetScenario) flood(path, key string, d time.Duration) []shot {
-	p := f.pace(0, 1<<30, d, func(i int) (int, string, string) { return i % len(f.caddys), path, key })
+// flood sends key through the fleet as fast as the workers go, for d:
+// request i on paths[i%len(paths)], through each instance in turn for
+// each path. It returns the shots.
+func (f *fleetScenario) flood(d time.Duration, key string, paths ...string) []shot {
+	p := f.pace(0, math.MaxInt, d, func(i int) (int, string, string) {
+		return i / len(paths) % len(f.caddys), paths[i%len(paths)], key
+	})
 	time.Sleep(d)
 	return p.Stop()
 }

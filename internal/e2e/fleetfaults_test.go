@@ -83,20 +83,43 @@ func failover(t *testing.T, cl *redistest.Cluster, addr string) {
 }
 
 // settle waits until the cluster serves every slot and its nodes agree
-// on the masters: half its nodes, each with one replica (a demoted master
-// learns it from the others' gossip, a moment after the failover).
+// on the masters: half its nodes, each with one replica, and each knowing
+// its replica (a demoted master learns of the failover from the others'
+// gossip, and a master that does not know its replica ignores its CLUSTER
+// FAILOVER).
 func settle(t *testing.T, cl *redistest.Cluster) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if err := cl.WaitOK(30 * time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if ms := masters(t, cl); 2*len(ms) == len(cl.Servers) {
+		ms := masters(t, cl)
+		if 2*len(ms) == len(cl.Servers) && knowReplicas(t, ms) {
 			return
-		} else if time.Now().After(deadline) {
+		}
+		if time.Now().After(deadline) {
 			t.Fatalf("masters %v: the nodes do not agree on the masters within 30s", ms)
 		}
 	}
+}
+
+// knowReplicas reports whether each master at addrs knows a replica of
+// its own in its view of the cluster (CLUSTER REPLICAS).
+func knowReplicas(t *testing.T, addrs []string) bool {
+	t.Helper()
+	for _, addr := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+		id, err := c.Do(t.Context(), "CLUSTER", "MYID").Text()
+		var replicas []any
+		if err == nil {
+			replicas, err = c.Do(t.Context(), "CLUSTER", "REPLICAS", id).Slice()
+		}
+		c.Close()
+		if err != nil || len(replicas) == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // becomesMaster waits until the node at addr is a master, or within.

@@ -64,7 +64,7 @@ func TestSyncFleetManyKeys(t *testing.T) {
 		}
 	}
 	base := errorStats(t, cl.Addrs())
-	traffic := f.pace(manyKeysRate, math.MaxInt, 2*time.Minute, manyKeysTraffic(keys))
+	traffic := f.pace(manyKeysRate, math.MaxInt, 3*time.Minute, manyKeysTraffic(keys))
 	if !traffic.Wait(2*len(keys), time.Minute) {
 		t.Fatalf("the traffic sent fewer than %d requests in a minute", 2*len(keys))
 	}
@@ -131,10 +131,7 @@ func (f *fleetScenario) checkClean(base map[string]map[string]int64, keys int) {
 // stated bound.
 func (f *fleetScenario) blastWithinBound(key string) {
 	f.t.Helper()
-	paths := []string{"/tb", "/fw", "/swc"}
-	p := f.pace(0, math.MaxInt, 4*time.Second, func(i int) (int, string, string) { return i / 3 % 3, paths[i%3], key })
-	time.Sleep(4 * time.Second)
-	shots := p.Stop()
+	shots := f.flood(4*time.Second, key, "/tb", "/fw", "/swc")
 	f.checkWindows(shots, 6, 2*time.Second)
 	tb := tokenBucketExact(onPath(shots, "/tb"), 100, 100)
 	f.withinBound("tb", onPath(shots, "/tb"), tb, tb/2)
