@@ -34,7 +34,11 @@ package limiter
 // window frees (it turns, or the previous count fades) shows in the next
 // reading. A charge counts past the limit, and the reading shows the
 // remaining below zero, so that what went over is taken off the next
-// allowances until the window turns (or the count fades).
+// allowances; when the window turns, what went over is carried into the
+// next window's count (see carry_windows in common.lua), as a token
+// bucket's debt outlives its interval: over any period the fleet admits
+// the limit of each window it touched and the bound, not the bound in
+// every window.
 //
 // The bound. Each instance admits only its share of what it last read and
 // of the refill to come, so what the fleet admits over any period is at

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -241,6 +242,103 @@ func TestSyncManyKeysCluster(t *testing.T) {
 		}
 		if r.ok.Load() == 0 {
 			t.Fatalf("instance %d: no round ran", i)
+		}
+	}
+}
+
+// TestSyncWindowsPaced: three instances syncing a window of 100 every two
+// seconds (every second, half the window), sent 1.5 and 10 times the
+// limit round-robin for six windows: over the whole run the fleet admits
+// at most the exact limit of the windows it touched plus the stated bound
+// (what went over in one window is taken off the next, as a token
+// bucket's debt is), and at least half of the full windows' limit.
+func TestSyncWindowsPaced(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	t.Cleanup(func() { c.Close() }) // after the parallel subtests
+	const interval, window, limit = 100 * time.Millisecond, time.Second, 100
+	for _, algo := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+		for _, times := range []int{15, 100} { // tenths of the limit
+			t.Run(fmt.Sprintf("%s/%d.%dx", algo, times/10, times%10), func(t *testing.T) {
+				t.Parallel()
+				fleet := syncFleet(t, c, 3)
+				registerAll(fleet, interval)
+				p := Policy{Algorithm: algo, Rate: limit, Period: window, Burst: limit}
+				req := Request{Zone: "paced", Key: "k", Policy: p, Cost: 1, Sync: interval}.WithDigest(nil)
+				start := time.Now()
+				admitted, sent := pacedSync(fleet, req, int(float64(limit*times/10)/window.Seconds()), 12*window)
+				windows := float64(time.Now().Truncate(window).Sub(start.Truncate(window))/window + 1)
+				exact := limit * windows
+				refill := limit * interval.Seconds() / window.Seconds()
+				bound := exact + refill + 2.0/3*(limit+refill) // syncBound's formula
+				t.Logf("%d of %d admitted over %.0f windows; exact at most %.0f, bound %.0f", admitted, sent, windows, exact, bound)
+				if float64(admitted) > bound {
+					t.Fatalf("%d admitted, over the bound %.0f", admitted, bound)
+				}
+				if float64(admitted) < 0.5*(exact-2*limit) {
+					t.Fatalf("%d admitted, under half the %.0f of the full windows", admitted, exact-2*limit)
+				}
+			})
+		}
+	}
+}
+
+// pacedSync sends requests of one key through the instances of fleet in
+// turn, perSecond of them each second, for d; it counts those admitted.
+func pacedSync(fleet []*Limiter, req Request, perSecond int, d time.Duration) (admitted, sent int) {
+	every := time.Second / time.Duration(perSecond)
+	start := time.Now()
+	var v Verdict
+	for i := 0; time.Since(start) < d; i++ {
+		if wait := time.Until(start.Add(time.Duration(i) * every)); wait > 0 {
+			time.Sleep(wait)
+		}
+		fleet[i%len(fleet)].Decide(context.Background(), time.Time{}, []Request{req}, Caller{Fallback: Fallback{Mode: FallbackDeny}}, &v)
+		sent++
+		if v.States[0] == Allowed {
+			admitted++
+		}
+		v.Release()
+	}
+	return admitted, sent
+}
+
+// TestSyncWindowCarries: a window's count charged past its limit (a zone
+// that syncs charges what its instances admitted) carries what went over
+// into the next windows, until it is taken off: a limit of 10 charged 25
+// in one window leaves 0 in the next (15 carried) and 5 in the one after
+// (the sliding counter's previous count of 10, then 5, weighing on).
+func TestSyncWindowCarries(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	s := newRedisStore(t, c)
+	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	for _, algo := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+		p := Policy{Algorithm: algo, Rate: 10, Period: time.Second, Burst: 10}
+		r := Request{Zone: "carry", Key: "k", Policy: p, Cost: 25}
+		d := make([]Decision, 1)
+		at := func(d time.Duration) string { return strconv.FormatInt(t0.Add(d).UnixMicro(), 10) }
+		if err := s.settle(context.Background(), at(100*time.Millisecond), "charge", []Request{r}, []int{0}, nil, d); err != nil {
+			t.Fatal(err)
+		}
+		if d[0].Remaining != -15 {
+			t.Fatalf("%s: charged 25 on a limit of 10: remaining %d, want -15", algo, d[0].Remaining)
+		}
+		r.Cost = 0 // readings
+		steps := []struct {
+			at   time.Duration
+			want int64
+		}{{1999 * time.Millisecond, 0}, {2999 * time.Millisecond, 5}, {3999 * time.Millisecond, 10}}
+		if algo == SlidingWindowCounter { // the previous window's count weighs a thousandth still
+			steps[1].want, steps[2].want = 4, 9
+		}
+		for _, step := range steps {
+			got, err := s.TakeAt(context.Background(), t0.Add(step.at), []Request{r})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got[0].Remaining != step.want {
+				t.Fatalf("%s at %s: remaining %d, want %d", algo, step.at, got[0].Remaining, step.want)
+			}
 		}
 	}
 }

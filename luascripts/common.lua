@@ -153,11 +153,35 @@ end
 -- The windows (fixed, sliding counter) start at multiples of their length
 -- and are known in Redis by a tag: the window's index since the Unix
 -- epoch, modulo a million, which tells a key's window from the ones
--- around it (a key lives at most two windows past its last write) in six
--- digits instead of a 16-digit start. window_tag is the tag of the window
--- that starts at start.
+-- around it (a key lives at most max_carry + 2 windows past its last
+-- write) in six digits instead of a 16-digit start. window_tag is the tag
+-- of the window that starts at start.
 local function window_tag(start, window)
   return (start / window) % 1000000
+end
+
+-- A window's count goes past its limit only by "charge" (a zone that
+-- syncs charges what its instances admitted, which may be more than the
+-- limit left): what went over is carried into the windows after it, as a
+-- token bucket's debt is repaid, so that over any period the windows
+-- admit the limit of each and what the last one went over, never more.
+-- A count of limit + x starts the next window at x (at most max_carry
+-- windows on); a take never counts past the limit, so an exact zone never
+-- carries. carry_windows is how many windows after its own a count of
+-- count still weighs on.
+local max_carry = 100
+
+local function carry_windows(count, limit)
+  if not (limit > 0) or count <= limit then
+    return 0
+  end
+  return math.min(math.ceil((count - limit) / limit), max_carry)
+end
+
+-- windows_since is how many windows passed from the window tagged from to
+-- the one tagged to (tags wrap at a million).
+local function windows_since(from, to)
+  return (to - from) % 1000000
 end
 
 -- decide_request decides the keys first .. last of one request with

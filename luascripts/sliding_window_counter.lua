@@ -45,15 +45,27 @@ local function stored(key)
   end
 end
 
--- the counts of the window that started at start and of the one before
-local function counts(key, start, window)
+-- the counts of the window that started at start and of the one before.
+-- At each turn of the window the count becomes the previous one, at most
+-- the limit: what went over it is carried into the new window's count
+-- (see carry_windows).
+local function counts(key, start, window, limit)
   local t, c, p = stored(key)
-  if t == window_tag(start, window) then
-    return c, p
-  elseif t == window_tag(start - window, window) then
-    return 0, c
+  if not t then
+    return 0, 0
   end
-  return 0, 0
+  local k = windows_since(t, window_tag(start, window))
+  if k > carry_windows(c, limit) + 1 then
+    return 0, 0
+  end
+  for _ = 1, k do
+    if limit > 0 and c > limit then
+      c, p = c - limit, limit
+    else
+      c, p = 0, c
+    end
+  end
+  return c, p
 end
 
 -- the state that a window starting at start, with counts curr and prev,
@@ -65,7 +77,8 @@ local function state(limit, window, start, curr, prev)
     reset = reset + window
   end
   return { ok = true, remaining = math.max(math.floor(limit - prev * weight - curr + eps), 0),
-    reset = reset - now, tag = window_tag(start, window), curr = curr, prev = prev }
+    reset = reset - now, tag = window_tag(start, window), curr = curr, prev = prev,
+    ttl = reset - now + window * carry_windows(curr, limit) }
 end
 
 -- refund: the cost off the count of the take's window: the stored
@@ -85,7 +98,7 @@ local function give_back(key, k, start)
   elseif t == window_tag(from + window, window) then
     s, p = from + window, math.max(p - k.cost, 0)
   else
-    local curr, prev = counts(key, start, window)
+    local curr, prev = counts(key, start, window, k.rate)
     local st = state(k.rate, window, start, curr, prev)
     st.skip = true
     return st
@@ -114,7 +127,7 @@ local function decide(key, k)
   if refund then
     return give_back(key, k, start)
   end
-  local curr, prev = counts(key, start, window)
+  local curr, prev = counts(key, start, window, limit)
   if charge then
     local s = state(limit, window, start, math.min(curr + cost, max_cost), prev)
     s.remaining = math.floor(limit - prev * (1 - (now - start) / window) - s.curr + eps)
