@@ -150,23 +150,62 @@ func (z *Zone) withOverride(p limiter.Policy, o *limiter.Override) limiter.Polic
 }
 
 // logSyncBounds logs, for each zone of h that syncs, how far beyond its
-// exact limit the fleet may admit, from the instances syncing now.
+// exact limit the fleet may admit, from the instances syncing now (at
+// least on_store_error local's instances), and has the store log it
+// again whenever the instances counted change (InstancesChanged).
 func (h *Handler) logSyncBounds() {
-	n := 0
 	for _, z := range h.zones {
 		if z.Sync == 0 {
 			continue
 		}
-		if n == 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			n = h.store.RegisterSync(ctx, time.Duration(z.Sync))
-			cancel()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		n := h.store.CountSync(ctx, time.Duration(z.Sync))
+		cancel()
+		h.store.holdSyncing(h, true)
+		h.logBounds(n)
+		return
+	}
+}
+
+// logBounds logs the bound of each zone of h that syncs with n instances
+// counted.
+func (h *Handler) logBounds(n int) {
+	n = max(n, h.caller.Fallback.Instances, 1)
+	for _, z := range h.zones {
+		if z.Sync == 0 {
+			continue
 		}
 		b := syncBound(z.policy, time.Duration(z.Sync), n)
 		h.logger.Info("zone syncs "+h.syncedThrough()+": its decisions are local, and over any period the fleet may admit beyond the exact limit up to rate × sync + (instances − 1) / instances × (burst + rate × sync)",
 			zap.String("zone", z.name), zap.String("algorithm", z.policy.Algorithm.String()), zap.Duration("sync", time.Duration(z.Sync)), zap.Int("instances", n),
 			zap.Int64("bound", b), zap.String("with_one_more_instance", fmt.Sprint(syncBound(z.policy, time.Duration(z.Sync), n+1))))
 	}
+}
+
+// InstancesChanged logs the bounds of the zones that sync again, for the
+// n instances counted now (limiter.SyncEvents).
+func (s *sharedStore) InstancesChanged(n int) {
+	s.capacityMu.Lock()
+	hs := slices.Collect(maps.Keys(s.syncing))
+	s.capacityMu.Unlock()
+	for _, h := range hs {
+		h.logBounds(n)
+	}
+}
+
+// holdSyncing records whether h, which has zones that sync, holds the
+// store (false: h lets go of it).
+func (s *sharedStore) holdSyncing(h *Handler, holds bool) {
+	s.capacityMu.Lock()
+	defer s.capacityMu.Unlock()
+	if !holds {
+		delete(s.syncing, h)
+		return
+	}
+	if s.syncing == nil {
+		s.syncing = map[*Handler]bool{}
+	}
+	s.syncing[h] = true
 }
 
 // syncedThrough says where the zones that sync share their counts.

@@ -42,6 +42,7 @@ type sharedStore struct {
 	capacityMu sync.Mutex
 	capacities map[*Handler]int           // the memory_capacity of each handler that holds the store and sets one
 	polls      map[*Handler]time.Duration // the overrides_poll of each handler that sets one
+	syncing    map[*Handler]bool          // the handlers with zones that sync (their bounds are logged as N changes)
 	poll       time.Duration              // the overrides' poll, as last set
 	capacity   atomic.Int64               // the memory store's capacity, as last set
 	watchOnce  sync.Once                  // the evictions are watched
@@ -168,6 +169,7 @@ func (h *Handler) releaseStore() error {
 	}
 	h.store.holdCapacity(h, -1)
 	h.store.holdPoll(h, -1)
+	h.store.holdSyncing(h, false)
 	_, err := stores.Delete(h.poolKey)
 	h.poolKey = ""
 	return err

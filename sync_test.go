@@ -12,6 +12,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
@@ -106,3 +108,49 @@ type quietNodes struct{}
 
 func (quietNodes) BreakerChanged(string, bool) {}
 func (quietNodes) NodeGone(string)             {}
+
+// TestSyncRegistersAtFirstRequest: a config with a zone that syncs
+// registers nothing as it loads (caddy validate loads one), and logs the
+// bound of at least on_store_error local's instances; its first request
+// registers the instance; and when the instances counted change, the
+// bound is logged again with the new count.
+func TestSyncRegistersAtFirstRequest(t *testing.T) {
+	addr := redistest.StandaloneAddr(t)
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	prefix := fmt.Sprintf("reg%x:", rand.Uint64())
+	core, logs := observer.New(zap.InfoLevel)
+	h := &Handler{Zones: map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "100r/s", Sync: caddy.Duration(100 * time.Millisecond)}},
+		Redis: &RedisConfig{Addresses: []string{addr}, KeyPrefix: prefix}, OnStoreError: &StoreErrorPolicy{Mode: "local", Instances: 3}}
+	h.logger = zap.New(core)
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	key := prefix + "{sync}:instances"
+	if n := c.ZCard(context.Background(), key).Val(); n != 0 {
+		t.Fatalf("%d instances registered by a config that only loaded", n)
+	}
+	bounds := func(instances int) int {
+		return logs.FilterMessageSnippet("zone syncs").FilterField(zap.Int("instances", instances)).Len()
+	}
+	if bounds(3) != 1 {
+		t.Fatalf("the bound as the config loads is not logged for on_store_error local's 3 instances: %v", logs.All())
+	}
+	serve(h, keyRequest("k"))
+	waitFor(t, "the first request registers the instance", func() bool { return c.ZCard(context.Background(), key).Val() == 1 })
+	now := c.Time(context.Background()).Val()
+	for i := range 3 {
+		c.ZAdd(context.Background(), key, redis.Z{Score: float64(now.UnixMilli()), Member: fmt.Sprint("other", i)})
+	}
+	waitFor(t, "the bound logged again for 4 instances", func() bool { return bounds(4) == 1 })
+}
+
+// waitFor waits up to 5 seconds for ok, failing with what it waited for.
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out: %s", what)
+		}
+	}
+}

@@ -309,6 +309,11 @@ func (f *storageFleet) registerSync(context.Context, string, time.Duration) (int
 	return f.n, nil
 }
 
+// countSync is registerSync: an instance is counted by its file.
+func (f *storageFleet) countSync(ctx context.Context, id string, window time.Duration) (int64, error) {
+	return f.registerSync(ctx, id, window)
+}
+
 // registered is the instances counted at the last read.
 func (f *storageFleet) registered() int64 {
 	f.mu.Lock()

@@ -28,7 +28,7 @@ func storageFleetOf(t *testing.T, dir string, n int, every time.Duration, ev Sto
 	}
 	for _, l := range fleet { // each sees the others' first files
 		l.fleet.read(time.Second)
-		l.RegisterSync(context.Background(), every)
+		l.CountSync(context.Background(), every)
 	}
 	return fleet
 }

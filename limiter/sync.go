@@ -17,9 +17,16 @@ package limiter
 // the bucket refills until the next sync, max(0, R + rate × interval) / N,
 // less what it admitted while the round was in flight. N is the number of
 // instances registered in the last 10 seconds, on Redis's clock (each
-// registers every second from the moment a config with such zones loads),
-// at least on_store_error local's instances. A policy that changes caps
-// the allowance at the new share.
+// registers every second from its first request of such a zone: a config
+// that only loads, as caddy validate's, registers nothing), at least
+// on_store_error local's instances. A policy that changes caps the
+// allowance at the new share.
+//
+// Starting. An instance hands out no share until it has registered twice,
+// a second apart (warm): until then every request of a zone that syncs is
+// decided in Redis, exactly. A fleet whose instances start together would
+// otherwise count itself small: the first to register counts one
+// instance, and would take the whole bucket as its share.
 //
 // A bucket is charged when it was refused for want of allowance, has spent
 // half of it, or its admissions waited ten intervals (ten seconds at
@@ -83,6 +90,8 @@ func (a Algorithm) Syncs() bool {
 type SyncEvents interface {
 	// Synced: a round of keys buckets took took; err when it failed.
 	Synced(keys int, took time.Duration, err error)
+	// InstancesChanged: the instances counted are n now.
+	InstancesChanged(n int)
 }
 
 // maxSyncEntries bounds the buckets an instance keeps allowances of; past
@@ -102,6 +111,9 @@ type fleet interface {
 	// registerSync marks the instance id as syncing now and counts those
 	// that did within window, id included.
 	registerSync(ctx context.Context, id string, window time.Duration) (int64, error)
+	// countSync counts the instances that registered within window, id
+	// counted whether it did or not; it registers nothing.
+	countSync(ctx context.Context, id string, window time.Duration) (int64, error)
 }
 
 // localFleet is a fleet whose chargeAll is made in this process (the
@@ -147,6 +159,7 @@ type syncer struct {
 	queue     []*syncEntry          // entries that may be due before the next walk (flag)
 	walked    time.Time             // the last walk of every entry
 	n         atomic.Int64          // instances syncing, this one included
+	warm      atomic.Bool           // registered twice: shares may be handed out (see Starting)
 	failing   atomic.Bool
 	every     atomic.Int64 // ns: the shortest interval of the buckets synced
 	started   sync.Once
@@ -157,6 +170,7 @@ type syncer struct {
 	now       func() time.Time
 	regMu     sync.Mutex
 	lastSeen  time.Time // of the instances' register, under regMu
+	firstReg  time.Time // the first registration that succeeded, under regMu
 }
 
 // syncEntry is one bucket's local view.
@@ -201,16 +215,19 @@ func (l *Limiter) Instances() int {
 	return int(l.sync.n.Load())
 }
 
-// RegisterSync marks this instance as syncing with its Redis, as a config
-// with zones that sync of interval every loads, so that the others count
-// it from now, and returns the instances counted (this one included).
-func (l *Limiter) RegisterSync(ctx context.Context, every time.Duration) int {
+// CountSync counts the instances syncing with this one's Redis (or
+// storage), this one included, as a config with zones that sync of
+// interval every loads. It registers nothing: the instance registers from
+// its first request of such a zone (see Starting).
+func (l *Limiter) CountSync(ctx context.Context, every time.Duration) int {
 	if l.sync == nil {
 		return 1
 	}
 	l.sync.atMost(every)
-	l.sync.register(ctx, time.Now(), true)
-	l.sync.started.Do(func() { go l.sync.run() }) // registered every second from now
+	n, err := l.sync.fleet.countSync(ctx, l.sync.id, instancesWindow)
+	if err == nil {
+		l.sync.n.Store(max(n, 1))
+	}
 	return int(l.sync.n.Load())
 }
 
@@ -301,6 +318,9 @@ const (
 func (s *syncer) takeOne(now time.Time, r Request, n int) (*syncEntry, Decision, int) {
 	cost := boundedCost(r.Cost)
 	lf, local := s.fleet.(localFleet)
+	if !local && !s.warm.Load() { // no share until the fleet is counted
+		return nil, Decision{}, tookExact
+	}
 	e, ok := s.entries[bucketIDOf(r)]
 	if local && (!ok || e.gen != lf.generation() || !e.turns.IsZero() && !now.Before(e.turns)) {
 		e, ok = s.read(now, r, n, e) // news of the others, or a new window
@@ -497,8 +517,8 @@ func (s *syncer) seed(r Request, d Decision, now time.Time, n int) {
 		return
 	}
 	delete(s.seeding, id)
-	if sd.best.Limit == 0 || len(s.entries) >= maxSyncEntries {
-		return // none decided by Redis (a fallback): the next request reads it
+	if sd.best.Limit == 0 || len(s.entries) >= maxSyncEntries || !s.warm.Load() {
+		return // none decided by Redis (a fallback), or the fleet not counted yet: the next request reads it
 	}
 	r, d = sd.req, sd.best
 	r.Key = ""
@@ -604,6 +624,9 @@ const (
 // is left.
 func (s *syncer) run() {
 	defer close(s.done)
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	s.register(ctx, s.now(), true)
+	cancel()
 	for {
 		select {
 		case <-s.stop:
@@ -804,8 +827,20 @@ func (s *syncer) register(ctx context.Context, now time.Time, force bool) {
 	s.lastSeen = now
 	s.regMu.Unlock()
 	n, err := s.fleet.registerSync(ctx, s.id, instancesWindow)
-	if err == nil {
-		s.n.Store(max(n, 1))
+	if err != nil {
+		return
+	}
+	s.regMu.Lock()
+	if s.firstReg.IsZero() {
+		s.firstReg = now
+	} else if now.Sub(s.firstReg) >= registerEvery {
+		s.warm.Store(true)
+	}
+	s.regMu.Unlock()
+	if old := s.n.Swap(max(n, 1)); old != max(n, 1) {
+		if ev := s.ev.Load(); ev != nil {
+			(*ev).InstancesChanged(int(max(n, 1)))
+		}
 	}
 }
 
@@ -815,6 +850,26 @@ func (s *RedisStore) registerSync(ctx context.Context, id string, window time.Du
 	key := s.prefix + "{sync}:instances"
 	return registerScript.Run(ctx, s.client, []string{key}, id, window.Milliseconds()).Int64()
 }
+
+// countSync counts the instances registered within window, id counted
+// whether it registered or not, on Redis's clock, registering nothing.
+func (s *RedisStore) countSync(ctx context.Context, id string, window time.Duration) (int64, error) {
+	key := s.prefix + "{sync}:instances"
+	return countScript.Run(ctx, s.client, []string{key}, id, window.Milliseconds()).Int64()
+}
+
+// countScript counts the members of the sorted set KEYS[1] scored within
+// ARGV[2] ms of Redis's time, ARGV[1] counted once whether it is or not.
+var countScript = redis.NewScript(`
+local t = redis.call('TIME')
+local since = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[2])
+local n = redis.call('ZCOUNT', KEYS[1], since, '+inf')
+local mine = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '-1')
+if mine < since then
+  n = n + 1
+end
+return n
+`)
 
 // registerScript registers ARGV[1] in the sorted set KEYS[1] at Redis's
 // time, drops those older than ARGV[2] ms, and returns how many remain.

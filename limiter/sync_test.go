@@ -31,13 +31,20 @@ func syncFleet(t *testing.T, c redis.UniversalClient, n int) []*Limiter {
 	return fleet
 }
 
-// registerAll registers fleet as configs that load do, twice, so that the
-// first to register counts the others too (an instance counts those
-// registered before it, until its next registration a second later).
+// registerAll starts the syncers of fleet, as their first requests do,
+// and waits until each is warm (registered twice) and counts the others.
 func registerAll(fleet []*Limiter, interval time.Duration) {
-	for range 2 {
+	for _, l := range fleet {
+		l.CountSync(context.Background(), interval)
+		l.sync.start(nil)
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		ready := true
 		for _, l := range fleet {
-			l.RegisterSync(context.Background(), interval)
+			ready = ready && l.sync.warm.Load() && l.Instances() == len(fleet)
+		}
+		if ready {
+			return
 		}
 	}
 }
@@ -133,7 +140,7 @@ func TestSyncRestartReadsRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first.RegisterSync(context.Background(), time.Second)
+	registerAll([]*Limiter{first}, time.Second)
 	if admitted, _, _ := floodSync([]*Limiter{first}, req, 300*time.Millisecond); admitted != 10 {
 		t.Fatalf("one instance admitted %d of a burst of 10", admitted)
 	}
@@ -194,6 +201,8 @@ type syncRounds struct {
 	ok, failed atomic.Int64
 	first      atomic.Pointer[error]
 }
+
+func (r *syncRounds) InstancesChanged(int) {}
 
 func (r *syncRounds) Synced(_ int, _ time.Duration, err error) {
 	if err == nil {
@@ -340,5 +349,33 @@ func TestSyncWindowCarries(t *testing.T) {
 				t.Fatalf("%s at %s: remaining %d, want %d", algo, step.at, got[0].Remaining, step.want)
 			}
 		}
+	}
+}
+
+// TestSyncFleetStartsTogether: three instances whose configs load one
+// after the other (the first counts itself alone then), sent 1,800
+// requests a second round-robin at once: none hands out a share of a
+// fleet smaller than the one that is there, so the fleet admits at most
+// the exact limit and the bound of three instances (a burst of 600 and a
+// rate of 1/s, where a share of one instance is the whole burst: 599 +
+// 299 + 199 admitted before the first round, against a bound of 1,003).
+func TestSyncFleetStartsTogether(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	const interval = time.Second
+	fleet := syncFleet(t, c, 3)
+	for _, l := range fleet { // as each config loads
+		l.CountSync(context.Background(), interval)
+	}
+	p := Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Second, Burst: 600}
+	req := Request{Zone: "start", Key: "k", Policy: p, Cost: 1, Sync: interval}.WithDigest(nil)
+	start := time.Now()
+	admitted, sent := pacedSync(fleet, req, 1800, 1500*time.Millisecond)
+	took := time.Since(start)
+	exact := 600 + took.Seconds()
+	bound := exact + interval.Seconds() + 2.0/3*(600+interval.Seconds())
+	t.Logf("%d of %d admitted in %s; exact %.0f, bound %.0f", admitted, sent, took, exact, bound)
+	if float64(admitted) > bound {
+		t.Fatalf("%d admitted by a fleet starting together, over the bound %.0f", admitted, bound)
 	}
 }
