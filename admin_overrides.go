@@ -259,11 +259,21 @@ func (t overrideTarget) check(o *limiter.Override, now time.Time) error {
 		return err
 	}
 	p = z.withOverride(p, o)
-	if err := cmp.Or(p.Validate(), checkAlgorithmLimits(p)); err != nil {
+	if err := cmp.Or(p.Validate(), checkAlgorithmLimits(p), t.syncFits(p)); err != nil {
 		if t.key {
 			return fmt.Errorf("with the zone's override: %w", err)
 		}
 		return err
+	}
+	return nil
+}
+
+// syncFits reports whether p fits the sync of every zone of t's name.
+func (t overrideTarget) syncFits(p limiter.Policy) error {
+	for _, ref := range t.refs {
+		if err := ref.z.syncFits(p); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -310,6 +320,9 @@ func (t overrideTarget) changed(action string, o *limiter.Override) {
 		fields = append(fields, zap.String("kind", o.Kind()), zap.String("rate", o.Rate), zap.Int64("burst", o.Burst),
 			zap.Int64("max_concurrent", o.MaxConcurrent), zap.String("until", cmp.Or(v.ExpiresAt, "deleted")))
 		data["kind"], data["override"] = o.Kind(), v
+		if b, ok := t.syncBound(o); ok {
+			fields, data["sync_bound"] = append(fields, zap.Int64("sync_bound", b)), b
+		}
 	}
 	logger := caddy.Log().Named("http.handlers.rate_limit")
 	if len(t.refs) > 0 {
@@ -319,6 +332,18 @@ func (t overrideTarget) changed(action string, o *limiter.Override) {
 	if len(t.refs) > 0 && t.refs[0].h.events != nil {
 		t.refs[0].h.events.Emit(t.refs[0].h.eventCtx, overrideEvent, data)
 	}
+}
+
+// syncBound is, for a zone that syncs, the bound of the fleet's
+// overshoot (see syncBound) under o, for the instances counted now; false
+// for a zone that does not sync, or an override that sets no limit.
+func (t overrideTarget) syncBound(o *limiter.Override) (int64, bool) {
+	if len(t.refs) == 0 || t.refs[0].z.Sync == 0 || overrideFits(t.refs[0].z.policy.Algorithm, o) != nil || o.Kind() != "limit" {
+		return 0, false
+	}
+	z, h := t.refs[0].z, t.refs[0].h
+	n := max(t.store.Instances(), h.caller.Fallback.Instances, 1)
+	return syncBound(z.withOverride(z.policy, o), time.Duration(z.Sync), n), true
 }
 
 // keyedDigest reports whether the zone's key digests are keyed.

@@ -172,7 +172,7 @@ func TestPrometheusRules(t *testing.T) {
 			checkExpr(t, "rule "+r.Alert, r.Expr, exported)
 		}
 	}
-	for _, a := range []string{"RateLimitFailureMode", "RateLimitCircuitBreakerOpen", "RateLimitStoreErrors", "RateLimitStoreSlow"} {
+	for _, a := range []string{"RateLimitFailureMode", "RateLimitCircuitBreakerOpen", "RateLimitStoreErrors", "RateLimitStoreSlow", "RateLimitSyncFailing"} {
 		if !alerts[a] {
 			t.Errorf("no alert %s", a)
 		}

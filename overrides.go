@@ -86,7 +86,7 @@ func (z *Zone) override(set *limiter.OverrideSet, req *limiter.Request, c *overr
 		if q == base {
 			return true
 		}
-		if err := cmp.Or(q.Validate(), checkAlgorithmLimits(q)); err == nil {
+		if err := cmp.Or(q.Validate(), checkAlgorithmLimits(q), z.syncFits(q)); err == nil {
 			req.Policy = q
 			return true
 		} else {

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
@@ -385,5 +388,32 @@ func BenchmarkServeHTTPOverrides(b *testing.B) {
 				s.serve(b)
 			}
 		})
+	}
+}
+
+// TestOverrideOfASyncedWindow: a window zone that syncs takes no override
+// whose window is less than twice its sync (the config's own check): the
+// API refuses it, saying why, and one written to the store anyway (by
+// another instance's config) is left out, with the config's limit.
+func TestOverrideOfASyncedWindow(t *testing.T) {
+	redisCfg := &RedisConfig{Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: fmt.Sprintf("ovs%x:", rand.Uint64())}
+	h, zone := overrideZone(t, &Zone{Rate: "20r/4s", Algorithm: "fixed_window", Sync: caddy.Duration(2 * time.Second)}, redisCfg)
+	status, out := adminCall(t, "PUT", "/rate_limit/overrides/"+zone, `{"rate":"10r/1s"}`)
+	if status != 400 || !strings.Contains(out, "at most half the window") {
+		t.Fatalf("an override of a 1s window on a zone that syncs every 2s: %d %s, want 400 saying why", status, out)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	h.logger = zap.New(core)
+	mustAdmin(t, "PUT", "/rate_limit/overrides/"+zone, `{"rate":"10r/4s"}`) // fits
+	if logs.FilterField(zap.Int64("sync_bound", 5)).Len() != 1 {            // one instance: rate × sync, 10/4s × 2s
+		t.Fatalf("the override's log does not give the bound under it: %v", logs.All())
+	}
+	o := limiter.Override{Rate: "10r/1s"}
+	if err := h.store.overrides.Put(context.Background(), zone, nil, o); err != nil {
+		t.Fatal(err)
+	}
+	w := serve(h, keyRequest("k"))
+	if got := w.Header().Get("X-Ratelimit-Limit"); got != "20" {
+		t.Fatalf("under a stored override of a 1s window: limit %q, want the config's 20", got)
 	}
 }

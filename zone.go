@@ -412,11 +412,25 @@ func (z *Zone) checkSync() error {
 }
 
 // window is the length of the zone's window, 0 for an algorithm without.
-func (z *Zone) window() time.Duration {
-	if a := z.policy.Algorithm; a == limiter.FixedWindow || a == limiter.SlidingWindowCounter || a == limiter.SlidingWindowLog {
-		return z.policy.Period
+func (z *Zone) window() time.Duration { return windowOf(z.policy) }
+
+// windowOf is the length of p's window, 0 for an algorithm without.
+func windowOf(p limiter.Policy) time.Duration {
+	if a := p.Algorithm; a == limiter.FixedWindow || a == limiter.SlidingWindowCounter || a == limiter.SlidingWindowLog {
+		return p.Period
 	}
 	return 0
+}
+
+// syncFits reports whether p, the zone's policy under an override, keeps
+// within what the zone's sync allows: a window at least twice the sync
+// (see checkSync).
+func (z *Zone) syncFits(p limiter.Policy) error {
+	d, w := time.Duration(z.Sync), windowOf(p)
+	if d > 0 && w > 0 && d > w/2 && !z.viaStorage {
+		return fmt.Errorf("the zone syncs every %s: a window of %s is too short (at most half the window between syncs); give a window of at least %s", d, w, 2*d)
+	}
+	return nil
 }
 
 // syncRefusal is why the zone cannot sync, nil when it can.
