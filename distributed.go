@@ -205,7 +205,7 @@ func (h *Handler) provisionStorage() error {
 	return h.loadStore(h.storagePoolKey(), func() (caddy.Destructor, error) {
 		s := newSharedStore("")
 		s.namespace = label
-		s.Limiter = limiter.NewStorageLimiter(sizedStorage{st}, limiter.StorageOptions{WriteEvery: write, ReadEvery: read,
+		s.Limiter = limiter.NewStorageLimiter(fleetStorage(st), limiter.StorageOptions{WriteEvery: write, ReadEvery: read,
 			PurgeAge: time.Duration(h.Distributed.PurgeAge), Events: storageEvents{s}, Read: countSync})
 		s.Limiter.OnSync(s)
 		s.overrides = limiter.NewMemoryOverrides(overrideEvents{s})
@@ -213,9 +213,26 @@ func (h *Handler) provisionStorage() error {
 	})
 }
 
-// sizedStorage is a Caddy storage that tells the fleet its files' sizes
-// (limiter.Sizer), so that none too large is read.
+// fleetStorage is st as the fleet reads it: telling its files' sizes
+// (limiter.Sizer), so that none too large is read, and, when st is a file
+// system (file_system), its files' paths (limiter.FileSystem), so that the
+// fleet reads only regular files, each with a byte limit, and follows a
+// symlinked directory.
+func fleetStorage(st certmagic.Storage) limiter.Storage {
+	if fsys, ok := st.(limiter.FileSystem); ok {
+		return fileSystemStorage{sizedStorage{st}, fsys}
+	}
+	return sizedStorage{st}
+}
+
+// sizedStorage is a Caddy storage that tells the fleet its files' sizes.
 type sizedStorage struct{ certmagic.Storage }
+
+// fileSystemStorage is a Caddy storage of the file system.
+type fileSystemStorage struct {
+	sizedStorage
+	limiter.FileSystem
+}
 
 func (s sizedStorage) Size(ctx context.Context, key string) (int64, error) {
 	info, err := s.Stat(ctx, key)
@@ -254,18 +271,22 @@ func syncHint(z *Zone) string {
 // storageEvents logs the storage's failures (limiter.StorageEvents).
 type storageEvents struct{ s *sharedStore }
 
+// label is the store's, in the logs: its namespace (s.Limiter is not set
+// during the first read, which NewStorageLimiter makes).
+func (e storageEvents) label() string { return e.s.namespace }
+
 func (e storageEvents) StorageFailing(err error) {
 	e.s.logger.Warn("the storage of distributed fails: each instance admits its share of the zones' limits (as on_store_error local) until it answers",
-		zap.String("store", e.s.label()), zap.Error(err))
+		zap.String("store", e.label()), zap.Error(err))
 }
 
 func (e storageEvents) StorageRecovered() {
-	e.s.logger.Info("the storage of distributed answers again", zap.String("store", e.s.label()))
+	e.s.logger.Info("the storage of distributed answers again", zap.String("store", e.label()))
 }
 
 func (e storageEvents) FileSkipped(name string, err error) {
 	e.s.logger.Warn("an instance's counts in the storage of distributed cannot be used: skipped",
-		zap.String("store", e.s.label()), zap.String("file", name), zap.Error(err))
+		zap.String("store", e.label()), zap.String("file", name), zap.Error(err))
 }
 
 // isNull reports whether a JSON field is absent or null.

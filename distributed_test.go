@@ -1,7 +1,11 @@
 package ratelimit
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -106,6 +110,45 @@ func TestDistributedZones(t *testing.T) {
 				if name == "ev" && z.policy.Algorithm != limiter.SlidingWindowCounter {
 					t.Errorf("zone ev counts with %s, want sliding_window_counter", z.policy.Algorithm)
 				}
+			}
+		})
+	}
+}
+
+// TestDistributedStorageUntrusted: through Caddy's file_system storage, a
+// file of rate_limit/sync that is a symlink to /dev/zero is skipped (the
+// instance starts, its memory whole), and rate_limit/sync a symlink to a
+// shared directory is followed: the instance counts the other whose file
+// is there.
+func TestDistributedStorageUntrusted(t *testing.T) {
+	other, _ := json.Marshal(map[string]any{"v": 1, "instance": "00000000000000cc", "at": time.Now().UnixNano(), "until": time.Now().UnixNano(), "buckets": []any{}})
+	for _, linked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("linked %v", linked), func(t *testing.T) {
+			root, shared := t.TempDir(), t.TempDir()
+			if err := os.Mkdir(filepath.Join(root, "rate_limit"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			sub := filepath.Join(root, "rate_limit", "sync")
+			if linked {
+				if err := os.Symlink(shared, sub); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := os.Mkdir(sub, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("/dev/zero", filepath.Join(sub, "00000000000000aa.json")); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(sub, "00000000000000cc.json"), other, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			h := &Handler{Distributed: &Distributed{}, Storage: json.RawMessage(`{"module":"file_system","root":` + strconv.Quote(root) + `}`),
+				Zones: map[string]*Zone{"fw": {Key: "k", Rate: "5r/s", Algorithm: "fixed_window"}}}
+			if err := provision(t, h); err != nil {
+				t.Fatal(err)
+			}
+			if n := h.store.Limiter.CountSync(context.Background(), time.Second); n != 2 {
+				t.Errorf("the instance counts %d instances, want 2 (itself and the other's file)", n)
 			}
 		})
 	}

@@ -31,11 +31,14 @@ package limiter
 //
 // Files. "<dir>/<instance>.json", written whole by its instance only (no
 // two instances write one file), holding digests of client keys (never a
-// key), as Redis does. A reader drops a file it cannot read (reported,
+// key), as Redis does. The directory is untrusted input (storagefiles.go
+// reads it): a reader drops a file it cannot or may not read (reported,
 // its name only), deletes files not written for PurgeAge (when set), or
 // else files whose counts have all faded and that were not written for
 // instancesWindow. An instance counts the instances whose file was written
-// within instancesWindow (three WriteEvery at least), itself included.
+// within instancesWindow (three WriteEvery at least), itself included, up
+// to maxStorageInstances; one whose file is past the read's budget counts
+// as having spent its share (blindShare).
 //
 // Failure. While the others' files cannot be read for three ReadEvery, the
 // fleet's view is stale: rounds fail (nothing charged, kept to charge),
@@ -69,33 +72,10 @@ type Storage interface {
 	List(ctx context.Context, path string, recursive bool) ([]string, error)
 }
 
-// Sizer is a Storage that tells a value's size, so that a file too large
-// to be an instance's counts is not read.
-type Sizer interface {
-	Size(ctx context.Context, key string) (int64, error)
-}
-
-// maxFileSize bounds an instance's file: maxSyncEntries buckets of about
-// 150 bytes.
-const maxFileSize = 160 << 20
-
 // maxAhead is how far ahead of this instance's clock another's file may
 // say it was written: more is a clock to set right, and its counts and its
 // freshness are not used.
 const maxAhead = 30 * time.Second
-
-// StorageEvents are told of the storage's failures, and of files skipped.
-// Their methods must not block.
-type StorageEvents interface {
-	// StorageFailing: the storage failed (a read or a write); called once
-	// until StorageRecovered.
-	StorageFailing(err error)
-	// StorageRecovered: the storage answered again.
-	StorageRecovered()
-	// FileSkipped: another instance's file could not be used; called once
-	// per file until it reads well again.
-	FileSkipped(name string, err error)
-}
 
 // StorageOptions configure NewStorageLimiter.
 type StorageOptions struct {
@@ -114,6 +94,8 @@ type StorageOptions struct {
 	// Read, when set, is told of every read of the others' files: the
 	// buckets read, how long it took, and its error.
 	Read func(buckets int, took time.Duration, err error)
+
+	maxEntries int // the buckets kept of all the others' files; default maxSyncEntries (tests set fewer)
 }
 
 // DefaultStorageDir is where the fleet's files are, in the storage.
@@ -145,10 +127,12 @@ type storageFleet struct {
 	wrote     atomic.Bool                  // this instance's file was written once
 	lastWrite time.Time                    // the last write that worked
 	busyMu    sync.Mutex
-	busy      map[string]bool // keys with a storage call running (see call)
-	lastRead  time.Time       // the last read that worked
-	failing   [2]bool         // the last read, write failed
-	skipped   map[string]bool // files reported skipped
+	busy      map[string]bool     // keys with a storage call running (see call)
+	lastRead  time.Time           // the last read that worked
+	failing   [2]bool             // the last read, write failed
+	blind     int64               // instances counted at the last read whose counts were not read (see blindShare)
+	skipped   map[string]skipMark // files reported skipped (the reads' own)
+	surplus   bool                // more instances than maxStorageInstances, reported (the reads' own)
 	stop      chan struct{}
 	done      chan struct{}
 	closing   sync.Once
@@ -227,8 +211,9 @@ func newStorageFleet(st Storage, o StorageOptions) *storageFleet {
 	o.Dir = strings.Trim(cmp.Or(o.Dir, DefaultStorageDir), "/")
 	o.WriteEvery, o.ReadEvery = max(cmp.Or(o.WriteEvery, 5*time.Second), 10*time.Millisecond), max(cmp.Or(o.ReadEvery, 5*time.Second), 10*time.Millisecond)
 	o.Timeout = cmp.Or(o.Timeout, 5*time.Second)
+	o.maxEntries = cmp.Or(o.maxEntries, maxSyncEntries)
 	return &storageFleet{st: st, o: o, id: hex.EncodeToString(b[:]), now: time.Now, n: 1,
-		own: map[bucketID]*storageCounts{}, others: map[bucketID][]storageCounts{}, skipped: map[string]bool{}, busy: map[string]bool{},
+		own: map[bucketID]*storageCounts{}, others: map[bucketID][]storageCounts{}, skipped: map[string]skipMark{}, busy: map[string]bool{},
 		stop: make(chan struct{}), done: make(chan struct{})}
 }
 
@@ -280,16 +265,37 @@ func (f *storageFleet) left(r Request) int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	id := bucketIDOf(r)
-	total := 0.0
+	total := f.othersWeighed(id, r.Policy, ns)
 	if c := f.own[id]; c != nil {
 		total += c.weighed(r.Policy.Algorithm, ns)
 	}
+	return int64(math.Floor(float64(r.Policy.Rate) - total + 1e-9))
+}
+
+// othersWeighed is what the others count of bucket id, of policy p, at ns:
+// their counts read, and the blind instances' shares. The caller holds mu.
+func (f *storageFleet) othersWeighed(id bucketID, p Policy, ns int64) float64 {
+	total := f.blindShare(p)
 	for _, o := range f.others[id] {
-		if o.Period == int64(r.Policy.Period) {
-			total += o.weighed(r.Policy.Algorithm, ns)
+		if o.Period == int64(p.Period) {
+			total += o.weighed(p.Algorithm, ns)
 		}
 	}
-	return int64(math.Floor(float64(r.Policy.Rate) - total + 1e-9))
+	return total
+}
+
+// blindShare is what the instances counted but not read (their files past
+// the read's budget) are taken to have admitted of a bucket of p: each its
+// whole share, Rate/N. Not counting them in N instead would leave the
+// others each a larger share and none of theirs seen, so that the fleet
+// could admit up to twice the limit; taken as spent, what they admit is
+// already off the others' allowance (as when every instance takes its
+// share), and the bound holds. The caller holds mu.
+func (f *storageFleet) blindShare(p Policy) float64 {
+	if f.blind == 0 || f.n == 0 {
+		return 0
+	}
+	return float64(f.blind) * float64(p.Rate) / float64(f.n)
 }
 
 // groups: one group, the round is made in memory.
@@ -357,12 +363,7 @@ func (f *storageFleet) chargeAll(_ context.Context, reqs []Request) ([]Decision,
 		cost := boundedCost(r.Cost)
 		e := &c.epochs[f.epoch%maxEpochs]
 		c.Curr, *e = min(c.Curr+cost, MaxCost), min(*e+cost, MaxCost)
-		total := c.weighed(p.Algorithm, ns)
-		for _, o := range f.others[id] {
-			if o.Period == c.Period {
-				total += o.weighed(p.Algorithm, ns)
-			}
-		}
+		total := c.weighed(p.Algorithm, ns) + f.othersWeighed(id, p, ns)
 		reset := c.Start + c.Period
 		if p.Algorithm == SlidingWindowCounter && total > 0 {
 			reset += c.Period
@@ -467,138 +468,12 @@ func (f *storageFleet) write(timeout time.Duration, final bool) {
 	f.reported(opWrite, err)
 }
 
-// call runs op on the storage within timeout, in a goroutine of its own: a
-// storage may not honour its context (a hung network mount, a FIFO where a
-// file should be). While an op on key runs past its timeout, no other is
-// started on that key: the call fails at once.
-func (f *storageFleet) call(key string, timeout time.Duration, op func(ctx context.Context) error) error {
-	f.busyMu.Lock()
-	if f.busy[key] {
-		f.busyMu.Unlock()
-		return fmt.Errorf("%s: an earlier call of the storage is still running, past its timeout", key)
-	}
-	f.busy[key] = true
-	f.busyMu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	done := make(chan error, 1)
-	go func() {
-		err := op(ctx)
-		f.busyMu.Lock()
-		delete(f.busy, key)
-		f.busyMu.Unlock()
-		done <- err
-		cancel()
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		select {
-		case err := <-done: // it ended as the time was up
-			return err
-		default:
-			return fmt.Errorf("%s: %w", key, context.DeadlineExceeded)
-		}
-	}
-}
-
-// read reads the others' files (see the model), deleting those to purge,
-// within budget in all (a file whose call still runs past its timeout is
-// skipped at once the next time): a read cut short changes nothing.
-func (f *storageFleet) read(budget time.Duration) {
-	f.readMu.Lock()
-	defer f.readMu.Unlock()
-	now := f.now()
-	start, entries := time.Now(), 0
-	deadline := start.Add(budget)
-	timeout := func() time.Duration { return max(min(f.o.Timeout, time.Until(deadline)), time.Millisecond) }
-	var err error
-	defer func() {
-		if f.o.Read != nil {
-			f.o.Read(entries, time.Since(start), err)
-		}
-	}()
-	var names []string
-	err = f.call(f.o.Dir, timeout(), func(ctx context.Context) (err error) {
-		names, err = f.list(ctx)
-		return err
-	})
-	if err != nil {
-		err = fmt.Errorf("listing %s: %w", f.o.Dir, err)
-		f.reported(opRead, err)
-		return
-	}
-	rd := reading{others: map[bucketID][]storageCounts{}, n: 1, ids: []string{f.id}, oldest: now.UnixNano()}
-	for _, name := range names {
-		inst, ok := strings.CutSuffix(path.Base(name), ".json")
-		if !ok || inst == f.id {
-			continue
-		}
-		if time.Now().After(deadline) {
-			err = fmt.Errorf("reading %s: the others' files took more than %s", f.o.Dir, budget)
-			f.reported(opRead, err)
-			return
-		}
-		f.readFile(now, name, inst, timeout(), &rd)
-	}
-	entries = rd.entries
-	for name := range f.skipped { // files gone: forgotten
-		if !slices.ContainsFunc(names, func(n string) bool { return path.Base(n) == name }) {
-			delete(f.skipped, name)
-		}
-	}
-	f.newEpoch(now, rd)
-	f.reported(opRead, nil)
-}
-
-// reading is what a read gathers of the others' files.
-type reading struct {
-	others  map[bucketID][]storageCounts
-	n       int64    // instances counted
-	ids     []string // their names
-	oldest  int64    // the oldest write of theirs (Unix ns)
-	entries int      // buckets read
-}
-
-// readFile reads the file name of instance inst into rd, or skips it (and
-// reports why), or deletes it when it is to purge.
-func (f *storageFleet) readFile(now time.Time, name, inst string, timeout time.Duration, rd *reading) {
-	file, err := f.load(name, inst, timeout)
-	switch {
-	case err != nil:
-		f.skip(path.Base(name), err)
-		return
-	case f.purge(now, file):
-		_ = f.call(name, timeout, func(ctx context.Context) error { return f.st.Delete(ctx, name) }) // another instance may have deleted it first
-		return
-	case file.At > now.Add(maxAhead).UnixNano():
-		f.skip(path.Base(name), fmt.Errorf("written %s ahead of this instance's clock: check the clocks (NTP)", time.Duration(file.At-now.UnixNano()).Round(time.Second)))
-		return
-	}
-	delete(f.skipped, path.Base(name)) // read well: reported again if it goes wrong
-	if !file.Stopped && now.Sub(time.Unix(0, file.At)) <= max(instancesWindow, 3*f.o.WriteEvery) {
-		rd.n++
-		rd.ids = append(rd.ids, inst)
-		rd.oldest = min(rd.oldest, file.At)
-	}
-	if rd.entries+len(file.Buckets) > maxSyncEntries {
-		f.skip(path.Base(name), fmt.Errorf("%d buckets: more than the %d kept of all the others' files", len(file.Buckets), maxSyncEntries))
-		return
-	}
-	for _, c := range file.Buckets {
-		if id, ok := c.bucketID(); ok {
-			rd.others[id] = append(rd.others[id], c)
-			rd.entries++
-		}
-	}
-}
-
 // newEpoch puts a read in force at now: the others' counts, the
 // instances, and a new epoch (see unseen).
 func (f *storageFleet) newEpoch(now time.Time, rd reading) {
 	slices.Sort(rd.ids)
 	f.mu.Lock()
-	f.others, f.n, f.ids, f.lastRead = rd.others, rd.n, rd.ids, now
+	f.others, f.n, f.ids, f.blind, f.lastRead = rd.others, rd.n, rd.ids, rd.blind, now
 	f.epoch++
 	f.epochAt[f.epoch%maxEpochs], f.oldest = now.UnixNano(), rd.oldest
 	for _, c := range f.own {
@@ -606,115 +481,4 @@ func (f *storageFleet) newEpoch(now time.Time, rd reading) {
 	}
 	f.mu.Unlock()
 	f.gen.Add(1)
-}
-
-// list lists the fleet's directory. A file that goes between the listing
-// and its look (a write's temporary file, renamed) fails the whole listing
-// as not existing: it is listed again; the directory itself is missing only
-// until this instance's first write.
-func (f *storageFleet) list(ctx context.Context) ([]string, error) {
-	for try := 0; ; try++ {
-		names, err := f.st.List(ctx, f.o.Dir, false)
-		switch {
-		case !errors.Is(err, fs.ErrNotExist):
-			return names, err
-		case !f.wrote.Load():
-			return nil, nil // no instance wrote yet
-		case try == 4:
-			return nil, err
-		}
-	}
-}
-
-// load reads and checks the file name of instance inst.
-func (f *storageFleet) load(name, inst string, timeout time.Duration) (storageFile, error) {
-	var file storageFile
-	var b []byte
-	err := f.call(name, timeout, func(ctx context.Context) error {
-		if s, ok := f.st.(Sizer); ok {
-			size, err := s.Size(ctx, name)
-			if err != nil {
-				return err
-			}
-			if size > maxFileSize {
-				return fmt.Errorf("%d bytes: more than the %d an instance's counts take", size, maxFileSize)
-			}
-		}
-		var err error
-		b, err = f.st.Load(ctx, name)
-		return err
-	})
-	if err != nil {
-		return file, err
-	}
-	if err := json.Unmarshal(b, &file); err != nil {
-		return file, errors.New(JSONError(err))
-	}
-	switch {
-	case file.Version != 1:
-		return file, fmt.Errorf("version %d: want 1 (written by another version?)", file.Version)
-	case file.Instance != inst:
-		return file, errors.New("the instance in the file is not the file's")
-	}
-	for _, c := range file.Buckets {
-		if _, ok := c.bucketID(); !ok || c.Period <= 0 || c.Curr < 0 || c.Prev < 0 || c.Curr > MaxCost || c.Prev > MaxCost {
-			return file, errors.New("a bucket's counts are malformed")
-		}
-	}
-	return file, nil
-}
-
-// bucketID is the bucket c counts, false when c does not name one.
-func (c storageCounts) bucketID() (bucketID, bool) {
-	algo, err := ParseAlgorithm(c.Algo)
-	h, herr := hex.DecodeString(c.Digest)
-	if err != nil || herr != nil || len(h) != 16 || c.Zone == "" {
-		return bucketID{}, false
-	}
-	return bucketID{zone: c.Zone, algo: algo, hash: [16]byte(h)}, true
-}
-
-// purge reports whether file is to be deleted at now.
-func (f *storageFleet) purge(now time.Time, file storageFile) bool {
-	written := now.Sub(time.Unix(0, file.At))
-	if f.o.PurgeAge > 0 {
-		return written > f.o.PurgeAge
-	}
-	return written > max(instancesWindow, 3*f.o.WriteEvery) && now.UnixNano() > file.Until
-}
-
-// skip reports a file that could not be used, once until it reads well.
-func (f *storageFleet) skip(name string, err error) {
-	if f.skipped[name] {
-		return
-	}
-	f.skipped[name] = true
-	if f.o.Events != nil {
-		f.o.Events.FileSkipped(name, err)
-	}
-}
-
-// The storage's operations, whose failures are told apart.
-const (
-	opRead = iota
-	opWrite
-)
-
-// reported tells the events of a failure (err) or a recovery (nil) of op,
-// once each: a recovery when neither fails any more.
-func (f *storageFleet) reported(op int, err error) {
-	f.mu.Lock()
-	was := f.failing[0] || f.failing[1]
-	f.failing[op] = err != nil
-	is := f.failing[0] || f.failing[1]
-	changed := was != is
-	f.mu.Unlock()
-	if !changed || f.o.Events == nil {
-		return
-	}
-	if is {
-		f.o.Events.StorageFailing(err)
-		return
-	}
-	f.o.Events.StorageRecovered()
 }

@@ -242,14 +242,14 @@ func TestStorageFleetHostileFiles(t *testing.T) {
 			}
 		}()
 	}
-	big, err := os.Create(filepath.Join(sub, "big.json"))
+	big, err := os.Create(filepath.Join(sub, "b1b1b1b1b1b1b1b1.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_ = big.Truncate(maxFileSize + 1)
 	big.Close()
-	ahead, _ := json.Marshal(storageFile{Version: 1, Instance: "ahead", At: time.Now().Add(time.Hour).UnixNano()})
-	if err := os.WriteFile(filepath.Join(sub, "ahead.json"), ahead, 0o600); err != nil {
+	ahead, _ := json.Marshal(storageFile{Version: 1, Instance: "a0a0a0a0a0a0a0a0", At: time.Now().Add(time.Hour).UnixNano()})
+	if err := os.WriteFile(filepath.Join(sub, "a0a0a0a0a0a0a0a0.json"), ahead, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ev := &recordedStorage{}
@@ -279,7 +279,7 @@ func TestStorageFleetHostileFiles(t *testing.T) {
 		}
 	}
 	slices.Sort(skipped)
-	want := []string{"ahead.json", "ahead.json", "big.json", "big.json"}
+	want := []string{"a0a0a0a0a0a0a0a0.json", "a0a0a0a0a0a0a0a0.json", "b1b1b1b1b1b1b1b1.json", "b1b1b1b1b1b1b1b1.json"}
 	for i := range 10 {
 		want = append(want, fmt.Sprintf("fifo%d.json", i), fmt.Sprintf("fifo%d.json", i))
 	}

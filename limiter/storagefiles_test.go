@@ -1,0 +1,222 @@
+package limiter
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+)
+
+// filesFleet is n Limiters sharing Caddy's file system storage at dir
+// (telling sizes, as the handler's storage does), with o, each having read
+// the others' first files.
+func filesFleet(t *testing.T, dir string, n int, o StorageOptions) []*Limiter {
+	t.Helper()
+	var fleet []*Limiter
+	for range n {
+		l := NewStorageLimiter(sizedFileStorage{&certmagic.FileStorage{Path: dir}}, o)
+		t.Cleanup(func() { l.Close() })
+		fleet = append(fleet, l)
+	}
+	for _, l := range fleet {
+		l.fleet.read(time.Second)
+		l.CountSync(context.Background(), o.ReadEvery)
+	}
+	return fleet
+}
+
+// syncDir makes dir's rate_limit/sync and returns it.
+func syncDir(t *testing.T, dir string) string {
+	t.Helper()
+	sub := filepath.Join(dir, "rate_limit", "sync")
+	if err := os.MkdirAll(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
+// writeInstance writes, in sub, the file of an instance named name that
+// was written at at, until until, with buckets buckets of another zone.
+func writeInstance(t *testing.T, sub, name string, at, until time.Time, buckets int) {
+	t.Helper()
+	file := storageFile{Version: 1, Instance: name, At: at.UnixNano(), Until: until.UnixNano()}
+	for range buckets {
+		var h [16]byte
+		_, _ = rand.Read(h[:])
+		file.Buckets = append(file.Buckets, storageCounts{Zone: "other", Algo: "fixed_window", Digest: hex.EncodeToString(h[:]),
+			Period: int64(time.Hour), Start: at.Truncate(time.Hour).UnixNano(), Curr: 1})
+	}
+	b, err := json.Marshal(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(sub, name+".json")
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(p, at, at); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// skips counts the reports of name.
+func (r *recordedStorage) skips(name string) (n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.skipped {
+		if s == name {
+			n++
+		}
+	}
+	return n
+}
+
+// hourOf100 is a request of a window of 100 an hour, synced every 100 ms.
+var hourOf100 = Request{Zone: "api", Key: "k", Policy: Policy{Algorithm: FixedWindow, Rate: 100, Period: time.Hour, Burst: 100},
+	Cost: 1, Sync: 100 * time.Millisecond}.WithDigest(nil)
+
+// seesAll fails unless, after wait, every instance of fleet counts the
+// admitted of req's bucket: the others' files were read.
+func seesAll(t *testing.T, fleet []*Limiter, req Request, admitted int64, wait time.Duration) {
+	t.Helper()
+	time.Sleep(wait)
+	for i, l := range fleet {
+		if left := l.fleet.left(req); left != req.Policy.Rate-admitted {
+			t.Errorf("instance %d sees %d left of %d, after %d admitted", i, left, req.Policy.Rate, admitted)
+		}
+	}
+}
+
+// TestStorageFilesDevices: a file of the directory that is a symlink to
+// /dev/zero (an endless read), or to a FIFO (a read that never starts), is
+// skipped at once and reported once by each instance: neither takes the
+// instances' memory nor holds their start, and the two instances count
+// each other.
+func TestStorageFilesDevices(t *testing.T) {
+	dir := t.TempDir()
+	sub := syncDir(t, dir)
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { // let a read that waits on it end
+		for range 2 {
+			if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+				w.Close()
+			}
+		}
+	}()
+	for name, to := range map[string]string{"00000000000000aa.json": "/dev/zero", "00000000000000bb.json": fifo} {
+		if err := os.Symlink(to, filepath.Join(sub, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev := &recordedStorage{}
+	start := time.Now()
+	fleet := filesFleet(t, dir, 2, StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond, Timeout: time.Second, Events: ev})
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("two instances took %s to start", took)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := fleet[0].fleet.registered(); n != 2 {
+		t.Errorf("an instance counts %d instances, want 2", n)
+	}
+	for _, name := range []string{"00000000000000aa.json", "00000000000000bb.json"} {
+		if n := ev.skips(name); n != 2 {
+			t.Errorf("%s reported %d times, want once per instance", name, n)
+		}
+	}
+}
+
+// TestStorageFilesLinkedDir: rate_limit/sync a symlink to a directory
+// (sharing only that directory) is followed: the instances count each
+// other, and two admit no more than the limit and the bound of a sync.
+func TestStorageFilesLinkedDir(t *testing.T) {
+	dir, shared := t.TempDir(), t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "rate_limit"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(shared, filepath.Join(dir, "rate_limit", "sync")); err != nil {
+		t.Fatal(err)
+	}
+	const every = 50 * time.Millisecond
+	fleet := filesFleet(t, dir, 2, StorageOptions{WriteEvery: every, ReadEvery: every})
+	if n := fleet[0].fleet.registered(); n != 2 {
+		t.Errorf("an instance counts %d instances, want 2", n)
+	}
+	admitted := turns(fleet, hourOf100, 600*time.Millisecond, time.Millisecond)
+	if admitted > 150 { // the bound: (N-1)/N of the window
+		t.Errorf("two instances admitted %d of a window of 100", admitted)
+	}
+	seesAll(t, fleet, hourOf100, admitted, 8*every)
+	if files, _ := filepath.Glob(filepath.Join(shared, "*.json")); len(files) != 2 {
+		t.Errorf("the shared directory holds %v: want one file per instance", files)
+	}
+}
+
+// TestStorageFilesManyInstances: 300 small files that look like instances'
+// (named as the fleet names them, written now) are counted up to
+// maxStorageInstances, the surplus reported once by each instance: shares
+// do not shrink to nothing, some requests are admitted. Files not named as
+// the fleet names them are no instances at all.
+func TestStorageFilesManyInstances(t *testing.T) {
+	const every = 50 * time.Millisecond
+	for _, c := range []struct {
+		name   string
+		format string
+		want   int64
+	}{{"fleet names", "%016x", maxStorageInstances}, {"other names", "x%d", 2}} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			sub := syncDir(t, dir)
+			for i := range 300 {
+				writeInstance(t, sub, fmt.Sprintf(c.format, i+1), time.Now(), time.Now(), 0)
+			}
+			ev := &recordedStorage{}
+			fleet := filesFleet(t, dir, 2, StorageOptions{WriteEvery: every, ReadEvery: every, Events: ev})
+			if n := fleet[0].fleet.registered(); n != c.want {
+				t.Errorf("an instance counts %d instances, want %d", n, c.want)
+			}
+			admitted := turns(fleet, hourOf100, 600*time.Millisecond, time.Millisecond)
+			t.Logf("%d admitted of a window of 100", admitted)
+			if admitted == 0 || admitted > 150 {
+				t.Errorf("two instances admitted %d of a window of 100", admitted)
+			}
+			if n := ev.skips("rate_limit/sync"); c.want == maxStorageInstances && n != 2 {
+				t.Errorf("the surplus of instances reported %d times, want once per instance", n)
+			}
+		})
+	}
+}
+
+// TestStorageFilesOversized: a file of more buckets than all the others'
+// files may hold (written an hour ago, its counts lasting an hour more),
+// named to be read first, is skipped, reported once, and the instances'
+// own files are read: two admit no more than the limit and the bound.
+func TestStorageFilesOversized(t *testing.T) {
+	dir := t.TempDir()
+	sub := syncDir(t, dir)
+	writeInstance(t, sub, "0000000000000000", time.Now().Add(-time.Hour), time.Now().Add(time.Hour), 1000)
+	ev := &recordedStorage{}
+	const every = 50 * time.Millisecond
+	fleet := filesFleet(t, dir, 2, StorageOptions{WriteEvery: every, ReadEvery: every, Events: ev, maxEntries: 1000})
+	admitted := turns(fleet, hourOf100, 600*time.Millisecond, time.Millisecond)
+	if admitted > 150 || admitted < 50 {
+		t.Errorf("two instances admitted %d of a window of 100", admitted)
+	}
+	seesAll(t, fleet, hourOf100, admitted, 8*every)
+	if n := fleet[0].fleet.registered(); n != 2 {
+		t.Errorf("an instance counts %d instances, want 2", n)
+	}
+	if n := ev.skips("0000000000000000.json"); n != 2 {
+		t.Errorf("the oversized file reported %d times, want once per instance", n)
+	}
+}
