@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
@@ -309,6 +310,12 @@ func (c *RedisConfig) options(files tlsFiles) (*redis.UniversalOptions, error) {
 		// One dial per call: a refused connection fails the call at once,
 		// with its own error, not a timeout after dials tried again.
 		DialerRetries: 1,
+		// No CLIENT SETINFO nor CLIENT MAINT_NOTIFICATIONS on connecting:
+		// Redis before 7.2 (and any but Redis Enterprise, for the second)
+		// answers them with an error, which its errorstats count (noise
+		// under an alert on Redis's errors).
+		DisableIdentity:          true,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	}
 	if c.TLS != nil {
 		tlsConfig, err := c.TLS.config(files)

@@ -14,6 +14,7 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -313,5 +314,37 @@ func TestStoreFailuresNamed(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRedisConnectingCountsNoError: the store's connections are made
+// without a command that Redis before 7.2 answers with an error (go-redis's
+// CLIENT SETINFO): a Redis's errorstats, which an operator may alert on,
+// count no error but NOSCRIPT, once per script a node has not cached.
+func TestRedisConnectingCountsNoError(t *testing.T) {
+	srv := redistest.NewServer(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, DisableIdentity: true,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+	defer c.Close()
+	errors := func() string { // without NOSCRIPT
+		var lines []string
+		for _, l := range strings.Split(c.Info(context.Background(), "errorstats").Val(), "\n") {
+			if strings.HasPrefix(l, "errorstat_") && !strings.HasPrefix(l, "errorstat_NOSCRIPT") {
+				lines = append(lines, strings.TrimSpace(l))
+			}
+		}
+		return strings.Join(lines, " ")
+	}
+	before := errors() // the test's own connections' (redistest's)
+	h := &Handler{Zones: map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "100r/s"}},
+		Redis: &RedisConfig{Addresses: []string{srv.Addr}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		serve(h, keyRequest(fmt.Sprint("k", i)))
+	}
+	if after := errors(); after != before {
+		t.Fatalf("Redis counted errors of a limiter that only connected and decided: %q, before it %q", after, before)
 	}
 }
