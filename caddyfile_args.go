@@ -53,7 +53,7 @@ func templateArgs(d *caddyfile.Dispenser) (tmpl, dflt string, err error) {
 		return "", "", d.ArgErr()
 	}
 	if len(args) == 2 {
-		if !hasPlaceholder(args[0]) {
+		if !strings.ContainsAny(args[0], "{}") { // a stray } is checkPlaceholders' to report
 			if _, _, err := limiter.ParseRate(args[0] + args[1]); err == nil {
 				return "", "", d.Errf("%s %s: write a rate without spaces: %s%s", args[0], args[1], args[0], args[1])
 			}

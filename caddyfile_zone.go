@@ -245,7 +245,7 @@ func parseZoneRate(d *caddyfile.Dispenser, z *Zone) error {
 	case hasPlaceholder(check):
 		return d.Errf("zone %q: rate %q has placeholders: give a default rate after it", z.name, tmpl)
 	}
-	if _, _, err := limiter.ParseRate(check); err != nil {
+	if _, _, err := parseRate(check); err != nil {
 		return d.Errf("zone %q: %v", z.name, err)
 	}
 	return nil

@@ -42,14 +42,25 @@ var (
 		"remote": "http.request.remote", "remote_port": "http.request.remote.port", "host": "http.request.host",
 		"hostport": "http.request.hostport", "method": "http.request.method", "uri": "http.request.uri",
 		"path": "http.request.uri.path", "query": "http.request.uri.query", "scheme": "http.request.scheme"}
+	// shorthandFamilies are the Caddyfile's shorthands that take a name
+	// after them ({header.X-Key}), by what they stand for; {file.*} is a
+	// placeholder of its own in JSON.
+	shorthandFamilies = map[string]string{"header.": "http.request.header.", "cookie.": "http.request.cookie.",
+		"labels.": "http.request.host.labels.", "path.": "http.request.uri.path.", "query.": "http.request.uri.query.",
+		"vars.": "http.vars.", "re.": "http.regexp.", "rp.": "http.reverse_proxy.", "resp.": "http.intercept.",
+		"err.": "http.error.", "file_match.": "http.matchers.file."}
 )
 
 // placeholderName finds the names of a template's placeholders.
 var placeholderName = regexp.MustCompile(`\{([^{}\s]+)\}`)
 
-// checkPlaceholders checks the placeholders of tmpl, a zone's field; in
-// JSON (not adapted from a Caddyfile), a shorthand is an error too.
+// checkPlaceholders checks the braces and placeholders of tmpl, a zone's
+// field; in JSON (not adapted from a Caddyfile), a shorthand is an error
+// too.
 func checkPlaceholders(field, tmpl string) error {
+	if err := checkBraces(field, tmpl); err != nil {
+		return err
+	}
 	for _, m := range placeholderName.FindAllStringSubmatch(tmpl, -1) {
 		if err := checkPlaceholder(m[1]); err != nil {
 			return fmt.Errorf("%s %q: %w", field, tmpl, err)
@@ -85,6 +96,11 @@ func checkConstantKey(key string) error {
 func checkPlaceholder(name string) error {
 	if full, ok := shorthands[name]; ok {
 		return fmt.Errorf("{%s} is a shorthand of the Caddyfile only: in JSON write {%s}", name, full)
+	}
+	for short, full := range shorthandFamilies {
+		if rest, ok := strings.CutPrefix(name, short); ok && rest != "" {
+			return fmt.Errorf("{%s} is a shorthand of the Caddyfile only: in JSON write {%s%s}", name, full, rest)
+		}
 	}
 	if slices.Contains(requestPlaceholders, name) || hasFamily(name, requestFamilies) || hasFamily(name, otherFamilies) {
 		return nil

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -107,5 +108,58 @@ func TestUnknownKeyPlaceholderWarned(t *testing.T) {
 	expectStatus(t, h, keyRequest("c"), http.StatusOK, "")
 	if logs.Len() != 0 {
 		t.Errorf("known placeholders: warnings %v", logs.All())
+	}
+}
+
+// TestUnbalancedBraces: a key, rate, burst or cost whose braces do not
+// balance (which Caddy's replacer would leave as text, one bucket for
+// every client) fails adapt at its line, naming the fix, and fails in
+// JSON; escaped braces, as Caddy's replacer reads them, pass.
+func TestUnbalancedBraces(t *testing.T) {
+	cases := []struct{ line, want string }{
+		{"key {http.request.header.X-Api-Key", `{http.request.header.X-Api-Key has no closing }`},
+		{"key {http.request.header.X-Api-Key", `write {http.request.header.X-Api-Key}`},
+		{"key {client_ip", `write {client_ip}`},
+		{"key {header.X-API-Key}}", `a } that closes no placeholder`},
+		{"key {header.X-API-Key}}", `write {http.request.header.X-API-Key}`},
+		{"key header.X-API-Key}", `write {header.X-API-Key}`},
+		{"key {client_ip}-{header.X", `write {http.vars.client_ip}-{header.X}`},
+		{"key {a{http.vars.b}", `{a has no closing }`},
+		{"key x-{}", `{} names no placeholder`},
+		{"key k\n\t\t\trate {http.vars.plan 10r/s", `rate "{http.vars.plan"`},
+		{"key k\n\t\t\trate http.vars.plan} 10r/s", `rate "http.vars.plan}": a } that closes no placeholder`},
+		{"key k\n\t\t\trate 1r/s\n\t\t\tburst {http.vars.burst", `burst "{http.vars.burst"`},
+		{"key k\n\t\t\trate 1r/s\n\t\t\tcost 5}", `cost "5}": a } that closes no placeholder, which Caddy keeps as text; write 5,`},
+	}
+	for _, c := range cases {
+		_, err := adapt(t, ":8080 {\n\trate_limit {\n\t\tzone z {\n\t\t\t"+c.line+"\n\t\t\trate 1r/s\n\t\t}\n\t}\n}\n")
+		line := "Caddyfile:" + fmt.Sprint(4+strings.Count(c.line, "\n"))
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), line) {
+			t.Errorf("%s: %v; want %q, at %s", c.line, err, c.want, line)
+		}
+	}
+	for _, ok := range []string{`\{literal\}-{client_ip}`, `{client_ip}-\}`, `{http.request.header.X\}Y}`} {
+		if _, err := adapt(t, ":8080 {\n\trate_limit {\n\t\tzone z {\n\t\t\tkey "+ok+"\n\t\t\trate 1r/s\n\t\t}\n\t}\n}\n"); err != nil {
+			t.Errorf("key %s: %v; want it accepted", ok, err)
+		}
+	}
+	for field, z := range map[string]*Zone{
+		`key "{http.request.header.X-Api-Key"`: {Key: "{http.request.header.X-Api-Key", Rate: "1r/s"},
+		`rate "{http.vars.plan"`:               {Key: "k", Rate: "{http.vars.plan", DefaultRate: "1r/s"},
+		`burst "5}"`:                           {Key: "k", Rate: "1r/s", Burst: "5}"},
+		`cost "{http.vars.cost"`:               {Key: "k", Rate: "1r/s", Cost: "{http.vars.cost"},
+	} {
+		err := provision(t, &Handler{Zones: map[string]*Zone{"z": z}})
+		if err == nil || !strings.Contains(err.Error(), field) || !strings.Contains(err.Error(), "write ") {
+			t.Errorf("JSON %s: %v; want it refused with the fix", field, err)
+		}
+	}
+	if err := provision(t, &Handler{Zones: map[string]*Zone{"z": {Key: `\{x\}-{http.vars.client_ip}`, Rate: "1r/s"}}}); err != nil {
+		t.Errorf("JSON key with escaped braces: %v", err)
+	}
+	// The fix of a stray } may be a shorthand, which JSON spells in full.
+	err := provision(t, &Handler{Zones: map[string]*Zone{"z": {Key: "{header.X-API-Key}", Rate: "1r/s"}}})
+	if err == nil || !strings.Contains(err.Error(), "in JSON write {http.request.header.X-API-Key}") {
+		t.Errorf("JSON key {header.X-API-Key}: %v; want the full name", err)
 	}
 }

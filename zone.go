@@ -377,7 +377,7 @@ func (z *Zone) staticRate() (int64, time.Duration, error) {
 		}
 		rate = z.DefaultRate
 	}
-	return limiter.ParseRate(rate)
+	return parseRate(rate)
 }
 
 // Bounds of Zone.Sync.
@@ -544,7 +544,7 @@ func (z *Zone) limits(repl *caddy.Replacer, logger *zap.Logger) (limiter.Policy,
 	}
 	p := z.policy
 	if hasPlaceholder(z.Rate) {
-		if n, period, err := limiter.ParseRate(repl.ReplaceAll(z.Rate, "")); err == nil {
+		if n, period, err := parseRate(repl.ReplaceAll(z.Rate, "")); err == nil {
 			p.Rate, p.Period = n, period
 		} else {
 			z.warn(fieldRate, logger, err)
