@@ -89,29 +89,33 @@ func lookupZone(name string) (zoneRef, bool) {
 	return zoneRef{}, false
 }
 
-// zoneInfo describes a zone in GET /rate_limit/zones.
+// zoneInfo describes a zone in GET /rate_limit/zones: its limit and
+// policy in force, and, under an override of the zone, the override and
+// the config's limit and policy.
 type zoneInfo struct {
-	Name          string `json:"name"`
-	Key           string `json:"key"`
-	Algorithm     string `json:"algorithm"`
-	Rate          string `json:"rate,omitempty"`
-	Limit         int64  `json:"limit"`
-	MaxConcurrent int64  `json:"max_concurrent,omitempty"`
-	Policy        string `json:"policy"`
-	Store         string `json:"store"`
-	DryRun        bool   `json:"dry_run,omitempty"`
+	Name            string          `json:"name"`
+	Key             string          `json:"key"`
+	Algorithm       string          `json:"algorithm"`
+	Rate            string          `json:"rate,omitempty"`
+	Limit           int64           `json:"limit"`
+	MaxConcurrent   int64           `json:"max_concurrent,omitempty"`
+	Policy          string          `json:"policy"`
+	Store           string          `json:"store"`
+	DryRun          bool            `json:"dry_run,omitempty"`
+	Disabled        bool            `json:"disabled,omitempty"`
+	ConfigLimit     int64           `json:"config_limit,omitempty"`
+	ConfigPolicy    string          `json:"config_policy,omitempty"`
+	Override        *overrideOutput `json:"override,omitempty"`
+	OverrideLeftOut string          `json:"override_left_out,omitempty"`
 }
 
 func listZones() []zoneInfo {
 	registry.Lock()
 	defer registry.Unlock()
 	byName := map[string]zoneInfo{}
+	now := time.Now()
 	for _, r := range registry.zones { // the newest config's last, so it wins
-		p := r.z.policy
-		info := zoneInfo{Name: r.z.name, Key: r.z.Key, Algorithm: p.Algorithm.String(), Rate: r.z.Rate,
-			Limit: p.Limit(), MaxConcurrent: r.z.MaxConcurrent, Policy: p.String(), Store: r.h.store.Kind(),
-			DryRun: r.z.DryRun || r.h.DryRun}
-		byName[info.Name] = info
+		byName[r.z.name] = zoneInfoOf(r, now) // admin_inforce.go
 	}
 	list := make([]zoneInfo, 0, len(byName))
 	for _, info := range byName {
@@ -121,7 +125,9 @@ func listZones() []zoneInfo {
 	return list
 }
 
-// usage is a client's usage in a zone, as GET /rate_limit/zones/<zone>/keys/<key> answers it.
+// usage is a client's usage in a zone, as a lookup answers it: the
+// figures its next response's headers would show, under the limit in
+// force for its key (Policy), and the overrides that make it.
 type usage struct {
 	Zone      string `json:"zone"`
 	Key       string `json:"key"`
@@ -129,6 +135,14 @@ type usage struct {
 	Remaining int64  `json:"remaining"`
 	Reset     int64  `json:"reset"`
 	Algorithm string `json:"algorithm"`
+	Policy    string `json:"policy"`
+	// ConfigLimit is the config's limit, when an override is in force.
+	ConfigLimit  int64           `json:"config_limit,omitempty"`
+	ZoneOverride *overrideOutput `json:"zone_override,omitempty"`
+	KeyOverride  *overrideOutput `json:"key_override,omitempty"`
+	Blocked      bool            `json:"blocked,omitempty"`
+	Exempt       bool            `json:"exempt,omitempty"`
+	Disabled     bool            `json:"disabled,omitempty"`
 	// Sync is the zone's sync interval, for a zone that syncs: the
 	// figures are then Redis's, as of the instances' last syncs.
 	Sync string `json:"sync,omitempty"`
@@ -219,14 +233,9 @@ func serveKey(w http.ResponseWriter, method string, ref zoneRef, key string) err
 	ctx := context.Background()
 	switch method {
 	case http.MethodGet:
-		d, err := store.Peek(ctx, req)
+		u, err := lookupKey(ref, key) // admin_inforce.go
 		if err != nil {
-			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("reading the bucket: %w", err)}
-		}
-		u := usage{Zone: z.name, Key: req.Key, Limit: d.Limit, Remaining: d.Remaining,
-			Reset: d.ResetUnix(), Algorithm: z.policy.Algorithm.String()}
-		if z.Sync != 0 {
-			u.Sync = time.Duration(z.Sync).String()
+			return err
 		}
 		return writeJSON(w, u)
 	case http.MethodDelete:
