@@ -42,10 +42,13 @@ func evalCmd(ctx context.Context, sr scriptRun, sha bool, now, mode string, reqs
 			period = p.Lease.Microseconds()
 		}
 		var flag any = 0
-		if sr.flags != nil {
+		switch {
+		case sr.flags != nil:
 			flag = sr.flags[j]
-		} else if p.NoDelay {
+		case p.NoDelay:
 			flag = 1
+		case reqs[i].Sync > 0 && p.Algorithm.Windowed():
+			flag = 2 // a window that syncs: what its charges put past the limit carries (see carry in common.lua)
 		}
 		pa := policyArgs(p.Rate, period, p.Burst)
 		a = append(a, pa[0], pa[1], pa[2], reqs[i].Cost, flag, reqs[i].ID)

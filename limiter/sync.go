@@ -168,9 +168,12 @@ type syncer struct {
 	done      chan struct{}
 	ev        atomic.Pointer[SyncEvents]
 	now       func() time.Time
-	regMu     sync.Mutex
-	lastSeen  time.Time // of the instances' register, under regMu
-	firstReg  time.Time // the first registration that succeeded, under regMu
+	floor     atomic.Int64 // on_store_error local's instances, as the last take gave it
+	regMu     sync.Mutex   // guards the registrations' times (syncinstances.go)
+	lastSeen  time.Time    // the last registration made
+	firstReg  time.Time    // the first that succeeded since a gap (warm: see syncinstances.go)
+	lastOK    time.Time    // the last that succeeded
+	highAt    time.Time    // the last that counted N or more
 }
 
 // syncEntry is one bucket's local view.
@@ -204,31 +207,6 @@ func (l *Limiter) OnSync(ev SyncEvents) {
 	if l.sync != nil {
 		l.sync.ev.Store(&ev)
 	}
-}
-
-// Instances is the number of instances syncing with this one's Redis,
-// this one included, as last counted.
-func (l *Limiter) Instances() int {
-	if l.sync == nil {
-		return 1
-	}
-	return int(l.sync.n.Load())
-}
-
-// CountSync counts the instances syncing with this one's Redis (or
-// storage), this one included, as a config with zones that sync of
-// interval every loads. It registers nothing: the instance registers from
-// its first request of such a zone (see Starting).
-func (l *Limiter) CountSync(ctx context.Context, every time.Duration) int {
-	if l.sync == nil {
-		return 1
-	}
-	l.sync.atMost(every)
-	n, err := l.sync.fleet.countSync(ctx, l.sync.id, instancesWindow)
-	if err == nil {
-		l.sync.n.Store(max(n, 1))
-	}
-	return int(l.sync.n.Load())
 }
 
 // held is what a bucket holds as d tells it, negative in debt: a token
@@ -270,6 +248,7 @@ func (s *syncer) instances(min int) int64 { return max(s.n.Load(), int64(min), 1
 // admitted (another zone of the request refused); nil when it refused.
 func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact []int, undo func()) {
 	s.start(reqs)
+	s.floor.Store(int64(n))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d = make([]Decision, len(reqs))
@@ -612,29 +591,31 @@ func (s *syncer) close() {
 	})
 }
 
-// registerEvery is how often an instance registers (with rounds or not),
-// and instancesWindow how long a registration counts.
-const (
-	registerEvery   = time.Second
-	instancesWindow = 10 * time.Second
-)
-
 // run syncs every interval (the shortest of the buckets'), and registers
-// the instance every second, until close; then a last round charges what
-// is left.
+// the instance every registerEvery, until close; then a last round
+// charges what is left.
 func (s *syncer) run() {
 	defer close(s.done)
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-	s.register(ctx, s.now(), true)
+	_ = s.register(ctx, s.now(), true)
 	cancel()
+	last := s.now()
 	for {
+		every := time.Duration(max(s.every.Load(), int64(time.Millisecond)))
 		select {
 		case <-s.stop:
 			s.round(true)
 			return
-		case <-time.After(time.Duration(max(s.every.Load(), int64(time.Millisecond)))):
+		case <-time.After(min(every, registerEvery, max(every-s.now().Sub(last), time.Millisecond))):
 		}
-		s.round(false)
+		if now := s.now(); now.Sub(last) >= every {
+			last = now
+			s.round(false)
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+		_ = s.register(ctx, s.now(), false)
+		cancel()
 	}
 }
 
@@ -651,7 +632,7 @@ func (s *syncer) round(final bool) {
 	now := s.now()
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	s.register(ctx, now, final)
+	_ = s.register(ctx, now, final)
 	reqs, es := s.due(now, final)
 	if len(reqs) == 0 {
 		return
@@ -712,7 +693,7 @@ func (s *syncer) settled(now time.Time, part []int, es []*syncEntry, d []Decisio
 		e.spent -= e.sending
 		e.sending = 0
 		e.remaining, e.reset, e.synced, e.turns = d[j].Remaining, d[j].Reset, now, windowTurns(now, e.req.Policy)
-		e.allowance = max(share(held(e.req.Policy, d[j])+refill(e.req), s.n.Load())-e.spent, 0)
+		e.allowance = max(share(held(e.req.Policy, d[j])+refill(e.req), s.instances(int(s.floor.Load())))-e.spent, 0)
 		e.granted = e.allowance
 	}
 }
@@ -814,70 +795,3 @@ func (s *syncer) flag(e *syncEntry) {
 		s.queue = append(s.queue, e)
 	}
 }
-
-// register marks this instance as syncing, on Redis's clock, and counts
-// the instances registered in the last instancesWindow: at most every
-// registerEvery, unless force.
-func (s *syncer) register(ctx context.Context, now time.Time, force bool) {
-	s.regMu.Lock()
-	if !force && now.Sub(s.lastSeen) < registerEvery {
-		s.regMu.Unlock()
-		return
-	}
-	s.lastSeen = now
-	s.regMu.Unlock()
-	n, err := s.fleet.registerSync(ctx, s.id, instancesWindow)
-	if err != nil {
-		return
-	}
-	s.regMu.Lock()
-	if s.firstReg.IsZero() {
-		s.firstReg = now
-	} else if now.Sub(s.firstReg) >= registerEvery {
-		s.warm.Store(true)
-	}
-	s.regMu.Unlock()
-	if old := s.n.Swap(max(n, 1)); old != max(n, 1) {
-		if ev := s.ev.Load(); ev != nil {
-			(*ev).InstancesChanged(int(max(n, 1)))
-		}
-	}
-}
-
-// registerSync registers id in the sorted set of the instances that sync,
-// on Redis's clock, and counts those registered within window.
-func (s *RedisStore) registerSync(ctx context.Context, id string, window time.Duration) (int64, error) {
-	key := s.prefix + "{sync}:instances"
-	return registerScript.Run(ctx, s.client, []string{key}, id, window.Milliseconds()).Int64()
-}
-
-// countSync counts the instances registered within window, id counted
-// whether it registered or not, on Redis's clock, registering nothing.
-func (s *RedisStore) countSync(ctx context.Context, id string, window time.Duration) (int64, error) {
-	key := s.prefix + "{sync}:instances"
-	return countScript.Run(ctx, s.client, []string{key}, id, window.Milliseconds()).Int64()
-}
-
-// countScript counts the members of the sorted set KEYS[1] scored within
-// ARGV[2] ms of Redis's time, ARGV[1] counted once whether it is or not.
-var countScript = redis.NewScript(`
-local t = redis.call('TIME')
-local since = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[2])
-local n = redis.call('ZCOUNT', KEYS[1], since, '+inf')
-local mine = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '-1')
-if mine < since then
-  n = n + 1
-end
-return n
-`)
-
-// registerScript registers ARGV[1] in the sorted set KEYS[1] at Redis's
-// time, drops those older than ARGV[2] ms, and returns how many remain.
-var registerScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
-redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
-return redis.call('ZCARD', KEYS[1])
-`)

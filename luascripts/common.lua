@@ -160,22 +160,27 @@ local function window_tag(start, window)
   return (start / window) % 1000000
 end
 
--- A window's count goes past its limit only by "charge" (a zone that
--- syncs charges what its instances admitted, which may be more than the
--- limit left): what went over is carried into the windows after it, as a
--- token bucket's debt is repaid, so that over any period the windows
--- admit the limit of each and what the last one went over, never more.
--- A count of limit + x starts the next window at x (at most max_carry
--- windows on); a take never counts past the limit, so an exact zone never
--- carries. carry_windows is how many windows after its own a count of
--- count still weighs on.
-local max_carry = 100
+-- A window's count goes past its limit by "charge" (a zone that syncs
+-- charges what its instances admitted, which may be more than the limit
+-- left): what went over is carried into the next window, as a token
+-- bucket's debt is repaid, so that over any period the windows admit the
+-- limit of each and what the last one went over, never more. Only a zone
+-- that syncs carries (its keys' flag is "2"): an exact zone's count is
+-- past the limit only when the limit fell (a reload, an override that
+-- ended), which is no one's overshoot. A count of limit + x starts the
+-- next window at min(x, limit), and no later window: an outage's charges
+-- (a burst from each instance) hold the client back one window at most.
+-- carries tells whether k, a key's arguments, carries; carry_windows how
+-- many windows after its own a count still weighs on (0 or 1).
+local function carries(k)
+  return k.flag == '2'
+end
 
-local function carry_windows(count, limit)
-  if not (limit > 0) or count <= limit then
+local function carry_windows(count, limit, carry)
+  if not carry or not (limit > 0) or count <= limit then
     return 0
   end
-  return math.min(math.ceil((count - limit) / limit), max_carry)
+  return 1
 end
 
 -- windows_since is how many windows passed from the window tagged from to

@@ -14,17 +14,16 @@
 -- Windows start at multiples of their length. A counter is stored as one
 -- integer, the count followed by the window's tag (see window_tag) in six
 -- digits: "<count><tag>", which Redis keeps as a 64-bit integer up to
--- counts of 9 * 10^12. It expires with its window, or, past the limit,
--- when what went over has been carried (see carry_windows): a window k
--- windows after a count c starts at c - k * limit; a count of 0 is no
--- key.
+-- counts of 9 * 10^12. It expires with its window, or, past the limit of
+-- a zone that syncs, a window later (see carry_windows): the next window
+-- starts at min(c - limit, limit); a count of 0 is no key.
 --
 -- Reply per key: allowed, remaining, µs until the window ends, µs until
 -- the same request could pass, 0.
 
--- the count of the window tagged tag (what an earlier window carries into
--- it, at first), and whether the key holds that window
-local function counted(key, tag, limit)
+-- the count of the window tagged tag (what the window before carries into
+-- it, at first, when carry), and whether the key holds that window
+local function counted(key, tag, limit, carry)
   local c, t = string.match(redis.call('GET', key) or '', '^(%d+)(%d%d%d%d%d%d)$')
   if not c then
     return 0, false
@@ -33,9 +32,8 @@ local function counted(key, tag, limit)
   if t == tag then
     return c, true
   end
-  local k = windows_since(t, tag)
-  if k <= carry_windows(c, limit) then
-    return math.max(c - k * limit, 0), false
+  if windows_since(t, tag) == 1 and carry_windows(c, limit, carry) == 1 then
+    return math.min(c - limit, limit), false
   end
   return 0, false
 end
@@ -44,7 +42,8 @@ local function decide(key, k)
   local limit, window, cost = k.rate, k.period, k.cost
   local start = now - now % window
   local tag = window_tag(start, window)
-  local count, charged = counted(key, tag, limit)
+  local carry = carries(k)
+  local count, charged = counted(key, tag, limit, carry)
   local ok, skip = true, false
   if refund then
     local at = taken(k)
@@ -65,8 +64,8 @@ local function decide(key, k)
   if not charge then
     remaining = math.max(remaining, 0)
   end
-  return { ok = ok, remaining = remaining, reset = to_end, retry = ok and 0 or to_end + window * carry_windows(count, limit),
-    tag = tag, count = count, skip = skip, ttl = to_end + window * carry_windows(count, limit) }
+  return { ok = ok, remaining = remaining, reset = to_end, retry = ok and 0 or to_end,
+    tag = tag, count = count, skip = skip, ttl = to_end + window * carry_windows(count, limit, carry) }
 end
 
 local function write(key, s)

@@ -46,31 +46,31 @@ local function stored(key)
 end
 
 -- the counts of the window that started at start and of the one before.
--- At each turn of the window the count becomes the previous one, at most
--- the limit: what went over it is carried into the new window's count
--- (see carry_windows).
-local function counts(key, start, window, limit)
+-- When the window turns, the count becomes the previous one; for a zone
+-- that syncs (carry), at most the limit, and what went over it is carried
+-- into the new window's count (see carry_windows).
+local function counts(key, start, window, limit, carry)
   local t, c, p = stored(key)
   if not t then
     return 0, 0
   end
   local k = windows_since(t, window_tag(start, window))
-  if k > carry_windows(c, limit) + 1 then
-    return 0, 0
+  local over = carry_windows(c, limit, carry) == 1
+  if k == 0 then
+    return c, p
+  elseif k == 1 and over then
+    return math.min(c - limit, limit), limit
+  elseif k == 1 then
+    return 0, c
+  elseif k == 2 and over then -- the carried count, never stored, is the previous one
+    return 0, math.min(c - limit, limit)
   end
-  for _ = 1, k do
-    if limit > 0 and c > limit then
-      c, p = c - limit, limit
-    else
-      c, p = 0, c
-    end
-  end
-  return c, p
+  return 0, 0
 end
 
 -- the state that a window starting at start, with counts curr and prev,
 -- stores and shows at now
-local function state(limit, window, start, curr, prev)
+local function state(limit, window, start, curr, prev, carry)
   local weight = 1 - (now - start) / window
   local reset = start + window
   if curr > 0 then
@@ -78,7 +78,7 @@ local function state(limit, window, start, curr, prev)
   end
   return { ok = true, remaining = math.max(math.floor(limit - prev * weight - curr + eps), 0),
     reset = reset - now, tag = window_tag(start, window), curr = curr, prev = prev,
-    ttl = reset - now + window * carry_windows(curr, limit) }
+    ttl = reset - now + window * carry_windows(curr, limit, carry) }
 end
 
 -- refund: the cost off the count of the take's window: the stored
@@ -127,9 +127,10 @@ local function decide(key, k)
   if refund then
     return give_back(key, k, start)
   end
-  local curr, prev = counts(key, start, window, limit)
+  local carry = carries(k)
+  local curr, prev = counts(key, start, window, limit, carry)
   if charge then
-    local s = state(limit, window, start, math.min(curr + cost, max_cost), prev)
+    local s = state(limit, window, start, math.min(curr + cost, max_cost), prev, carry)
     s.remaining = math.floor(limit - prev * (1 - (now - start) / window) - s.curr + eps)
     return s
   end
@@ -138,7 +139,7 @@ local function decide(key, k)
   if ok then
     curr = curr + cost
   end
-  local s = state(limit, window, start, curr, prev)
+  local s = state(limit, window, start, curr, prev, carry)
   if not ok then
     s.ok, s.retry = false, retry_after(start, window, prev, curr, cost, limit)
   end
