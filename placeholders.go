@@ -2,10 +2,13 @@ package ratelimit
 
 import (
 	"fmt"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 )
 
@@ -175,4 +178,47 @@ func warnForgeableKey(logger *zap.Logger, zone, key string) {
 		logger.Warn("a zone's key is a header that any client can set; key on {client_ip}, and list your proxies in the servers' trusted_proxies option, so that it is the address they report",
 			zap.String("zone", zone), zap.String("key", key))
 	}
+}
+
+// warnLeftmostClientIP warns when a zone's key holds {client_ip} and the
+// server the handler is provisioned in trusts proxies without
+// trusted_proxies_strict: {client_ip} is then the leftmost address of
+// X-Forwarded-For, which a client behind a proxy that appends to the
+// header writes itself, for a fresh bucket per request.
+func warnLeftmostClientIP(ctx caddy.Context, logger *zap.Logger, zone, key string) {
+	if !keysByClientIP(key) {
+		return
+	}
+	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if !ok || srv == nil || srv.TrustedProxiesStrict > 0 || !trustsProxies(srv) {
+		return
+	}
+	logger.Warn("the zone's key is {client_ip}, and the server trusts proxies without trusted_proxies_strict: "+
+		"{client_ip} is then the leftmost address of X-Forwarded-For (or of the client_ip_headers), which a client "+
+		"behind a proxy that appends to the header writes itself (X-Forwarded-For: <any address>), for a fresh "+
+		"bucket per request; add trusted_proxies_strict to the server's options (servers { trusted_proxies_strict }), "+
+		"so that {client_ip} is the rightmost address that is not a trusted proxy's",
+		zap.String("zone", zone), zap.String("key", key), zap.String("server", srv.Name()),
+		zap.Strings("client_ip_headers", srv.ClientIPHeaders))
+}
+
+// keysByClientIP reports whether key holds {client_ip}.
+func keysByClientIP(key string) bool {
+	for _, m := range placeholderName.FindAllStringSubmatch(key, -1) {
+		if m[1] == "http.vars.client_ip" || m[1] == "client_ip" {
+			return true
+		}
+	}
+	return false
+}
+
+// trustsProxies reports whether srv trusts proxies: trusted_proxies_unix,
+// or trusted_proxies, which Caddy loads before it provisions the server's
+// handlers, into an unexported field (dropping the raw JSON).
+func trustsProxies(srv *caddyhttp.Server) bool {
+	if srv.TrustedProxiesUnix || srv.TrustedProxiesRaw != nil {
+		return true
+	}
+	f := reflect.ValueOf(srv).Elem().FieldByName("trustedProxies")
+	return f.IsValid() && f.Kind() == reflect.Interface && !f.IsNil()
 }

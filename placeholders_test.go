@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -161,5 +162,46 @@ func TestUnbalancedBraces(t *testing.T) {
 	err := provision(t, &Handler{Zones: map[string]*Zone{"z": {Key: "{header.X-API-Key}", Rate: "1r/s"}}})
 	if err == nil || !strings.Contains(err.Error(), "in JSON write {http.request.header.X-API-Key}") {
 		t.Errorf("JSON key {header.X-API-Key}: %v; want the full name", err)
+	}
+}
+
+// TestClientIPWithoutStrictWarned: a zone keyed by {client_ip} in a
+// server that trusts proxies without trusted_proxies_strict (whose
+// {client_ip} is then the leftmost X-Forwarded-For address, which a
+// client behind an appending proxy sets) loads with a warning that says
+// so and names trusted_proxies_strict; with it, without trusted proxies,
+// or with another key, nothing is logged.
+func TestClientIPWithoutStrictWarned(t *testing.T) {
+	cases := []struct {
+		name, servers, key string
+		warned             bool
+	}{
+		{"trusted, not strict", "trusted_proxies static 10.0.0.0/8", "{client_ip}", true},
+		{"in a combined key", "trusted_proxies static 10.0.0.0/8", "{client_ip}-{path}", true},
+		{"by its full name", "trusted_proxies static 10.0.0.0/8", "{http.vars.client_ip}", true},
+		{"strict", "trusted_proxies static 10.0.0.0/8\n\t\ttrusted_proxies_strict", "{client_ip}", false},
+		{"no trusted proxies", "", "{client_ip}", false},
+		{"another key", "trusted_proxies static 10.0.0.0/8", "{http.request.header.X-API-Key}", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			logFile := t.TempDir() + "/rate_limit.log"
+			servers := ""
+			if c.servers != "" {
+				servers = "\tservers {\n\t\t" + c.servers + "\n\t}\n"
+			}
+			src := "{\n\tlog rl {\n\t\toutput file " + logFile + "\n\t\tinclude http.handlers.rate_limit\n\t}\n" + servers +
+				"}\n\nhttp://127.0.0.1:8080 {\n\trate_limit {\n\t\tzone per_ip {\n\t\t\tkey " + c.key +
+				"\n\t\t\trate 100r/m\n\t\t}\n\t}\n\trespond ok\n}\n"
+			if err := loadConfig(t, "caddyfile", src); err != nil {
+				t.Fatal(err)
+			}
+			logs, _ := os.ReadFile(logFile)
+			warned := strings.Contains(string(logs), "trusted_proxies_strict")
+			if warned != c.warned || warned && (!strings.Contains(string(logs), `"zone":"per_ip"`) ||
+				!strings.Contains(string(logs), "X-Forwarded-For")) {
+				t.Fatalf("logs:\n%s\nwant a warning naming the zone, X-Forwarded-For and trusted_proxies_strict: %v", logs, c.warned)
+			}
+		})
 	}
 }

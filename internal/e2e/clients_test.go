@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"encoding/base64"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -255,5 +257,57 @@ func TestKeyFromAnAuthModule(t *testing.T) {
 	}
 	if resp, _ := get(t, c, "/", auth("bob")...); resp.StatusCode != 200 {
 		t.Fatalf("bob: %d; want 200 (a bucket of his own)", resp.StatusCode)
+	}
+}
+
+// recipeServers is the servers block of the per-IP recipe
+// (docs/recipes.md#limit-each-client-by-ip-address), as global options,
+// with this test's loopback address as the load balancer.
+func recipeServers(t *testing.T) string {
+	t.Helper()
+	doc, err := os.ReadFile("../../docs/recipes.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, recipe, _ := strings.Cut(string(doc), "## Limit each client by IP address\n")
+	_, block, _ := strings.Cut(recipe, "```caddyfile\n{\n")
+	servers, _, ok := strings.Cut(block, "\n}\n")
+	if !ok || !strings.Contains(servers, "trusted_proxies static 10.0.0.0/8") {
+		t.Fatalf("no servers block with trusted_proxies static 10.0.0.0/8 in the recipe:\n%s", servers)
+	}
+	return strings.Replace(servers, "10.0.0.0/8", "127.0.0.1/32", 1)
+}
+
+// TestRecipeBehindAnAppendingProxy: behind a load balancer that appends
+// the address it saw to the client's X-Forwarded-For, the per-IP recipe's
+// servers block keeps a refused client refused whatever address it
+// writes in front; without trusted_proxies_strict, such a client gets a
+// fresh bucket per request, and the config loads with a warning that
+// names trusted_proxies_strict.
+func TestRecipeBehindAnAppendingProxy(t *testing.T) {
+	servers := recipeServers(t)
+	c := testcaddy.Start(t, perClientIP, servers)
+	if resp, body := get(t, c, "/", "X-Forwarded-For", "203.0.113.7"); resp.StatusCode != 200 || body != "203.0.113.7" {
+		t.Fatalf("the client's first request: %d %q; want 200 for 203.0.113.7", resp.StatusCode, body)
+	}
+	for i := range 5 {
+		forged := fmt.Sprintf("9.9.9.%d, 203.0.113.7", i)
+		if s := from(t, c, "/", forged); s != 429 {
+			t.Fatalf("X-Forwarded-For %q with the recipe: status %d; want 429", forged, s)
+		}
+	}
+	if s := from(t, c, "/", "198.51.100.1"); s != 200 {
+		t.Fatalf("another client: status %d; want 200", s)
+	}
+
+	loose := testcaddy.Start(t, perClientIP, strings.Replace(servers, "trusted_proxies_strict", "", 1))
+	if logs := loose.WaitLogs("trusted_proxies_strict"); !strings.Contains(logs, "trusted_proxies_strict") {
+		t.Fatalf("without trusted_proxies_strict: no warning naming it in\n%s", logs)
+	}
+	for i := range 3 {
+		forged := fmt.Sprintf("9.9.9.%d, 203.0.113.7", i)
+		if s := from(t, loose, "/", forged); s != 200 {
+			t.Fatalf("X-Forwarded-For %q without trusted_proxies_strict: status %d; want 200 (a fresh bucket)", forged, s)
+		}
 	}
 }
