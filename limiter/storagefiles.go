@@ -39,6 +39,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -151,8 +152,12 @@ func (f *storageFleet) gather(now, deadline time.Time, budget time.Duration, rd 
 	if err != nil {
 		return fmt.Errorf("listing %s: %w", f.o.Dir, err)
 	}
+	listedNames := make(map[string]bool, len(files))
+	for _, l := range files {
+		listedNames[l.name] = true
+	}
 	for name := range f.skipped { // files gone: forgotten
-		if !slices.ContainsFunc(files, func(l listed) bool { return l.name == name }) {
+		if !listedNames[name] {
 			delete(f.skipped, name)
 		}
 	}
@@ -189,8 +194,9 @@ func (f *storageFleet) readFile(now time.Time, l listed, timeout time.Duration, 
 	case !instanceName(inst):
 		f.skip(l, errors.New("not an instance's file: its name is not 16 hex digits"), skipMark{})
 		return
-	case l.size > maxFileSize:
+	case l.size > maxFileSize: // its instance, if it wrote lately, counts blind
 		f.skip(l, fmt.Errorf("%d bytes: more than the %d an instance's counts take", l.size, maxFileSize), skipMark{})
+		f.unread(now, inst, l, rd)
 		return
 	case l.size > limit:
 		f.skip(l, fmt.Errorf("%d bytes: more than the %d left of the read's budget (the largest files are skipped first)", l.size, limit), skipMark{})
@@ -219,7 +225,8 @@ func instanceName(s string) bool {
 
 // live reports whether an instance that wrote at at (Unix ns) counts.
 func (f *storageFleet) live(now time.Time, at int64) bool {
-	return now.Sub(time.Unix(0, at)) <= max(instancesWindow, 3*f.o.WriteEvery)
+	t := time.Unix(0, at)
+	return now.Sub(t) <= max(instancesWindow, 3*f.o.WriteEvery) && !t.After(now.Add(maxAhead)) // no file from the future
 }
 
 // unread notes in rd an instance whose file l was skipped for the read's
@@ -401,7 +408,9 @@ func (f *storageFleet) loadBytes(ctx context.Context, key string, limit int64) (
 
 // readRegular reads the regular file p, failing past limit bytes.
 func readRegular(p string, limit int64) ([]byte, error) {
-	file, err := os.Open(p)
+	// Neither a symlink followed nor a FIFO's open waited for: the file may
+	// have been replaced since it was listed.
+	file, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}

@@ -220,3 +220,73 @@ func TestStorageFilesOversized(t *testing.T) {
 		t.Errorf("the oversized file reported %d times, want once per instance", n)
 	}
 }
+
+// TestStorageFilesSwapped: a file replaced by a FIFO or a symlink between
+// the listing and the read is not opened as one: the read returns at
+// once with an error, and holds no thread.
+func TestStorageFilesSwapped(t *testing.T) {
+	dir := t.TempDir()
+	fifo, link := filepath.Join(dir, "fifo.json"), filepath.Join(dir, "link.json")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/zero", link); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{fifo, link} {
+		done := make(chan error, 1)
+		go func() { _, err := readRegular(p, 1<<20); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Fatalf("%s read as a file", filepath.Base(p))
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("reading %s blocks", filepath.Base(p))
+		}
+	}
+}
+
+// TestStorageFilesAhead: a file dated ahead of the clock (its write time
+// in 2099) is no instance: it neither counts nor stays on top of those
+// that count.
+func TestStorageFilesAhead(t *testing.T) {
+	dir := t.TempDir()
+	sub := syncDir(t, dir)
+	future := time.Now().Add(100 * 365 * 24 * time.Hour)
+	for i := range 3 {
+		name := fmt.Sprintf("%016x", 0xf00d+i)
+		writeInstance(t, sub, name, time.Now(), time.Now().Add(time.Hour), 1)
+		if err := os.Chtimes(filepath.Join(sub, name+".json"), future, future); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(filepath.Join(sub, name+".json"), maxFileSize+1); err != nil { // sparse: skipped for its size, counted by its time
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(filepath.Join(sub, name+".json"), future, future); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fleet := filesFleet(t, dir, 1, StorageOptions{WriteEvery: time.Second, ReadEvery: time.Second})
+	if n := fleet[0].Instances(); n != 1 {
+		t.Fatalf("an instance alone with 3 files dated 2099 counts %d instances, want 1", n)
+	}
+}
+
+// TestStorageFilesTooLargeCounted: an instance's file too large to be
+// read at all (past maxFileSize: a million buckets of a long zone name)
+// still counts its instance, blind, when it was written lately: the
+// fleet is not split by it.
+func TestStorageFilesTooLargeCounted(t *testing.T) {
+	dir := t.TempDir()
+	sub := syncDir(t, dir)
+	name := fmt.Sprintf("%016x", 0xbeef)
+	writeInstance(t, sub, name, time.Now(), time.Now().Add(time.Hour), 1)
+	if err := os.Truncate(filepath.Join(sub, name+".json"), maxFileSize+1); err != nil { // sparse
+		t.Fatal(err)
+	}
+	fleet := filesFleet(t, dir, 1, StorageOptions{WriteEvery: time.Second, ReadEvery: time.Second})
+	if n := fleet[0].Instances(); n != 2 {
+		t.Fatalf("an instance beside another whose file is too large to read counts %d instances, want 2", n)
+	}
+}
