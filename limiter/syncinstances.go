@@ -50,6 +50,10 @@ func (l *Limiter) Instances() int {
 	return int(l.sync.n.Load())
 }
 
+// SyncReady reports whether the instance hands out shares of the zones
+// that sync (it is warm: see above); false without such zones.
+func (l *Limiter) SyncReady() bool { return l.sync != nil && l.sync.warm.Load() }
+
 // CountSync counts the instances syncing with this one's Redis (or
 // storage), this one included, as a config with zones that sync of
 // interval every loads. It registers nothing: the instance registers from
