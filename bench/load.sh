@@ -7,12 +7,17 @@
 #
 # Besides req/s and p99, each run reports the CPU time Caddy and the Redis
 # servers it uses (masters and replicas) spent per request, from /proc and
-# INFO cpu: the figures of the README's capacity plan.
+# INFO cpu: the figures of the README's capacity plan. For the routes that
+# sync, it also reports the sync rounds of the run by result and the
+# buckets they charged (caddy_rate_limit_syncs_total and synced_keys_total
+# from Caddy's /metrics), and says so loudly when a round failed or none
+# ran: a figure of a route whose rounds fail does not measure sync.
 #
 # Routes: plain; memory (allowed, allowed with headers none, refused);
 # standalone Redis (64 keys);
 # Redis Cluster of 3 masters (one key, 10,000 keys, 10,000 keys in a zone
-# that syncs every 100ms, refused); and
+# that syncs every 100ms far under its limit, the same near it, refused);
+# and
 # mholt/caddy-ratelimit (allowed, refused: its own Caddy, of the same
 # version), built as its users build it (xcaddy build --with
 # github.com/mholt/caddy-ratelimit), else with ../shared/peers/build-caddy-ratelimit.sh
@@ -102,7 +107,7 @@ CLUSTER=${RL_REDIS_CLUSTER//,/ }
 free_port
 ADMIN=$FREE
 declare -A PORT
-ROUTES=(plain memory memory_noheaders memory_refused standalone cluster_1key cluster_10k cluster_10k_sync cluster_refused)
+ROUTES=(plain memory memory_noheaders memory_refused standalone cluster_1key cluster_10k cluster_10k_sync cluster_10k_sync_near cluster_refused)
 [ -z "$CRL_CADDY" ] || ROUTES+=(crl crl_refused)
 
 for r in "${ROUTES[@]}"; do
@@ -116,7 +121,7 @@ if [ -n "${ONLY:-}" ]; then # ONLY="route ..." measures plain and those routes a
 fi
 # A zone of each route's own name: zones of one name share their buckets.
 open() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  100000000r/s\n\t\t}' "$1"; }
-synced() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  100000000r/s\n\t\t\tsync  100ms\n\t\t}' "$1"; }
+synced() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  %s\n\t\t\tsync  100ms\n\t\t}' "$1" "$2"; }
 closed() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  1r/h\n\t\t\tburst 1\n\t\t}' "$1"; }
 site() { # name, rate_limit body
 	printf 'http://127.0.0.1:%s {\n\trate_limit {\n\t\t%s\n\t}\n\trespond "ok"\n}\n' "${PORT[$1]}" "$2"
@@ -132,7 +137,10 @@ redis() { printf 'redis {\n\t\t\taddresses %s\n\t\t\ttimeout 1s\n\t\t}\n\t\ton_s
 	site standalone "$(redis "$RL_REDIS_STANDALONE" "$(open standalone)")"
 	site cluster_1key "$(redis "$CLUSTER" "$(open cluster_1key)")"
 	site cluster_10k "$(redis "$CLUSTER" "$(open cluster_10k)")"
-	site cluster_10k_sync "$(redis "$CLUSTER" "$(synced cluster_10k_sync)")"
+	site cluster_10k_sync "$(redis "$CLUSTER" "$(synced cluster_10k_sync 100000000r/s)")"
+	# Each key is sent about 1.5 requests a second: of 4 a second, an
+	# instance spends half its share in about a second, and is charged.
+	site cluster_10k_sync_near "$(redis "$CLUSTER" "$(synced cluster_10k_sync_near 4r/s)")"
 	site cluster_refused "$(redis "$CLUSTER" "$(closed cluster_refused)")"
 } >"$TMP/Caddyfile"
 HOME=$TMP XDG_DATA_HOME=$TMP XDG_CONFIG_HOME=$TMP ./caddy run --config "$TMP/Caddyfile" --adapter caddyfile >"$TMP/caddy.log" 2>&1 &
@@ -169,7 +177,7 @@ LUA
 keys_of() { # route -> number of API keys it is sent
 	case $1 in
 	memory_refused | cluster_refused | cluster_1key | crl_refused) echo 1 ;;
-	cluster_10k | cluster_10k_sync) echo 10000 ;;
+	cluster_10k | cluster_10k_sync*) echo 10000 ;;
 	*) echo 64 ;;
 	esac
 }
@@ -206,13 +214,23 @@ redis_of() { # route -> the Redis servers it uses (masters and replicas alike)
 	esac
 }
 
+# syncs prints the sync rounds so far by result and the buckets they
+# charged: "<ok> <error> <keys>" (Caddy's /metrics).
+syncs() {
+	curl -s "http://127.0.0.1:$ADMIN/metrics" | awk '
+		/^caddy_rate_limit_syncs_total\{result="ok"\}/ { ok = $2 }
+		/^caddy_rate_limit_syncs_total\{result="error"\}/ { err = $2 }
+		/^caddy_rate_limit_synced_keys_total / { keys = $2 }
+		END { printf "%d %d %d\n", ok, err, keys }'
+}
+
 run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
-	local out="$TMP/$2.$1.txt" c0 r0 k0 prof=""
+	local out="$TMP/$2.$1.txt" c0 r0 k0 s0 prof=""
 	if [ "$1" = 1 ] && [ "$2" = "${PROFILE:-}" ]; then
 		curl -s -o "bench/$2.pprof" "http://127.0.0.1:$ADMIN/debug/pprof/profile?seconds=$((DURATION > 1 ? DURATION - 1 : 1))" &
 		prof=$!
 	fi
-	c0=$(caddy_cpu "$2") r0=$(redis_cpu "$(redis_of "$2")") k0=$(redis_cmds "$(redis_of "$2")")
+	c0=$(caddy_cpu "$2") r0=$(redis_cpu "$(redis_of "$2")") k0=$(redis_cmds "$(redis_of "$2")") s0=$(syncs)
 	KEYS=$(keys_of "$2") wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$TMP/keys.lua" "http://127.0.0.1:${PORT[$2]}/" >"$out"
 	local rps p99 non2xx reqs ccpu rcpu rcmds
 	ccpu=$(awk -v a="$c0" -v b="$(caddy_cpu "$2")" 'BEGIN { printf "%.3f", b - a }')
@@ -222,9 +240,15 @@ run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 	reqs=$(awk '/requests in/ {print $1}' "$out")
 	p99=$(awk '$1 == "99%" {print $2}' "$out")
 	non2xx=$(awk '/Non-2xx/ {print $NF}' "$out")
-	printf '%-4s %-16s %12s %10s %10s %14s %14s\n' "$1" "$2" "$rps" "$p99" "${non2xx:-0}" \
+	local sy=""
+	if [[ $2 == *sync* ]]; then # the rounds of the run: ok/error/buckets
+		sy=$(echo "$s0 $(syncs)" | awk '{ printf "%d/%d/%d", $4 - $1, $5 - $2, $6 - $3 }')
+		echo "$sy" >"$TMP/$2.$1.syncs"
+		[[ $sy == */0/* && $sy != 0/* ]] || echo "WARNING: $2: sync rounds ok/error/buckets $sy: the run does not measure working sync" >&2
+	fi
+	printf '%-4s %-22s %12s %10s %10s %14s %14s %16s\n' "$1" "$2" "$rps" "$p99" "${non2xx:-0}" \
 		"$(awk -v c="$ccpu" -v n="$reqs" 'BEGIN { printf "%.1f", c * 1e6 / n }')" \
-		"$(awk -v c="$rcpu" -v n="$reqs" 'BEGIN { printf "%.1f", c * 1e6 / n }')"
+		"$(awk -v c="$rcpu" -v n="$reqs" 'BEGIN { printf "%.1f", c * 1e6 / n }')" "$sy"
 	echo "$rps" >"$TMP/$2.$1"
 	awk -v c="$ccpu" -v n="$reqs" 'BEGIN { printf "%.2f\n", c * 1e6 / n }' >"$TMP/$2.$1.caddy"
 	awk -v c="$rcpu" -v n="$reqs" 'BEGIN { printf "%.2f\n", c * 1e6 / n }' >"$TMP/$2.$1.redis"
@@ -233,7 +257,7 @@ run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 }
 
 echo "wrk -t2 -c$CONNS -d${DURATION}s, $REPS interleaved reps; caddy $(./caddy version | cut -d' ' -f1); $(nproc) cores"
-printf '%-4s %-16s %12s %10s %10s %14s %14s\n' rep route req/s p99 non-2xx caddy-µs/req redis-µs/req
+printf '%-4s %-22s %12s %10s %10s %14s %14s %16s\n' rep route req/s p99 non-2xx caddy-µs/req redis-µs/req syncs-ok/err/keys
 for rep in $(seq "$REPS"); do
 	for r in "${MEASURED[@]}"; do run "$rep" "$r"; done
 done
@@ -242,17 +266,20 @@ echo
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 echo "medians of the $REPS reps: the ratio to plain (per rep, against that rep's plain run), CPU per request"
 echo "of Caddy, its extra over plain (per rep, against that rep's plain run) and of Redis, in µs;"
-echo "Redis commands per request (all the route's servers; a script is one)"
-printf '%-16s %-22s %6s %10s %10s %10s %10s\n' route "ratio per rep" ratio caddy extra redis cmds
+echo "Redis commands per request (all the route's servers; a script is one); the sync rounds of"
+echo "all reps, ok/error/buckets charged"
+printf '%-22s %-22s %6s %10s %10s %10s %10s %18s\n' route "ratio per rep" ratio caddy extra redis cmds syncs
 for r in "${MEASURED[@]}"; do
 	ratios=() extras=()
 	for rep in $(seq "$REPS"); do
 		ratios+=("$(awk -v a="$(cat "$TMP/$r.$rep")" -v p="$(cat "$TMP/plain.$rep")" 'BEGIN { printf "%.2f", a / p }')")
 		extras+=("$(awk -v a="$(cat "$TMP/$r.$rep.caddy")" -v p="$(cat "$TMP/plain.$rep.caddy")" 'BEGIN { printf "%.2f", a - p }')")
 	done
-	printf '%-16s %-22s %6s %10s %10s %10s %10s\n' "$r" "${ratios[*]}" "$(printf '%s\n' "${ratios[@]}" | median)" \
+	sy=""
+	[[ $r != *sync* ]] || sy=$(cat "$TMP/$r".*.syncs | awk -F/ '{ o += $1; e += $2; k += $3 } END { printf "%d/%d/%d", o, e, k }')
+	printf '%-22s %-22s %6s %10s %10s %10s %10s %18s\n' "$r" "${ratios[*]}" "$(printf '%s\n' "${ratios[@]}" | median)" \
 		"$(cat "$TMP/$r".*.caddy | median)" "$(printf '%s\n' "${extras[@]}" | median)" "$(cat "$TMP/$r".*.redis | median)" \
-		"$(cat "$TMP/$r".*.cmds | median)"
+		"$(cat "$TMP/$r".*.cmds | median)" "$sy"
 done
 
 # Constant rate: half, a quarter, then an eighth of plain's peak as vegeta
