@@ -290,3 +290,24 @@ func TestStorageFilesTooLargeCounted(t *testing.T) {
 		t.Fatalf("an instance beside another whose file is too large to read counts %d instances, want 2", n)
 	}
 }
+
+// TestStorageFleetTellsInstances: an instance of a storage fleet tells
+// when the instances it counts change, as a Redis fleet's does (the
+// handler logs the bound again).
+func TestStorageFleetTellsInstances(t *testing.T) {
+	dir := t.TempDir()
+	fleet := filesFleet(t, dir, 1, StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond})
+	told := &syncRounds{}
+	fleet[0].OnSync(told)
+	fleet = append(fleet, filesFleet(t, dir, 1, StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond})...)
+	p := Policy{Algorithm: FixedWindow, Rate: 100, Period: time.Minute, Burst: 100}
+	req := Request{Zone: "told", Key: "k", Policy: p, Cost: 1, Sync: 100 * time.Millisecond}.WithDigest(nil)
+	var v Verdict
+	for end := time.Now().Add(5 * time.Second); told.instances.Load() != 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the first instance told %d instances, want 2", told.instances.Load())
+		}
+		fleet[0].Decide(context.Background(), time.Time{}, []Request{req}, Caller{}, &v)
+		v.Release()
+	}
+}

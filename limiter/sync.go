@@ -398,7 +398,11 @@ func (s *syncer) read(now time.Time, r Request, n int, old *syncEntry) (*syncEnt
 	}
 	gen := s.fleet.(localFleet).generation()
 	if count, err := s.fleet.registerSync(context.Background(), s.id, instancesWindow); err == nil { // counted in memory
-		s.n.Store(max(count, 1))
+		if old := s.n.Swap(max(count, 1)); old != max(count, 1) {
+			if ev := s.ev.Load(); ev != nil {
+				(*ev).InstancesChanged(int(max(count, 1)))
+			}
+		}
 	}
 	reading := r
 	reading.Cost, reading.ID, reading.Key = 0, "", ""

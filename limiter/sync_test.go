@@ -197,13 +197,15 @@ func floodWindows(t *testing.T, fleet []*Limiter, algo Algorithm, sync, lag time
 	}
 }
 
-// syncRounds counts a syncer's rounds by outcome, keeping the first error.
+// syncRounds counts a syncer's rounds by outcome, keeping the first error,
+// and the instances last told.
 type syncRounds struct {
 	ok, failed atomic.Int64
 	first      atomic.Pointer[error]
+	instances  atomic.Int64
 }
 
-func (r *syncRounds) InstancesChanged(int) {}
+func (r *syncRounds) InstancesChanged(n int) { r.instances.Store(int64(n)) }
 
 func (r *syncRounds) Synced(_ int, _ time.Duration, err error) {
 	if err == nil {
