@@ -3,17 +3,12 @@ package ratelimit
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
-	"maps"
 	"math"
-	"math/bits"
 	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -52,7 +47,7 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp
 		h.reportBans(r, zones, v) // refusallog.go
 	}
 	dry := h.dryRunOutcome(zones, v)
-	i := v.Shown(false)
+	i := shown(v)
 	if i < 0 { // no enforced zone decided: only dry-run ones, or on_store_error allow or deny
 		if v.Refused() {
 			dropLimitHeaders(w.Header())
@@ -126,7 +121,10 @@ type outcome struct {
 	zone  string
 	req   limiter.Request
 	d     limiter.Decision
-	retry int64 // Retry-After, seconds, jitter included; 0 when allowed
+	retry int64 // Retry-After, seconds, jitter included; 0 when allowed, or when it never passes
+	// banned is a refusal of a banned (or blocked) client; impossible one
+	// of a request whose cost exceeds the limit, which no wait lets pass.
+	banned, impossible bool
 	// z is the zone, and text what its responses show for req's policy.
 	z    *Zone
 	text *policyText
@@ -134,14 +132,41 @@ type outcome struct {
 
 func (h *Handler) outcome(z *Zone, req limiter.Request, d limiter.Decision) outcome {
 	o := outcome{zone: z.name, req: req, d: d, z: z, text: z.shown.text(req.Policy)}
-	if !d.Allowed {
-		o.d.RetryAfter = h.withJitter(d.RetryAfter) // Jitter: a fraction of the wait
-		o.retry = o.d.RetryAfterSeconds()
-		if j := time.Duration(h.RetryAfterJitter); j >= time.Second {
-			o.retry += rand.Int64N(int64(j/time.Second) + 1) // math/rand/v2: safe for concurrent use
-		}
+	if d.Allowed {
+		return o
+	}
+	o.banned = d.Banned
+	if o.impossible = !d.Banned && neverPasses(req); o.impossible {
+		return o
+	}
+	o.d.RetryAfter = h.withJitter(d.RetryAfter) // Jitter: a fraction of the wait
+	o.retry = o.d.RetryAfterSeconds()
+	if j := time.Duration(h.RetryAfterJitter); j >= time.Second {
+		o.retry += rand.Int64N(int64(j/time.Second) + 1) // math/rand/v2: safe for concurrent use
 	}
 	return o
+}
+
+// neverPasses reports whether req costs more than its policy's limit: a
+// bucket that is full still refuses it.
+func neverPasses(req limiter.Request) bool {
+	return req.Policy.Algorithm != limiter.Concurrency && req.Cost > req.Policy.Limit()
+}
+
+// shown is the index of the enforced zone whose decision a request is
+// shown (limiter.Verdict.Shown), or of a zone that refuses it whatever it
+// waits, rather than another's refusal with a wait that it cannot keep.
+func shown(v *limiter.Verdict) int {
+	i := v.Shown(false)
+	if i < 0 || v.Decisions[i].Allowed || v.Decisions[i].Banned || neverPasses(v.Requests[i]) {
+		return i
+	}
+	for j, s := range v.States {
+		if s == limiter.Refused && !v.Requests[j].DryRun && neverPasses(v.Requests[j]) {
+			return j
+		}
+	}
+	return i
 }
 
 // withJitter is the wait of a refusal with Jitter's random part: up to
@@ -237,265 +262,6 @@ func (st *shownState) placeholder(key string) (any, bool) {
 		return st.retry, true
 	}
 	return nil, false
-}
-
-// setLimitHeaders sets the headers that the Headers option chooses: what
-// the policy fixes as written once (policyText), the numbers of the
-// decision written together into one string.
-func (h *Handler) setLimitHeaders(f *headerFields, o outcome) {
-	x := h.Headers == "" || h.Headers == "x_ratelimit" || h.Headers == "both"
-	ietf := h.Headers == "ietf" || h.Headers == "both"
-	if !x && !ietf {
-		return
-	}
-	var room [96]byte
-	b, cut := room[:0], [3]int{}
-	if x {
-		b = strconv.AppendInt(b, o.d.Remaining, 10)
-		cut[0] = len(b)
-		b = strconv.AppendInt(b, o.d.ResetUnix(), 10)
-		cut[1] = len(b)
-	}
-	p, policy := o.req.Policy, ""
-	if ietf && p.Algorithm != limiter.Concurrency {
-		// draft-ietf-httpapi-ratelimit-headers: the policy (quota per
-		// window) and the state (remaining, seconds until reset). A
-		// concurrency limit has no window: only its state is sent.
-		if q := cmp.Or(o.d.Limit, p.Limit()); q == o.text.limit { // a zone not asked has no decision
-			policy = o.text.quota
-		} else {
-			b = appendQuota(b, o.z.shown.quoted, q, quotaWindow(p, q))
-		}
-	}
-	cut[2] = len(b)
-	if ietf {
-		reset := max(int64(math.Ceil(time.Until(o.d.Reset).Seconds())), 0)
-		b = appendState(b, o.z.shown.quoted, o.d.Remaining, reset)
-	}
-	nums := string(b)
-	if x {
-		f.set(hdrLimit, o.text.limitField(o.d.Limit))
-		f.set(hdrRemaining, nums[:cut[0]])
-		f.set(hdrReset, nums[cut[0]:cut[1]])
-	}
-	if ietf {
-		if p.Algorithm != limiter.Concurrency {
-			f.set(hdrPolicy, cmp.Or(policy, nums[cut[1]:cut[2]]))
-		}
-		f.set(hdrState, nums[cut[2]:])
-	}
-}
-
-// appendQuota appends RateLimit-Policy's value: "zone";q=<q>;w=<w>.
-func appendQuota(b []byte, quoted string, q, w int64) []byte {
-	b = append(append(b, quoted...), ";q="...)
-	b = strconv.AppendInt(b, q, 10)
-	return strconv.AppendInt(append(b, ";w="...), w, 10)
-}
-
-// appendState appends RateLimit's value: "zone";r=<r>;t=<t>.
-func appendState(b []byte, quoted string, r, t int64) []byte {
-	b = append(append(b, quoted...), ";r="...)
-	b = strconv.AppendInt(b, r, 10)
-	return strconv.AppendInt(append(b, ";t="...), t, 10)
-}
-
-// quotaWindow is RateLimit-Policy's w for the quota q of p, the limit
-// that RateLimit's r counts down: the seconds in which the whole quota
-// comes back. For the windows, the period; for the token and leaky
-// buckets, the time to refill q tokens, q × Period / Rate, computed
-// exactly (in floats, 45 × (1s/45) rounds up to 2s). Rounded up to whole
-// seconds, at least 1.
-func quotaWindow(p limiter.Policy, q int64) int64 {
-	ns := uint64(p.Period)
-	if !p.Algorithm.Windowed() {
-		hi, lo := bits.Mul64(uint64(q), uint64(p.Period))
-		if hi >= uint64(p.Rate) { // over 2^64 ns: no valid policy has it
-			return math.MaxInt64 / int64(time.Second)
-		}
-		var rem uint64
-		if ns, rem = bits.Div64(hi, lo, uint64(p.Rate)); rem > 0 {
-			ns++
-		}
-	}
-	s := ns / uint64(time.Second)
-	if ns%uint64(time.Second) > 0 {
-		s++
-	}
-	return int64(max(s, 1)) // s <= 2^64/1e9: an int64
-}
-
-// refuse answers 429 as the Response option says: the body is the
-// policy's start (policyText), the wait, the zone's end, written into a
-// pooled buffer.
-func (h *Handler) refuse(w http.ResponseWriter, f *headerFields, o outcome) error {
-	if h.Response == "handle_errors" {
-		f.set(hdrRetryAfter, strconv.FormatInt(o.retry, 10))
-		return caddyhttp.Error(http.StatusTooManyRequests, o.z.shown.exceeded)
-	}
-	head, contentType := o.text.json, "application/json"
-	if h.Response == "problem" {
-		head, contentType = o.text.problem, "application/problem+json"
-	}
-	buf := bodies.Get().(*[]byte)
-	body := appendSeconds(append((*buf)[:0], head...), o.retry)
-	body = append(strconv.AppendInt(append(body, o.z.shown.bodyEnd...), o.retry, 10), "}\n"...)
-	var room [40]byte
-	nums := strconv.AppendInt(room[:0], o.retry, 10)
-	cut := len(nums)
-	s := string(strconv.AppendInt(nums, int64(len(body)), 10))
-	f.set(hdrRetryAfter, s[:cut])
-	f.set(hdrContentType, contentType)
-	f.set(hdrContentLength, s[cut:])
-	w.WriteHeader(http.StatusTooManyRequests)
-	_, _ = w.Write(body) // a client that left needs no answer
-	*buf = body
-	bodies.Put(buf)
-	return nil
-}
-
-// bodies are the buffers 429 bodies are written into (Write does not keep
-// what it is given).
-var bodies = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
-
-// appendSeconds appends n seconds in words: "1 second", "<n> seconds".
-func appendSeconds(b []byte, n int64) []byte {
-	if n == 1 {
-		return append(b, "1 second"...)
-	}
-	return append(strconv.AppendInt(b, n, 10), " seconds"...)
-}
-
-// Header field names as http.CanonicalHeaderKey writes them, so that they
-// are set as they are (Header.Set would write them so, per request).
-const (
-	hdrLimit         = "X-Ratelimit-Limit"
-	hdrRemaining     = "X-Ratelimit-Remaining"
-	hdrReset         = "X-Ratelimit-Reset"
-	hdrPolicy        = "Ratelimit-Policy"
-	hdrState         = "Ratelimit"
-	hdrRetryAfter    = "Retry-After"
-	hdrContentType   = "Content-Type"
-	hdrContentLength = "Content-Length"
-)
-
-// headerFields sets header fields whose values share one array, made at the
-// first, as http.Header.Clone makes them: each value is a slice of its own
-// capacity, so that appending to one (Header.Add) leaves the others be.
-type headerFields struct {
-	hdr  http.Header
-	room int // the values to come
-	vals []string
-}
-
-// headerFields is room for a response's limit headers and, refused,
-// three more.
-func (h *Handler) headerFields(hdr http.Header, refused bool) headerFields {
-	f := headerFields{hdr: hdr}
-	switch h.Headers {
-	case "", "x_ratelimit":
-		f.room = 3
-	case "ietf":
-		f.room = 2
-	case "both":
-		f.room = 5
-	}
-	if refused {
-		f.room += 3
-	}
-	return f
-}
-
-func (f *headerFields) set(key, value string) {
-	if len(f.vals) == cap(f.vals) {
-		f.vals = make([]string, 0, max(f.room-len(f.vals), 1))
-	}
-	f.vals = append(f.vals, value)
-	n := len(f.vals)
-	f.hdr[key] = f.vals[n-1 : n : n]
-}
-
-// zoneShown is what a zone's responses show that does not change from one
-// request to the next, written once.
-type zoneShown struct {
-	name     any    // the zone's name, for {http.rate_limit.zone}
-	quoted   string // the name as a quoted string, for the IETF fields
-	bodyEnd  string // the 429 bodies after the wait: .","zone":"<name>","retry_after":
-	exceeded error  // handle_errors' error
-	static   *policyText
-	// others are the texts of policies from placeholders, at most
-	// maxPolicyTexts; the map is replaced, never changed.
-	others atomic.Pointer[map[limiter.Policy]*policyText]
-}
-
-// maxPolicyTexts bounds the policies from placeholders whose texts a zone
-// keeps; the others are written per request.
-const maxPolicyTexts = 64
-
-// init writes what the responses of zone name show, and the texts of its
-// static policy (or default one).
-func (s *zoneShown) init(name string, static limiter.Policy) {
-	s.name, s.quoted = name, strconv.Quote(name) // fmt's %q
-	zone, _ := json.Marshal(name)
-	s.bodyEnd = `.","zone":` + string(zone) + `,"retry_after":`
-	s.exceeded = fmt.Errorf("rate limit exceeded in zone %q", name)
-	s.static = newPolicyText(s.quoted, static)
-}
-
-// text is policy p's text in the zone.
-func (s *zoneShown) text(p limiter.Policy) *policyText {
-	if p == s.static.policy {
-		return s.static
-	}
-	others := s.others.Load()
-	if others != nil {
-		if t, ok := (*others)[p]; ok {
-			return t
-		}
-	}
-	t := newPolicyText(s.quoted, p)
-	if others == nil || len(*others) < maxPolicyTexts {
-		m := map[limiter.Policy]*policyText{p: t}
-		if others != nil {
-			maps.Copy(m, *others)
-		}
-		s.others.CompareAndSwap(others, &m) // or another request's map stays
-	}
-	return t
-}
-
-// policyText is what responses show that a zone's policy fixes, written
-// once: its limit, RateLimit-Policy, and the 429 bodies up to the wait.
-type policyText struct {
-	policy     limiter.Policy
-	limit      int64  // policy.Limit()
-	limitValue any    // limit, for {http.rate_limit.limit}
-	limitText  string // limit, for X-RateLimit-Limit
-	quota      string // RateLimit-Policy for limit; "" for a concurrency limit
-	// json and problem are the bodies (as json.Marshal writes them) up to
-	// the wait in the message, whose string goes on.
-	json, problem []byte
-}
-
-func newPolicyText(quoted string, p limiter.Policy) *policyText {
-	msg, _ := json.Marshal("You have exceeded the rate limit of " + p.String() + ". Try again in ")
-	msg = msg[:len(msg)-1] // the string goes on
-	t := &policyText{policy: p, limit: p.Limit(), limitText: strconv.FormatInt(p.Limit(), 10),
-		json:    append([]byte(`{"error":"rate limit exceeded","message":`), msg...),
-		problem: append([]byte(`{"type":"about:blank","title":"Too Many Requests","status":429,"detail":`), msg...)}
-	t.limitValue = t.limit
-	if p.Algorithm != limiter.Concurrency {
-		t.quota = string(appendQuota(nil, quoted, t.limit, quotaWindow(p, t.limit)))
-	}
-	return t
-}
-
-// limitField is X-RateLimit-Limit for a decision's limit n.
-func (t *policyText) limitField(n int64) string {
-	if n == t.limit {
-		return t.limitText
-	}
-	return strconv.FormatInt(n, 10)
 }
 
 // wait sleeps for d, or until the client goes away.

@@ -1,0 +1,151 @@
+package ratelimit
+
+// The rate limit headers of a response: X-RateLimit-* and the IETF draft's
+// RateLimit-Policy and RateLimit, written from what a zone's policy fixes
+// (policyText, refusalbody.go) and the decision's numbers.
+
+import (
+	"cmp"
+	"math"
+	"math/bits"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+)
+
+// setLimitHeaders sets the headers that the Headers option chooses: what
+// the policy fixes as written once (policyText), the numbers of the
+// decision written together into one string.
+func (h *Handler) setLimitHeaders(f *headerFields, o outcome) {
+	x := h.Headers == "" || h.Headers == "x_ratelimit" || h.Headers == "both"
+	ietf := h.Headers == "ietf" || h.Headers == "both"
+	if !x && !ietf {
+		return
+	}
+	var room [96]byte
+	b, cut := room[:0], [3]int{}
+	if x {
+		b = strconv.AppendInt(b, o.d.Remaining, 10)
+		cut[0] = len(b)
+		b = strconv.AppendInt(b, o.d.ResetUnix(), 10)
+		cut[1] = len(b)
+	}
+	p, policy := o.req.Policy, ""
+	if ietf && p.Algorithm != limiter.Concurrency {
+		// draft-ietf-httpapi-ratelimit-headers: the policy (quota per
+		// window) and the state (remaining, seconds until reset). A
+		// concurrency limit has no window: only its state is sent.
+		if q := cmp.Or(o.d.Limit, p.Limit()); q == o.text.limit { // a zone not asked has no decision
+			policy = o.text.quota
+		} else {
+			b = appendQuota(b, o.z.shown.quoted, q, quotaWindow(p, q))
+		}
+	}
+	cut[2] = len(b)
+	if ietf {
+		reset := max(int64(math.Ceil(time.Until(o.d.Reset).Seconds())), 0)
+		b = appendState(b, o.z.shown.quoted, o.d.Remaining, reset)
+	}
+	nums := string(b)
+	if x {
+		f.set(hdrLimit, o.text.limitField(o.d.Limit))
+		f.set(hdrRemaining, nums[:cut[0]])
+		f.set(hdrReset, nums[cut[0]:cut[1]])
+	}
+	if ietf {
+		if p.Algorithm != limiter.Concurrency {
+			f.set(hdrPolicy, cmp.Or(policy, nums[cut[1]:cut[2]]))
+		}
+		f.set(hdrState, nums[cut[2]:])
+	}
+}
+
+// appendQuota appends RateLimit-Policy's value: "zone";q=<q>;w=<w>.
+func appendQuota(b []byte, quoted string, q, w int64) []byte {
+	b = append(append(b, quoted...), ";q="...)
+	b = strconv.AppendInt(b, q, 10)
+	return strconv.AppendInt(append(b, ";w="...), w, 10)
+}
+
+// appendState appends RateLimit's value: "zone";r=<r>;t=<t>.
+func appendState(b []byte, quoted string, r, t int64) []byte {
+	b = append(append(b, quoted...), ";r="...)
+	b = strconv.AppendInt(b, r, 10)
+	return strconv.AppendInt(append(b, ";t="...), t, 10)
+}
+
+// quotaWindow is RateLimit-Policy's w for the quota q of p, the limit
+// that RateLimit's r counts down: the seconds in which the whole quota
+// comes back. For the windows, the period; for the token and leaky
+// buckets, the time to refill q tokens, q × Period / Rate, computed
+// exactly (in floats, 45 × (1s/45) rounds up to 2s). Rounded up to whole
+// seconds, at least 1.
+func quotaWindow(p limiter.Policy, q int64) int64 {
+	ns := uint64(p.Period)
+	if !p.Algorithm.Windowed() {
+		hi, lo := bits.Mul64(uint64(q), uint64(p.Period))
+		if hi >= uint64(p.Rate) { // over 2^64 ns: no valid policy has it
+			return math.MaxInt64 / int64(time.Second)
+		}
+		var rem uint64
+		if ns, rem = bits.Div64(hi, lo, uint64(p.Rate)); rem > 0 {
+			ns++
+		}
+	}
+	s := ns / uint64(time.Second)
+	if ns%uint64(time.Second) > 0 {
+		s++
+	}
+	return int64(max(s, 1)) // s <= 2^64/1e9: an int64
+}
+
+// Header field names as http.CanonicalHeaderKey writes them, so that they
+// are set as they are (Header.Set would write them so, per request).
+const (
+	hdrLimit         = "X-Ratelimit-Limit"
+	hdrRemaining     = "X-Ratelimit-Remaining"
+	hdrReset         = "X-Ratelimit-Reset"
+	hdrPolicy        = "Ratelimit-Policy"
+	hdrState         = "Ratelimit"
+	hdrRetryAfter    = "Retry-After"
+	hdrContentType   = "Content-Type"
+	hdrContentLength = "Content-Length"
+)
+
+// headerFields sets header fields whose values share one array, made at the
+// first, as http.Header.Clone makes them: each value is a slice of its own
+// capacity, so that appending to one (Header.Add) leaves the others be.
+type headerFields struct {
+	hdr  http.Header
+	room int // the values to come
+	vals []string
+}
+
+// headerFields is room for a response's limit headers and, refused,
+// three more.
+func (h *Handler) headerFields(hdr http.Header, refused bool) headerFields {
+	f := headerFields{hdr: hdr}
+	switch h.Headers {
+	case "", "x_ratelimit":
+		f.room = 3
+	case "ietf":
+		f.room = 2
+	case "both":
+		f.room = 5
+	}
+	if refused {
+		f.room += 3
+	}
+	return f
+}
+
+func (f *headerFields) set(key, value string) {
+	if len(f.vals) == cap(f.vals) {
+		f.vals = make([]string, 0, max(f.room-len(f.vals), 1))
+	}
+	f.vals = append(f.vals, value)
+	n := len(f.vals)
+	f.hdr[key] = f.vals[n-1 : n : n]
+}
