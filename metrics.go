@@ -27,6 +27,9 @@ var metrics = struct {
 	storeErrors       *prometheus.CounterVec
 	breakerOpen       *prometheus.GaugeVec
 	overrides         *prometheus.GaugeVec
+	// overridesRestored: overrides written back to a Redis that lost
+	// them, by store.
+	overridesRestored *prometheus.CounterVec
 	syncs             *prometheus.CounterVec
 	syncDuration      prometheus.Histogram
 	syncedKeys        prometheus.Counter
@@ -72,6 +75,8 @@ func initMetrics() {
 		Namespace: ns, Subsystem: sub, Name: "overrides",
 		Help: "Run-time overrides in force, of zones (scope zone) and of client keys (scope key), by store: memory, or the Redis's configured addresses.",
 	}, []string{"store", "scope"})
+	metrics.overridesRestored = counterVec("overrides_restored_total",
+		"Times this instance wrote the run-time overrides it held back to a Redis that had lost them (restarted empty, flushed, or failed over to a replica that lacked the last changes), by store.", "store")
 	metrics.syncs = counterVec("syncs_total",
 		"Rounds of the zones that sync (sync <interval>) with Redis, or reads of the others' counts in a storage (distributed), by result: ok or error.", "result")
 	metrics.syncDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -106,7 +111,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.fallbackDecisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.overrides, metrics.syncs, metrics.syncDuration, metrics.syncedKeys, metrics.scriptErrors, metrics.cacheHits, metrics.bans, metrics.jwksFetches, metrics.jwksAge, metrics.memoryEvictions} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.fallbackDecisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.overrides, metrics.overridesRestored, metrics.syncs, metrics.syncDuration, metrics.syncedKeys, metrics.scriptErrors, metrics.cacheHits, metrics.bans, metrics.jwksFetches, metrics.jwksAge, metrics.memoryEvictions} {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
 			return err

@@ -371,6 +371,23 @@ func (e overrideEvents) OverrideSkipped(entry string, err error) {
 		zap.String("store", e.s.label()), zap.String("entry", entry), zap.Error(err))
 }
 
+// OverridesRestored logs and counts a write-back of the overrides to a
+// Redis that lost them.
+func (e overrideEvents) OverridesRestored(n int, why string) {
+	metrics.overridesRestored.WithLabelValues(e.s.label()).Inc()
+	e.s.logger.Warn("rate limit overrides restored: Redis had lost them, and this instance wrote back those it held that had not expired; "+
+		"the other instances read them from Redis",
+		zap.String("store", e.s.label()), zap.Int("restored", n), zap.String("why", why))
+}
+
+// OverridesOverLimit logs that the store holds more overrides than an
+// instance reads.
+func (e overrideEvents) OverridesOverLimit(held, read int) {
+	e.s.logger.Warn("rate limit overrides: the store holds more entries than an instance reads; the rest are left out "+
+		"(logged once, until they fit): delete overrides through the admin API, or look for entries written into Redis by hand",
+		zap.String("store", e.s.label()), zap.Int("entries", held), zap.Int("read", read))
+}
+
 // OverridesFailing logs that the overrides cannot be read, and when they
 // can again.
 func (e overrideEvents) OverridesFailing(err error) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -415,5 +416,42 @@ func TestOverrideOfASyncedWindow(t *testing.T) {
 	w := serve(h, keyRequest("k"))
 	if got := w.Header().Get("X-Ratelimit-Limit"); got != "20" {
 		t.Fatalf("under a stored override of a 1s window: limit %q, want the config's 20", got)
+	}
+}
+
+// TestOverridesSurviveAnEmptyRedis: the Redis that holds the overrides is
+// killed and restarted empty: the instance writes back the override it
+// holds, counts it, enforces it, and lists it.
+func TestOverridesSurviveAnEmptyRedis(t *testing.T) {
+	srv := redistest.NewServer(t)
+	prefix := fmt.Sprintf("ovrst%x:", rand.Uint64())
+	name := fmt.Sprintf("ovr_%x", rand.Uint64())
+	h := &Handler{Zones: map[string]*Zone{name: {Rate: "20r/m", Key: "{http.request.header.X-Key}"}},
+		Redis: &RedisConfig{Addresses: []string{srv.Addr}, KeyPrefix: prefix}, OverridesPoll: caddy.Duration(200 * time.Millisecond)}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	mustAdmin(t, "PUT", "/rate_limit/overrides/"+name, `{"rate":"4r/m"}`)
+	restored := metrics.overridesRestored.WithLabelValues(h.store.label())
+	before := testutil.ToFloat64(restored)
+	srv.Kill()
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(restored) == before {
+		if time.Now().After(deadline) {
+			t.Fatal("no restore counted within 10s of Redis restarting empty")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := passes(h, "a", 6); n != 4 {
+		t.Fatalf("%d of 6 requests passed after the restart, want the override's 4", n)
+	}
+	if out := mustAdmin(t, "GET", "/rate_limit/overrides", ""); !strings.Contains(out, `"zone":"`+name+`","kind":"limit","rate":"4r/m"`) {
+		t.Fatalf("the listing after the restart: %s", out)
+	}
+	if got := testutil.ToFloat64(restored) - before; got != 1 {
+		t.Fatalf("%v restores counted, want 1", got)
 	}
 }

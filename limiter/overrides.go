@@ -139,6 +139,7 @@ type OverrideSet struct {
 	zones   map[string]Override
 	keys    map[string]*zoneKeys // by zone
 	skipped int                  // entries not read (malformed)
+	over    int                  // entries left out past MaxOverrideEntries
 }
 
 // zoneKeys are the key overrides of a zone, in 256 maps by their digest's
@@ -328,7 +329,7 @@ type entryChange struct {
 func (s *OverrideSet) apply(changes []entryChange, token string) *OverrideSet {
 	n := &OverrideSet{token: token, version: tokenVersion(token), zones: map[string]Override{}, keys: map[string]*zoneKeys{}}
 	if s != nil {
-		n.skipped = s.skipped
+		n.skipped, n.over = s.skipped, s.over
 		maps.Copy(n.zones, s.zones)
 		maps.Copy(n.keys, s.keys) // shared until changed
 	}

@@ -24,6 +24,50 @@ type overrideRecorder struct {
 	expired   []OverrideEntry
 	lastSeen  *OverrideSet
 	notPushed []error
+	restored  []int    // the counts of the restores this instance wrote
+	whys      []string // and why
+	overLimit []string // the reports of more entries than an instance reads
+}
+
+func (r *overrideRecorder) OverridesRestored(n int, why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.restored = append(r.restored, n)
+	r.whys = append(r.whys, why)
+}
+
+func (r *overrideRecorder) OverridesOverLimit(held, read int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.overLimit = append(r.overLimit, fmt.Sprintf("%d held, %d read", held, read))
+}
+
+// restores is what the restores this instance wrote restored, and why.
+func (r *overrideRecorder) restores() ([]int, []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]int(nil), r.restored...), append([]string(nil), r.whys...)
+}
+
+// restoresOf waits until the instances of recs wrote a restore, then
+// until each of insts is on a version beyond held (the last before the
+// loss: every restore is then written), and lists those written.
+func restoresOf(t *testing.T, held int64, recs []*overrideRecorder, insts []*Overrides) ([]int, []string) {
+	t.Helper()
+	for i, o := range insts {
+		waitFor(t, 10*time.Second, fmt.Sprintf("instance %d beyond version %d", i, held), func() bool { return o.Current().Version() > held })
+	}
+	var restores []int
+	var whys []string
+	waitFor(t, 10*time.Second, "a restore written", func() bool {
+		restores, whys = nil, nil
+		for _, r := range recs {
+			n, w := r.restores()
+			restores, whys = append(restores, n...), append(whys, w...)
+		}
+		return len(restores) > 0
+	})
+	return restores, whys
 }
 
 func (r *overrideRecorder) OverridesLoaded(s *OverrideSet, via string, expired []OverrideEntry) {
@@ -366,41 +410,6 @@ func TestBlockedRequest(t *testing.T) {
 		t.Fatalf("dry-run block: state %v", v.States[0])
 	}
 	v.Release()
-}
-
-// TestRedisOverridesVersionLost: when Redis loses a change (a failover to
-// a replica that lagged, a restore), the next change's version has the
-// number of the one lost but not its name: an instance that read the lost
-// change still converges on what Redis holds.
-func TestRedisOverridesVersionLost(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
-	defer c.Close()
-	a, b, _ := redisOverridesPair(t, c)
-	src := a.src.(*redisOverrides)
-	ctx := context.Background()
-	if err := a.Put(ctx, "x", nil, Override{Rate: "1r/s"}); err != nil {
-		t.Fatal(err)
-	}
-	saved := map[string]string{}
-	for _, k := range []string{src.hash, src.versionKey} {
-		saved[k] = c.Dump(ctx, k).Val()
-	}
-	if err := a.Put(ctx, "lost", nil, Override{Disabled: true}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 2*time.Second, "the change at b", func() bool { _, ok := b.Current().Zone("lost"); return ok })
-	for k, v := range saved { // Redis as it was before the change: the change is lost
-		c.RestoreReplace(ctx, k, 0, v)
-	}
-	if err := a.Put(ctx, "y", nil, Override{Rate: "2r/s"}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 3*time.Second, "b on what Redis holds", func() bool {
-		cur := b.Current()
-		_, lost := cur.Zone("lost")
-		_, y := cur.Zone("y")
-		return y && !lost
-	})
 }
 
 // TestRedisOverridesNotPushed: a Redis user whose ACL does not allow the

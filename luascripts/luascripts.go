@@ -47,3 +47,15 @@ var (
 //
 //go:embed overrides_write.lua
 var OverridesWrite string
+
+// OverridesRead reads the overrides' entries (a page of them, or those
+// named), leaving out those too long to be an override's.
+//
+//go:embed overrides_read.lua
+var OverridesRead string
+
+// OverridesRestore writes back the overrides an instance holds when Redis
+// lost them, once: only when the version is still the one it read.
+//
+//go:embed overrides_restore.lua
+var OverridesRestore string
