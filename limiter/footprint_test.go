@@ -188,7 +188,7 @@ func usedMemory(t *testing.T, nodes []*redis.Client, flush bool) (used, keys int
 // keys, then as many again, which evict them (a flood of new keys), for a
 // token bucket and a sliding log of one request (a 10r/d limit: nothing
 // is full again for hours). It holds the store to the bound its default
-// promises: 256 B per bucket (the token bucket's figures are 120–234 B:
+// promises: 256 B per bucket (the token bucket's figures are 90–184 B:
 // Go's maps grow in steps). The memory figures of ARCHITECTURE.md and
 // BENCHMARKS.md come from its output:
 //

@@ -16,17 +16,13 @@ const memShards = 64
 const DefaultSweepInterval = 30 * time.Second
 
 // DefaultMemoryCapacity is how many buckets a MemoryStore keeps unless
-// SetCapacity says otherwise: at most about 120 MB of heap for token
-// buckets (234 B each, maps included; TestMemoryFootprint), 125 MB for
-// sliding logs of one request (250 B, plus 8 B per further request).
+// SetCapacity says otherwise: at most about 92 MB of heap for token
+// buckets (184 B each, maps included; TestMemoryFootprint), 100 MB for
+// sliding logs of one request (200 B, plus 8 B per further request).
 const DefaultMemoryCapacity = 500_000
 
 // MinMemoryCapacity is the smallest capacity: a bucket per shard.
 const MinMemoryCapacity = memShards
-
-// evictSample is how many buckets of a full shard a new bucket looks at
-// to choose the one it evicts (as Redis's approximated LRU samples 5).
-const evictSample = 5
 
 // MemoryStore keeps buckets in this process: exact for one instance, and
 // the store used when no Redis is configured. It is safe for concurrent
@@ -34,6 +30,17 @@ const evictSample = 5
 // are dropped by a sweeper, so memory holds active clients only. It keeps
 // at most its capacity of buckets (see SetCapacity): a new bucket in a
 // full store evicts another.
+//
+// Each of its shards keeps its buckets in groups, one per zone (and
+// algorithm), so that eviction keeps this invariant: a new bucket of zone
+// Z in a full shard evicts a bucket of another zone that still holds back
+// tokens only when the shard holds no bucket of Z to give (besides the
+// take's own); so, whatever the mix in the store, a flood of new keys in
+// Z evicts Z's buckets, and idle ones of any zone, before another zone's
+// clients, and a drained bucket of another zone goes never before a full
+// one of Z. A flood in a zone new to a full shard takes the place of one
+// bucket there, of the zone that holds the most. See evictOne;
+// TestMemoryFloodKeepsOtherZones holds it.
 type MemoryStore struct {
 	shards    [memShards]memShard
 	bans      memBans
@@ -45,11 +52,11 @@ type MemoryStore struct {
 }
 
 type memShard struct {
-	mu      sync.Mutex
-	buckets map[bucketID]bucket
-	peak    int // largest len(buckets) since the map was last rebuilt
-	limit   int // the most buckets kept: the shard's part of the capacity
-	_       [32]byte
+	mu     sync.Mutex
+	groups map[zoneAlgo]*memGroup
+	n      int // the buckets held, in all groups
+	limit  int // the most buckets kept: the shard's part of the capacity
+	_      [32]byte
 }
 
 // NewMemoryStore returns a store of DefaultMemoryCapacity whose sweeper
@@ -62,7 +69,7 @@ func NewMemoryStore(sweepEvery time.Duration) *MemoryStore {
 	s := &MemoryStore{stop: make(chan struct{}), done: make(chan struct{})}
 	s.bans.clients = make(map[bucketID]banState)
 	for i := range s.shards {
-		s.shards[i].buckets = make(map[bucketID]bucket)
+		s.shards[i].groups = make(map[zoneAlgo]*memGroup)
 	}
 	s.SetCapacity(DefaultMemoryCapacity)
 	go s.sweepLoop(sweepEvery)
@@ -71,11 +78,10 @@ func NewMemoryStore(sweepEvery time.Duration) *MemoryStore {
 
 // SetCapacity sets how many buckets s keeps, across zones: n, at least
 // MinMemoryCapacity (0 or less: DefaultMemoryCapacity). Each shard keeps
-// its part of n. When a new bucket finds its shard full, it evicts one of
-// a few of the shard's buckets (evictSample): one that holds nothing back
-// (full again, the same as a fresh bucket) if there is one, else the one
-// that would be full again soonest. A store over a lowered capacity
-// shrinks to it at its next sweep.
+// its part of n. When a new bucket finds its shard full, it evicts
+// another (see evictOne): one that holds nothing back (full again, the
+// same as a fresh bucket), else one of its own zone. A store over a
+// lowered capacity shrinks to it at its next sweep.
 func (s *MemoryStore) SetCapacity(n int) {
 	if n <= 0 {
 		n = DefaultMemoryCapacity
@@ -184,10 +190,14 @@ type savedBucket struct {
 func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []bucketID, decisions []Decision, before []savedBucket) int {
 	allowed := true
 	for i, r := range reqs {
-		m := s.shard(keys[i]).buckets
-		b, known := m[keys[i]]
+		sh := s.shard(keys[i])
+		g := sh.group(keys[i])
+		b, known := g.buckets[keys[i].hash]
 		before[i] = savedBucket{b, known}
-		m[keys[i]], decisions[i] = r.Policy.take(b, known, now, boundedCost(r.Cost))
+		g.buckets[keys[i].hash], decisions[i] = r.Policy.take(b, known, now, boundedCost(r.Cost))
+		if !known {
+			sh.n++
+		}
 		allowed = allowed && decisions[i].Allowed
 	}
 	if allowed {
@@ -195,66 +205,14 @@ func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []bucketID, dec
 		return s.makeRoom(now, keys, before)
 	}
 	for i := len(reqs) - 1; i >= 0; i-- {
-		m := s.shard(keys[i]).buckets
+		sh := s.shard(keys[i])
 		if before[i].known {
-			m[keys[i]] = before[i].b
+			sh.put(keys[i], before[i].b)
 		} else {
-			delete(m, keys[i])
+			sh.drop(keys[i])
 		}
 	}
 	return 0
-}
-
-// makeRoom evicts, for each bucket of keys that the take added (unknown
-// before) to a shard now over its limit, a bucket of that shard other
-// than the take's own (see evictOne); two while the shard is still over
-// it (its capacity was lowered), so that it comes back to it. It returns
-// how many buckets it evicted. Under the shards' locks.
-func (s *MemoryStore) makeRoom(now int64, keys []bucketID, before []savedBucket) int {
-	evicted := 0
-	for i := range keys {
-		if before[i].known {
-			continue
-		}
-		sh := s.shard(keys[i])
-		for range 2 {
-			if len(sh.buckets) <= sh.limit || !sh.evictOne(now, keys, keys[i].zone) {
-				break
-			}
-			evicted++
-		}
-	}
-	return evicted
-}
-
-// evictOne drops, of up to evictSample buckets of sh other than those of
-// keep, met from a random place in the map, the first idle one (it holds
-// nothing back: a missing bucket stands for it), else one of zone, the
-// zone that adds a bucket, that would be idle soonest (the least held
-// back), else such a one of another zone, and reports whether there was
-// one: a flood of new keys in one zone evicts its own buckets before
-// another zone's clients. A concurrency bucket, idle only once its slots
-// are released, goes last. Under sh's lock.
-func (sh *memShard) evictOne(now int64, keep []bucketID, zone string) bool {
-	var victim bucketID
-	least, seen, victimOther := int64(0), 0, true
-	for k, b := range sh.buckets {
-		if slices.Contains(keep, k) {
-			continue
-		}
-		other := k.zone != zone && b.idleAt > now // an idle bucket of any zone goes first
-		if seen == 0 || !other && victimOther || other == victimOther && b.idleAt < least {
-			victim, least, victimOther = k, b.idleAt, other
-		}
-		if seen++; seen == evictSample || least <= now {
-			break
-		}
-	}
-	if seen == 0 {
-		return false
-	}
-	delete(sh.buckets, victim)
-	return true
 }
 
 // holdSlots names the concurrency slots that reqs took after their
@@ -262,8 +220,9 @@ func (sh *memShard) evictOne(now int64, keep []bucketID, zone string) bool {
 func (s *MemoryStore) holdSlots(reqs []Request, keys []bucketID) {
 	for i, r := range reqs {
 		if r.Policy.Algorithm == Concurrency {
-			m := s.shard(keys[i]).buckets
-			m[keys[i]] = m[keys[i]].hold(r.ID, boundedCost(r.Cost))
+			sh := s.shard(keys[i])
+			b, _ := sh.get(keys[i])
+			sh.put(keys[i], b.hold(r.ID, boundedCost(r.Cost)))
 		}
 	}
 }
@@ -280,8 +239,8 @@ func (s *MemoryStore) Release(_ context.Context, reqs []Request) error {
 		k := bucketIDOf(r)
 		sh := s.shard(k)
 		sh.mu.Lock()
-		if b, ok := sh.buckets[k]; ok {
-			sh.buckets[k] = r.Policy.release(b, now, r.ID)
+		if b, ok := sh.get(k); ok {
+			sh.put(k, r.Policy.release(b, now, r.ID))
 		}
 		sh.mu.Unlock()
 	}
@@ -293,7 +252,7 @@ func (s *MemoryStore) Peek(_ context.Context, req Request) (Decision, error) {
 	k := bucketIDOf(req)
 	sh := s.shard(k)
 	sh.mu.Lock()
-	b, known := sh.buckets[k]
+	b, known := sh.get(k)
 	sh.mu.Unlock()
 	_, d := req.Policy.take(b, known, time.Now().UnixNano(), 0)
 	return d, nil
@@ -304,7 +263,7 @@ func (s *MemoryStore) Reset(_ context.Context, req Request) error {
 	k := bucketIDOf(req)
 	sh := s.shard(k)
 	sh.mu.Lock()
-	delete(sh.buckets, k)
+	sh.drop(k)
 	sh.mu.Unlock()
 	s.bans.mu.Lock()
 	delete(s.bans.clients, bucketIDOf(req))
@@ -349,7 +308,7 @@ func (s *MemoryStore) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.buckets)
+		n += sh.n
 		sh.mu.Unlock()
 	}
 	return n
@@ -369,69 +328,6 @@ func (s *MemoryStore) Sweep(now time.Time) int {
 	}
 	s.evicted(evicted)
 	return dropped
-}
-
-// sweep drops sh's idle buckets and trims it to its limit; it returns how
-// many buckets it dropped, and how many of them it evicted to trim it.
-func (sh *memShard) sweep(now int64) (dropped, evicted int) {
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	before := len(sh.buckets)
-	sh.peak = max(sh.peak, before)
-	for k, b := range sh.buckets {
-		if b.idleAt <= now {
-			delete(sh.buckets, k)
-		}
-	}
-	evicted = sh.trim()
-	// Go maps never shrink: after a flood of keys, copy the survivors
-	// into a new map so that the memory of the flood is released.
-	if sh.peak > 1024 && len(sh.buckets) < sh.peak/4 {
-		sh.buckets = shrink(sh.buckets)
-		sh.peak = len(sh.buckets)
-	}
-	return before - len(sh.buckets), evicted
-}
-
-// trim evicts the least held back buckets of sh (the soonest idle) until
-// it holds no more than its limit, and returns how many it evicted. It
-// sorts the times of all of them: it runs in the sweep, which goes over
-// them all anyway, and only once the capacity was lowered (or charges
-// after a response brought back evicted buckets). Under sh's lock.
-func (sh *memShard) trim() int {
-	over := len(sh.buckets) - sh.limit
-	if over <= 0 {
-		return 0
-	}
-	times := make([]int64, 0, len(sh.buckets))
-	for _, b := range sh.buckets {
-		times = append(times, b.idleAt)
-	}
-	slices.Sort(times)
-	// Evict those idle before last, and enough of those idle at last.
-	last := times[over-1]
-	before, _ := slices.BinarySearch(times, last)
-	atLast := over - before
-	for k, b := range sh.buckets {
-		switch {
-		case b.idleAt < last:
-			delete(sh.buckets, k)
-		case b.idleAt == last && atLast > 0:
-			delete(sh.buckets, k)
-			atLast--
-		}
-	}
-	return over
-}
-
-// shrink copies m into a map sized for its contents (maps.Clone would keep
-// the old capacity).
-func shrink(m map[bucketID]bucket) map[bucketID]bucket {
-	n := make(map[bucketID]bucket, len(m))
-	for k, v := range m {
-		n[k] = v
-	}
-	return n
 }
 
 func (s *MemoryStore) sweepLoop(every time.Duration) {

@@ -124,11 +124,18 @@ func TestMemoryFloodShrinks(t *testing.T) {
 	for i := range 100_000 {
 		s.TakeAt(t0, []Request{{Zone: "z", Key: fmt.Sprint(i), Policy: p, Cost: 1}})
 	}
+	held := Request{Zone: "z", Key: "held", Policy: Policy{Rate: 1, Period: time.Hour, Burst: 1}, Cost: 1}
+	s.TakeAt(t0, []Request{held})
 	s.Sweep(t0.Add(time.Second))
 	for i := range s.shards {
-		if s.shards[i].peak != 0 {
-			t.Fatalf("shard %d: map not rebuilt after the flood (peak %d)", i, s.shards[i].peak)
+		for za, g := range s.shards[i].groups {
+			if g.peak != 0 && g.peak != len(g.buckets) || len(g.buckets) == 0 {
+				t.Fatalf("shard %d, group %v: map not rebuilt after the flood (%d buckets, peak %d)", i, za, len(g.buckets), g.peak)
+			}
 		}
+	}
+	if n := s.Len(); n != 1 || !s.holds(held) {
+		t.Fatalf("Len %d after the sweep; want the held bucket alone", n)
 	}
 }
 
@@ -193,7 +200,7 @@ func TestMemoryCapacityEvicts(t *testing.T) {
 	clientID := bucketIDOf(client)
 	for i := range s.shards {
 		idle, kept := 0, 0
-		for k, b := range s.shards[i].buckets {
+		for k, b := range s.shards[i].all() {
 			switch {
 			case b.idleAt <= t1.UnixNano():
 				idle++
@@ -238,13 +245,13 @@ func TestMemoryCapacityLowered(t *testing.T) {
 	// bucket of its shard more held back is kept too.
 	for i := range 1000 {
 		r := Request{Zone: "z", Key: fmt.Sprint(i), Policy: p}
-		_, kept := s.shard(bucketIDOf(r)).buckets[bucketIDOf(r)]
+		kept := s.holds(r)
 		for j := i + 1; j < 1000 && kept; j++ {
 			o := Request{Zone: "z", Key: fmt.Sprint(j), Policy: p}
 			if s.shardIndex(bucketIDOf(o)) != s.shardIndex(bucketIDOf(r)) {
 				continue
 			}
-			if _, ok := s.shard(bucketIDOf(o)).buckets[bucketIDOf(o)]; !ok {
+			if !s.holds(o) {
 				t.Fatalf("key %d (full again in %d h) evicted, key %d (%d h) kept", j, j+1, i, i+1)
 			}
 		}

@@ -68,12 +68,12 @@ func (s *MemoryStore) update(r Request, f func(b bucket, known bool) (bucket, De
 	sh := s.shard(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	b, known := sh.buckets[k]
+	b, known := sh.get(k)
 	nb, d := f(b, known)
 	if nb.idleAt == 0 { // nothing to keep
-		delete(sh.buckets, k)
+		sh.drop(k)
 	} else {
-		sh.buckets[k] = nb
+		sh.put(k, nb)
 	}
 	return d
 }
