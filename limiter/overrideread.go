@@ -7,9 +7,9 @@ package limiter
 // maxOverrideValue: a script (overrides_read.lua) leaves the longer ones
 // in Redis and names them, so that no reply grows with what was written;
 // the rest is skipped and reported once, and the instance serves with what
-// it read. A whole read parses page by page; whole reads are spaced by
-// wholeReadGap (overridesync.go), so that version bumps cannot keep an
-// instance reading.
+// it read. A whole read parses page by page; whole reads are spaced
+// (wholeReadGap, wholeReadSpan in overridesync.go), so that version bumps
+// cannot keep an instance reading.
 
 import (
 	"cmp"

@@ -50,8 +50,9 @@ func (o *Overrides) restore(ctx context.Context, cur, held *OverrideSet, read st
 	if !ok || held.size() == 0 {
 		return o.readAll(ctx, cur, "restore", false)
 	}
-	o.wholeRead()
+	ended := o.wholeRead()
 	token, n, won, err := r.restore(ctx, read, cur.Version(), held)
+	ended()
 	if err != nil {
 		return o.failed(fmt.Errorf("writing back the overrides Redis lost: %w", err))
 	}

@@ -20,8 +20,10 @@ package limiter
 // <new version> <entry names...>". An instance that holds the previous
 // version reads just those entries; one that missed a message, or whose
 // version is another, reads the whole hash (in pages, between two reads of
-// the version that must agree), at most once every wholeReadGap. What it
-// reads is bounded (overrideread.go). It also reads the version
+// the version that must agree), at most once every wholeReadGap, and
+// after a gap of at least wholeReadSpan times the last one's length: whole
+// reads take at most a tenth of a core. What it reads is bounded
+// (overrideread.go). It also reads the version
 // every poll interval, so that a missed message (a dropped subscription, a
 // restart, a partition) heals on its own. The instance that makes a change
 // applies it from the script's reply, without a read.
@@ -54,11 +56,12 @@ const DefaultOverridesPoll = 10 * time.Second
 // minRefreshGap spaces the reads that pushes cause, and expiryGap the
 // wake-ups at expiries (requests check expiries themselves: these only
 // keep the metric and the log current).
-// wholeReadGap the whole reads, whatever asks for them.
+// wholeReadGap and wholeReadSpan the whole reads, whatever asks for them.
 const (
 	minRefreshGap = 100 * time.Millisecond
 	expiryGap     = time.Second
 	wholeReadGap  = time.Second
+	wholeReadSpan = 10
 )
 
 // maxPending bounds the pushed changes waiting to be read; past it, the
@@ -111,7 +114,7 @@ type Overrides struct {
 	dueVia    string            // why the whole read put off is due
 	applied   []string          // the last versions applied, newest last
 	logged    map[uint64]uint64 // the skipped entries reported, by their name's hash: their value's
-	lastWhole atomic.Int64      // when the last whole read (or restore) started, Unix ns
+	nextWhole atomic.Int64      // when the next whole read (or restore) may start, Unix ns
 	wholeDue  atomic.Int64      // when a whole read put off is due, Unix ns; 0: none
 	pendMu    sync.Mutex
 	pending   []delta // pushed changes not read yet; nil and full: read all
@@ -351,12 +354,11 @@ func (o *Overrides) refresh(ctx context.Context, via string, force bool) error {
 	return o.readAll(ctx, cur, via, true)
 }
 
-// putOff reports whether a whole read (or a restore) comes within
-// wholeReadGap of the last one, and if so has run do it when the gap has
-// passed: version bumps cannot keep an instance reading.
-// The caller holds readMu.
+// putOff reports whether a whole read (or a restore) comes before the
+// gap after the last one passed, and if so has run do it then: version
+// bumps cannot keep an instance reading. The caller holds readMu.
 func (o *Overrides) putOff(via string) bool {
-	next := time.Unix(0, o.lastWhole.Load()).Add(wholeReadGap)
+	next := time.Unix(0, o.nextWhole.Load())
 	if time.Now().Before(next) {
 		o.wholeDue.Store(next.UnixNano())
 		o.dueVia = cmp.Or(o.dueVia, via)
@@ -365,12 +367,19 @@ func (o *Overrides) putOff(via string) bool {
 	return false
 }
 
-// wholeRead records that a whole read (or a restore) starts. The caller
-// holds readMu.
-func (o *Overrides) wholeRead() {
-	o.lastWhole.Store(time.Now().UnixNano())
+// wholeRead records that a whole read (or a restore) starts; the
+// function it returns, that it ended: the next may start wholeReadGap
+// after this one started, or wholeReadSpan times its length after it
+// ended if later. The caller holds readMu.
+func (o *Overrides) wholeRead() (ended func()) {
+	start := time.Now()
+	o.nextWhole.Store(start.Add(wholeReadGap).UnixNano())
 	o.wholeDue.Store(0)
 	o.dueVia = ""
+	return func() {
+		took := time.Since(start)
+		o.nextWhole.Store(start.Add(max(wholeReadGap, took+wholeReadSpan*took)).UnixNano())
+	}
 }
 
 // readAll puts in force a whole read of the overrides, or, when it says
@@ -378,8 +387,9 @@ func (o *Overrides) wholeRead() {
 // holds readMu.
 func (o *Overrides) readAll(ctx context.Context, cur *OverrideSet, via string, mayRestore bool) error {
 	o.takePending() // a whole read covers them
-	o.wholeRead()
+	ended := o.wholeRead()
 	s, err := o.src.load(ctx, o.skipped)
+	ended()
 	if err != nil {
 		return o.failed(err)
 	}
