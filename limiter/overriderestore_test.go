@@ -106,7 +106,7 @@ func TestRedisOverridesSurviveMasterRestart(t *testing.T) {
 	recs := []*overrideRecorder{{}, {}}
 	a, b := NewRedisOverrides(c, prefix, 0, recs[0]), NewRedisOverrides(c, prefix, 0, recs[1])
 	for _, o := range []*Overrides{a, b} {
-		o.SetPoll(time.Second)
+		o.SetPoll(time.Hour) // the subscription made again, and the retries of failed reads, bring the read
 		if err := o.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}

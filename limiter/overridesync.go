@@ -56,12 +56,14 @@ const DefaultOverridesPoll = 10 * time.Second
 // minRefreshGap spaces the reads that pushes cause, and expiryGap the
 // wake-ups at expiries (requests check expiries themselves: these only
 // keep the metric and the log current).
-// wholeReadGap and wholeReadSpan the whole reads, whatever asks for them.
+// wholeReadGap and wholeReadSpan the whole reads, whatever asks for them;
+// failRetry the reads while they fail.
 const (
 	minRefreshGap = 100 * time.Millisecond
 	expiryGap     = time.Second
 	wholeReadGap  = time.Second
 	wholeReadSpan = 10
+	failRetry     = time.Second
 )
 
 // maxPending bounds the pushed changes waiting to be read; past it, the
@@ -109,7 +111,7 @@ type Overrides struct {
 	close  sync.Once
 	readMu sync.Mutex // one read at a time
 	// Under readMu:
-	failing   bool
+	failing   atomic.Bool       // reads fail: run retries every failRetry
 	over      bool              // OverridesOverLimit told
 	dueVia    string            // why the whole read put off is due
 	applied   []string          // the last versions applied, newest last
@@ -300,10 +302,14 @@ func (o *Overrides) run() {
 	}
 }
 
-// wait is how long until the next poll, or the next expiry if sooner (at
-// least expiryGap away), or the whole read put off if sooner.
+// wait is how long until the next poll (failRetry while reads fail: a
+// Redis that restarted may have lost the overrides), or the next expiry if
+// sooner (at least expiryGap away), or the whole read put off if sooner.
 func (o *Overrides) wait() time.Duration {
 	d := time.Duration(o.poll.Load())
+	if o.failing.Load() {
+		d = min(d, failRetry)
+	}
 	if due := o.wholeDue.Load(); due != 0 {
 		d = min(d, max(time.Until(time.Unix(0, due)), minRefreshGap))
 	}
@@ -439,16 +445,16 @@ func (o *Overrides) skipped(entry, value string, err error) {
 }
 
 func (o *Overrides) failed(err error) error {
-	if !o.failing {
-		o.failing = true
+	if !o.failing.Load() {
+		o.failing.Store(true)
 		o.ev.OverridesFailing(err)
 	}
 	return err
 }
 
 func (o *Overrides) recovered() {
-	if o.failing {
-		o.failing = false
+	if o.failing.Load() {
+		o.failing.Store(false)
 		o.ev.OverridesFailing(nil)
 	}
 }

@@ -194,3 +194,101 @@ func killPubSub(t *testing.T, cl *redistest.Cluster) {
 		t.Fatalf("killed %d Pub/Sub connections, want one per instance at least", killed)
 	}
 }
+
+// TestFleetOverridesSurviveAnEmptyRedis: the Redis that holds the
+// overrides, a standalone server or the Cluster master of their slot, is
+// killed and restarted empty. Within 5 s (the default overrides_poll of
+// 10s: the subscription made again brings the read), the overrides are
+// back in Redis, written by one instance, which logs it; every instance,
+// and one started just after the restart, enforces them and lists them.
+func TestFleetOverridesSurviveAnEmptyRedis(t *testing.T) {
+	for _, kind := range []string{"standalone", "cluster master"} {
+		t.Run(kind, func(t *testing.T) {
+			prefix := fmt.Sprintf("ovrst%d:", time.Now().UnixNano())
+			var addrs []string
+			var restart func()
+			if kind == "standalone" {
+				srv := redistest.NewServer(t)
+				addrs, restart = []string{srv.Addr}, func() { srv.Kill(); mustStart(t, srv) }
+			} else {
+				cl := redistest.NewClusterOf(t, 3, 0)
+				addrs, restart = cl.Addrs(), func() { restartHolder(t, cl, prefix+"{overrides}") }
+			}
+			site := overridesSite(prefix, "", addrs)
+			fleet := []*testcaddy.Caddy{testcaddy.Start(t, site), testcaddy.Start(t, site)}
+			putOverride(t, fleet[0], "PUT", "api", `{"rate":"2r/h"}`)
+			putOverride(t, fleet[0], "PUT", "api/key", `{"key":"abuser","block":true}`)
+			waitVersion(t, fleet, overridesVersion(t, fleet[0]), 2*time.Second)
+			restart()
+			restarted := time.Now()
+			fleet = append(fleet, testcaddy.Start(t, site))
+			for i, c := range fleet {
+				for !enforcesOverrides(t, c, i) {
+					if time.Since(restarted) > 5*time.Second {
+						t.Fatalf("instance %d does not enforce and list the overrides 5s after the restart: %s", i, adminOverrides(t, c))
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+			t.Logf("every instance enforces the overrides %s after Redis restarted empty", time.Since(restarted).Round(time.Millisecond))
+			restores := 0
+			for _, c := range fleet {
+				restores += strings.Count(c.Logs(), "rate limit overrides restored")
+				if strings.Contains(c.Logs(), "abuser") {
+					t.Fatalf("%s logged a raw client key", c.URL)
+				}
+			}
+			if restores != 1 {
+				t.Fatalf("%d instances logged a restore, want one", restores)
+			}
+		})
+	}
+}
+
+func mustStart(t *testing.T, srv *redistest.Server) {
+	t.Helper()
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// restartHolder kills the master of cl that holds key, restarts it empty,
+// and waits until the cluster is whole again.
+func restartHolder(t *testing.T, cl *redistest.Cluster, key string) {
+	t.Helper()
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	defer c.Close()
+	master, err := c.MasterForKey(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := cl.Server(master.Options().Addr)
+	srv.Kill()
+	mustStart(t, srv)
+	if err := cl.WaitOK(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// enforcesOverrides reports whether c applies the overrides of
+// TestFleetOverridesSurviveAnEmptyRedis (a fresh key's limit is the
+// zone's override; the blocked key is refused) and lists them.
+func enforcesOverrides(t *testing.T, c *testcaddy.Caddy, i int) bool {
+	t.Helper()
+	resp, _, err := c.Get("/", "X-API-Key", fmt.Sprintf("fresh%d-%d", i, time.Now().UnixNano()))
+	if err != nil || resp.Header.Get("X-Ratelimit-Limit") != "2" {
+		return false
+	}
+	if resp, _, err := c.Get("/", "X-API-Key", "abuser"); err != nil || resp.StatusCode != http.StatusTooManyRequests {
+		return false
+	}
+	list := adminOverrides(t, c)
+	return strings.Contains(list, `"rate":"2r/h"`) && strings.Contains(list, `"kind":"block"`) && !strings.Contains(list, `"version":0,`)
+}
+
+// adminOverrides is c's listing of the overrides.
+func adminOverrides(t *testing.T, c *testcaddy.Caddy) string {
+	t.Helper()
+	_, _, body := admin(t, c, http.MethodGet, "/rate_limit/overrides")
+	return body
+}
