@@ -201,3 +201,42 @@ func TestRedisOverridesDivergedNotRestored(t *testing.T) {
 		t.Fatalf("restores written: %v, want none", r)
 	}
 }
+
+// TestRedisOverridesOwnPushReadFirst: the push of a change made here is
+// read before the write's reply is applied (as on a loaded machine). The
+// change is then in force already: the version it moved from, below the
+// one held, is no loss, and nothing is written back (a restore would move
+// the version on with a push that names no entries, and make the other
+// instances wait for a whole read).
+func TestRedisOverridesOwnPushReadFirst(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	ctx := context.Background()
+	rec := &overrideRecorder{}
+	o := NewRedisOverrides(c, fmt.Sprintf("own%x:", rand.Uint64()), 0, rec)
+	o.SetPoll(time.Hour) // the push alone brings the change
+	if err := o.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	src := o.src.(*redisOverrides)
+	waitFor(t, 10*time.Second, "the subscription", func() bool {
+		n, err := c.PubSubNumSub(ctx, src.channel).Result()
+		return err == nil && n[src.channel] > 0
+	})
+	_, d, err := src.write(ctx, "api", nil, &Override{Rate: "2r/h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the change's push read", func() bool { return o.Current().tokenOf() == d.next })
+	o.applyOwn(ctx, d) // the write's reply, after its push
+	if v, err := src.version(ctx); err != nil || v != d.next {
+		t.Fatalf("the version in Redis after the change: %q (%v), want the change's %q", v, err, d.next)
+	}
+	if restores, whys := rec.restores(); len(restores) != 0 {
+		t.Fatalf("restores written: %v (%q), want none", restores, whys)
+	}
+	if z, ok := o.Current().Zone("api"); !ok || z.Rate != "2r/h" || o.Current().tokenOf() != d.next {
+		t.Fatalf("in force: %+v %v at %q, want the change at %q", z, ok, o.Current().tokenOf(), d.next)
+	}
+}

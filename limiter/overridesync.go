@@ -240,15 +240,18 @@ func (o *Overrides) Delete(ctx context.Context, zone string, digest *[16]byte) (
 }
 
 // applyOwn puts a change made here in force: from the change itself when
-// the snapshot is at its previous version; with what it holds written back
-// when the change found the overrides lost; else by a whole read (which
-// may fail: the change is then read at the next push or poll).
+// the snapshot is at its previous version; not at all when its push was
+// read first (the snapshot is at its version, or beyond: its previous
+// version, below the one held, is then no loss); with what it holds
+// written back when the change found the overrides lost; else by a whole
+// read (which may fail: the change is then read at the next push or poll).
 func (o *Overrides) applyOwn(ctx context.Context, d delta) {
 	o.readMu.Lock()
 	cur := o.cur.Load()
 	switch {
 	case cur.tokenOf() == d.prev:
 		o.install(cur, cur.apply(d.changes, d.next), "change")
+	case o.wasApplied(d.next): // in force already
 	case lost(cur, d.prev):
 		_ = o.restore(ctx, cur, cur.apply(d.changes, cur.tokenOf()), d.next)
 	default:
