@@ -212,6 +212,10 @@ func (c *Caddy) Reload(site string, globals ...string) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "text/caddyfile")
+	// A connection of its own: a kept-alive one the admin endpoint closes
+	// as idle while the request goes out fails the POST with EOF, which
+	// the client does not send again (not idempotent).
+	req.Close = true
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return err
