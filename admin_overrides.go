@@ -268,16 +268,6 @@ func (t overrideTarget) check(o *limiter.Override, now time.Time) error {
 	return nil
 }
 
-// syncFits reports whether p fits the sync of every zone of t's name.
-func (t overrideTarget) syncFits(p limiter.Policy) error {
-	for _, ref := range t.refs {
-		if err := ref.z.syncFits(p); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 func (t overrideTarget) digestPtr() *[16]byte {
 	if t.key {
 		return &t.digest
@@ -332,18 +322,6 @@ func (t overrideTarget) changed(action string, o *limiter.Override) {
 	if len(t.refs) > 0 && t.refs[0].h.events != nil {
 		t.refs[0].h.events.Emit(t.refs[0].h.eventCtx, overrideEvent, data)
 	}
-}
-
-// syncBound is, for a zone that syncs, the bound of the fleet's
-// overshoot (see syncBound) under o, for the instances counted now; false
-// for a zone that does not sync, or an override that sets no limit.
-func (t overrideTarget) syncBound(o *limiter.Override) (int64, bool) {
-	if len(t.refs) == 0 || t.refs[0].z.Sync == 0 || overrideFits(t.refs[0].z.policy.Algorithm, o) != nil || o.Kind() != "limit" {
-		return 0, false
-	}
-	z, h := t.refs[0].z, t.refs[0].h
-	n := max(t.store.Instances(), h.caller.Fallback.Instances, 1)
-	return syncBound(z.withOverride(z.policy, o), time.Duration(z.Sync), n), true
 }
 
 // keyedDigest reports whether the zone's key digests are keyed.
