@@ -288,3 +288,35 @@ func MayHaveRun(err error) bool {
 	return !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, errQueueFull) && !errors.Is(err, errNotSent) &&
 		!errors.Is(err, errStorageStale)
 }
+
+// route sets, for each run, the node it goes to and the client of that
+// node: in a cluster, the master of the run's slot by go-redis's slot map
+// (or the cluster client, which routes, when the map has no answer);
+// outside, "" and the store's client.
+func (s *RedisStore) route(ctx context.Context, runs []scriptRun, nodes []string, clients []redis.Cmdable) {
+	c, ok := s.client.(*redis.ClusterClient)
+	for i, sr := range runs {
+		clients[i] = s.client
+		if !ok {
+			continue
+		}
+		if n, err := c.MasterForKey(ctx, sr.keys[0]); err == nil {
+			nodes[i], clients[i] = n.Options().Addr, n
+		}
+	}
+}
+
+// Node is the address of the Redis cluster master that holds req's state
+// by the client's slot map: "" outside a cluster, or when the map has no
+// answer yet.
+func (s *RedisStore) Node(ctx context.Context, req Request) string {
+	return s.nodes(ctx, s.scriptRuns([]Request{req}))[0]
+}
+
+// nodes are the addresses of the cluster masters that runs go to (see
+// route); outside a cluster, "" for each.
+func (s *RedisStore) nodes(ctx context.Context, runs []scriptRun) []string {
+	nodes := make([]string, len(runs))
+	s.route(ctx, runs, nodes, make([]redis.Cmdable, len(runs)))
+	return nodes
+}
