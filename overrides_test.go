@@ -171,6 +171,7 @@ func TestOverrideAdminErrors(t *testing.T) {
 		want               string
 	}{
 		{"PUT", base + zone, `{"rate":"10r/x"}`, 400, "rate: "},
+		{"PUT", base + zone, `{"rate":"4r/min"}`, 400, "write 4r/m"},
 		{"PUT", base + zone, `{"burst":-1}`, 400, "burst -1"},
 		{"PUT", base + zone, `{"burst":0}`, 400, "burst 0"},
 		{"PUT", base + zone, `{"rate":"1r/s","expires_at":"2001-01-01T00:00:00Z"}`, 400, "in the past"},

@@ -84,9 +84,19 @@ func boundedCost(cost int64) int64 {
 // ParseRate parses a rate such as "100r/m", "5r/s" or "30r/10m": N requests
 // per unit, where the unit is s, m, h or d and may carry a multiplier.
 // An error says how to write it (rateForms), and suggests the rate meant
-// for a fraction of a request (0.5r/s: 1r/2s or 30r/m) or a unit below a
-// second (10r/ms: 10000r/s).
+// for a unit written as a word (100r/min: 100r/m), a fraction of a
+// request (0.5r/s: 1r/2s or 30r/m) or a unit below a second (10r/ms:
+// 10000r/s).
 func ParseRate(s string) (n int64, period time.Duration, err error) {
+	n, period, err = parseRate(s)
+	if err != nil {
+		return 0, 0, unitWordHint(s, err)
+	}
+	return n, period, nil
+}
+
+// parseRate is ParseRate without the hint for a unit written as a word.
+func parseRate(s string) (n int64, period time.Duration, err error) {
 	count, per, ok := strings.Cut(s, "r/")
 	if !ok {
 		return 0, 0, fmt.Errorf("rate %q: want <N>r/<s|m|h|d>, such as %s", s, rateForms)

@@ -124,3 +124,19 @@ func TestMaxCost(t *testing.T) {
 		t.Fatalf("common.lua does not say %q", want)
 	}
 }
+
+// TestParseRateUnitWords: a unit written as a word names the rate meant,
+// wherever the rate comes from (a Caddyfile or the overrides API).
+func TestParseRateUnitWords(t *testing.T) {
+	for in, want := range map[string]string{
+		"4r/min":       `unknown unit "min": write 4r/m`,
+		"100r/sec":     `write 100r/s`,
+		"1r/2hours":    `write 1r/2h`,
+		"5r/day":       `write 5r/d`,
+		"5r/fortnight": `unknown unit "fortnight" (want s, m, h or d)`,
+	} {
+		if _, _, err := ParseRate(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseRate(%q) error = %v; want it to say %q", in, err, want)
+		}
+	}
+}
