@@ -141,8 +141,12 @@ type usage struct {
 	ZoneOverride *overrideOutput `json:"zone_override,omitempty"`
 	KeyOverride  *overrideOutput `json:"key_override,omitempty"`
 	Blocked      bool            `json:"blocked,omitempty"`
-	Exempt       bool            `json:"exempt,omitempty"`
-	Disabled     bool            `json:"disabled,omitempty"`
+	// Banned is true while the zone's ban refuses the client, until
+	// BannedUntil (Unix seconds), as its refusals say.
+	Banned      bool  `json:"banned,omitempty"`
+	BannedUntil int64 `json:"banned_until,omitempty"`
+	Exempt      bool  `json:"exempt,omitempty"`
+	Disabled    bool  `json:"disabled,omitempty"`
 	// Sync is the zone's sync interval, for a zone that syncs: the
 	// figures are then Redis's, as of the instances' last syncs.
 	Sync string `json:"sync,omitempty"`

@@ -107,6 +107,14 @@ func lookupKey(ref zoneRef, key string) (usage, error) {
 		u.Blocked, u.Remaining = true, 0
 		u.Reset = limiter.Decision{Reset: clock.time().Add(req.Block)}.ResetUnix()
 	}
+	left, err := h.store.BanLeft(context.Background(), req)
+	if err != nil {
+		return u, caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("reading the ban: %w", err)}
+	}
+	if left > 0 { // as the ban's refusals say (refusalbody.go)
+		u.Banned, u.Remaining = true, 0
+		u.BannedUntil = limiter.Decision{Reset: clock.time().Add(left)}.ResetUnix()
+	}
 	if z.Sync != 0 {
 		u.Sync = time.Duration(z.Sync).String()
 	}

@@ -7,6 +7,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 )
@@ -110,5 +113,39 @@ func TestAdminLookupBlockedAndExempt(t *testing.T) {
 	}
 	if u = lookup(t, zone, "free"); field(u, "disabled") != "true" {
 		t.Errorf("lookup in a disabled zone: %v; want disabled", u)
+	}
+}
+
+// TestAdminLookupBanned: a lookup of a banned client says it is banned and
+// until when, as its refusals do, in memory and in Redis.
+func TestAdminLookupBanned(t *testing.T) {
+	stores := map[string]*RedisConfig{"memory": nil,
+		"redis": {Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: fmt.Sprintf("admban%x:", rand.Uint64())}}
+	for store, redis := range stores {
+		t.Run(store, func(t *testing.T) {
+			ban := &BanConfig{After: 2, Within: caddy.Duration(time.Minute), For: caddy.Duration(time.Hour)}
+			h, zone := overrideZone(t, &Zone{Rate: "2r/d", Ban: ban}, redis)
+			if u := lookup(t, zone, "bad"); field(u, "banned") != "" {
+				t.Fatalf("lookup of a client never refused: %v; want no ban", u)
+			}
+			var w *http.Response
+			for range 6 {
+				w = serve(h, keyRequest("bad")).Result()
+			}
+			if w.StatusCode != http.StatusTooManyRequests {
+				t.Fatalf("status %d after 6 requests; want 429", w.StatusCode)
+			}
+			var refusal map[string]any
+			if err := json.NewDecoder(w.Body).Decode(&refusal); err != nil || refusal["banned"] != true {
+				t.Fatalf("refusal %v (%v); want a ban's", refusal, err)
+			}
+			u := lookup(t, zone, "bad")
+			if field(u, "banned") != "true" || field(u, "remaining") != "0" || field(u, "banned_until") != field(refusal, "banned_until") {
+				t.Errorf("lookup of a banned client: %v; want banned, 0 left, banned_until %v as its refusal says", u, refusal["banned_until"])
+			}
+			if u := lookup(t, zone, "good"); field(u, "banned") != "" {
+				t.Errorf("lookup of another client: %v; want no ban", u)
+			}
+		})
 	}
 }

@@ -244,3 +244,19 @@ func (l *Limiter) countRefusals(ctx context.Context, now time.Time, reqs []Reque
 		}
 	}
 }
+
+// BanLeft is how long req's client stays banned by its zone (0: it is
+// not), as the store that decides the client holds the ban.
+func (l *Limiter) BanLeft(ctx context.Context, req Request) (time.Duration, error) {
+	if req.Policy.Ban.After == 0 {
+		return 0, nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
+	defer cancel()
+	reqs := []Request{req}
+	left, err := l.banStore(ctx, reqs).Banned(ctx, reqs)
+	if err != nil {
+		return 0, err
+	}
+	return left[0], nil
+}
