@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
 // zoneInForce is what a zone's own override does at a time: the policy in
@@ -24,13 +25,13 @@ import (
 // do not fit the zone.
 type zoneInForce struct {
 	policy   limiter.Policy
-	override *limiter.Override
+	override *overrides.Override
 	leftOut  error
 }
 
 // inForce is z's policy under its own override in set at now, decided as
 // for a request (Zone.override) but logging nothing.
-func (z *Zone) inForce(set *limiter.OverrideSet, now time.Time) zoneInForce {
+func (z *Zone) inForce(set *overrides.Set, now time.Time) zoneInForce {
 	f := zoneInForce{policy: z.policy}
 	o, ok := set.Zone(z.name)
 	if !ok || !o.Active(now) {
@@ -71,7 +72,7 @@ func zoneInfoOf(r zoneRef, now time.Time) zoneInfo {
 		Limit: f.policy.Limit(), MaxConcurrent: z.MaxConcurrent, Policy: f.policy.String(), Store: h.store.Kind(),
 		DryRun: f.dryRun(z, h.DryRun)}
 	if f.override != nil {
-		v := overrideView(limiter.OverrideEntry{Zone: z.name, Override: *f.override})
+		v := overrideView(overrides.Entry{Zone: z.name, Override: *f.override})
 		info.Override, info.Disabled = &v, f.override.Disabled
 		info.ConfigLimit, info.ConfigPolicy = z.policy.Limit(), z.policy.String()
 		if f.leftOut != nil {
@@ -123,14 +124,14 @@ func lookupKey(ref zoneRef, key string) (usage, error) {
 
 // overrides records in u the overrides in force at now of z (f) and of
 // req's key, and the config's limit when one is in force.
-func (u *usage) overrides(set *limiter.OverrideSet, z *Zone, req *limiter.Request, f zoneInForce, now time.Time) {
+func (u *usage) overrides(set *overrides.Set, z *Zone, req *limiter.Request, f zoneInForce, now time.Time) {
 	if f.override != nil {
-		v := overrideView(limiter.OverrideEntry{Zone: z.name, Override: *f.override})
+		v := overrideView(overrides.Entry{Zone: z.name, Override: *f.override})
 		u.ZoneOverride = &v
 	}
 	digest := req.Digest()
 	if o, ok := set.Key(z.name, digest); ok && o.Active(now) {
-		v := overrideView(limiter.OverrideEntry{Zone: z.name, Digest: hex.EncodeToString(digest[:]), Override: o})
+		v := overrideView(overrides.Entry{Zone: z.name, Digest: hex.EncodeToString(digest[:]), Override: o})
 		u.KeyOverride = &v
 	}
 	if u.ZoneOverride != nil || u.KeyOverride != nil {

@@ -33,7 +33,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/jsonerr"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
 // overrideEvent is the Caddy event emitted for every change of an override.
@@ -183,7 +184,7 @@ func jsonProblem(err error) string {
 	if err == nil {
 		return "data after the object"
 	}
-	return limiter.JSONError(err)
+	return jsonerr.Describe(err)
 }
 
 // readKey reads the key (or its digest) of a key's override, and refuses
@@ -205,7 +206,7 @@ func (t *overrideTarget) readKey(b overrideBody) error {
 	case b.Key != nil:
 		t.digest = t.refs[0].z.bucket(*b.Key).Digest()
 	case b.KeyDigest != "":
-		d, err := limiter.ParseDigest(b.KeyDigest)
+		d, err := overrides.ParseDigest(b.KeyDigest)
 		if err != nil {
 			return apiError(http.StatusBadRequest, "%v", err)
 		}
@@ -238,7 +239,7 @@ func putOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b ove
 		return apiError(http.StatusBadGateway, "store %s: %v", t.store.label(), err)
 	}
 	t.changed("set", &o)
-	entry := limiter.OverrideEntry{Zone: t.zone, Override: o}
+	entry := overrides.Entry{Zone: t.zone, Override: o}
 	if t.key {
 		entry.Digest = hex.EncodeToString(t.digest[:])
 	}
@@ -249,7 +250,7 @@ func putOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b ove
 
 // check reports whether o fits t's zone, and, for a key's, with the
 // zone's own override in force.
-func (t overrideTarget) check(o *limiter.Override, now time.Time) error {
+func (t overrideTarget) check(o *overrides.Override, now time.Time) error {
 	z := t.refs[0].z
 	p := z.policy
 	if zo, ok := t.store.overrides.Current().Zone(z.name); ok && t.key && zo.Active(now) && overrideFits(p.Algorithm, &zo) == nil {
@@ -287,7 +288,7 @@ func deleteOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b 
 	if !found {
 		return apiError(http.StatusNotFound, "zone %q has no such override", t.zone)
 	}
-	t.changed("deleted", &limiter.Override{By: adminIdentity(r)})
+	t.changed("deleted", &overrides.Override{By: adminIdentity(r)})
 	out := map[string]any{"zone": t.zone, "deleted": true, "store": t.store.label()}
 	if t.key {
 		out["key_digest"] = hex.EncodeToString(t.digest[:])
@@ -298,7 +299,7 @@ func deleteOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b 
 // changed logs a change at info level and emits it as a Caddy event. A
 // key's digest is shown when it is keyed (key_secret, or the memory
 // store's): a plain SHA-256 of a guessable key (an address) would tell it.
-func (t overrideTarget) changed(action string, o *limiter.Override) {
+func (t overrideTarget) changed(action string, o *overrides.Override) {
 	fields := []zap.Field{zap.String("zone", t.zone), zap.String("store", t.store.label()), zap.String("action", action), zap.String("by", o.By)}
 	data := map[string]any{"zone": t.zone, "store": t.store.label(), "action": action, "by": o.By}
 	if t.key && t.keyedDigest() {
@@ -306,7 +307,7 @@ func (t overrideTarget) changed(action string, o *limiter.Override) {
 		fields, data["key_digest"] = append(fields, zap.String("key_digest", d)), d
 	}
 	if action == "set" {
-		v := overrideView(limiter.OverrideEntry{Override: *o})
+		v := overrideView(overrides.Entry{Override: *o})
 		fields = append(fields, zap.String("kind", o.Kind()), zap.String("rate", o.Rate), zap.Int64("burst", o.Burst),
 			zap.Int64("max_concurrent", o.MaxConcurrent), zap.String("until", cmp.Or(v.ExpiresAt, "deleted")))
 		data["kind"], data["override"] = o.Kind(), v
@@ -333,8 +334,8 @@ func (t overrideTarget) keyedDigest() bool {
 const maxOverrideExpiry = 10 * 365 * 24 * time.Hour
 
 // override is b as an override set at now, checked for its shape.
-func (b overrideBody) override(key bool, now time.Time) (limiter.Override, error) {
-	o := limiter.Override{Rate: b.Rate, DryRun: b.DryRun, Disabled: b.Disabled, Block: b.Block, Exempt: b.Exempt, Set: now.UnixMilli()}
+func (b overrideBody) override(key bool, now time.Time) (overrides.Override, error) {
+	o := overrides.Override{Rate: b.Rate, DryRun: b.DryRun, Disabled: b.Disabled, Block: b.Block, Exempt: b.Exempt, Set: now.UnixMilli()}
 	for _, f := range []struct {
 		name string
 		v    *int64
@@ -426,7 +427,7 @@ type overrideOutput struct {
 	By            string `json:"by,omitempty"`
 }
 
-func overrideView(e limiter.OverrideEntry) overrideOutput {
+func overrideView(e overrides.Entry) overrideOutput {
 	o := e.Override
 	v := overrideOutput{Zone: e.Zone, KeyDigest: e.Digest, Kind: o.Kind(), Rate: o.Rate, Burst: o.Burst, MaxConcurrent: o.MaxConcurrent,
 		DryRun: o.DryRun, Disabled: o.Disabled, Block: o.Block, Exempt: o.Exempt, By: o.By}

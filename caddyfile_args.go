@@ -12,7 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // The argument readers of caddyfile.go's parsers. Each reads the
@@ -54,7 +54,7 @@ func templateArgs(d *caddyfile.Dispenser) (tmpl, dflt string, err error) {
 	}
 	if len(args) == 2 {
 		if !strings.ContainsAny(args[0], "{}") { // a stray } is checkPlaceholders' to report
-			if _, _, err := limiter.ParseRate(args[0] + args[1]); err == nil {
+			if _, _, err := bucket.ParseRate(args[0] + args[1]); err == nil {
 				return "", "", d.Errf("%s %s: write a rate without spaces: %s%s", args[0], args[1], args[0], args[1])
 			}
 			return "", "", d.Errf("%s %s: one value expected; a second one is only the default of a placeholder, "+

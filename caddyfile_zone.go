@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -196,7 +196,7 @@ func parseAlgorithm(d *caddyfile.Dispenser, z *Zone) error {
 	if err := oneArg(d, &z.Algorithm); err != nil {
 		return err
 	}
-	if _, err := limiter.ParseAlgorithm(z.Algorithm); err != nil {
+	if _, err := bucket.ParseAlgorithm(z.Algorithm); err != nil {
 		return d.Errf("zone %q: %v", z.name, err)
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // caddy-ratelimit's spelling (github.com/mholt/caddy-ratelimit), accepted
@@ -73,7 +74,7 @@ func (z *Zone) checkEvents() error {
 		return about(fmt.Errorf("window needs events (JSON max_events): a number of at least 1"), "window")
 	case z.Window == 0:
 		return about(fmt.Errorf("events %d needs a window: events <N> with window <duration>", z.MaxEvents), "events")
-	case time.Duration(z.Window) < time.Millisecond || time.Duration(z.Window) > limiter.MaxPeriod:
+	case time.Duration(z.Window) < time.Millisecond || time.Duration(z.Window) > bucket.MaxPeriod:
 		return about(fmt.Errorf("window %s: want 1ms to 100 years", time.Duration(z.Window)), "window")
 	case z.Algorithm == "" && z.MaxEvents > maxLogLimit:
 		return about(fmt.Errorf("events %d: the sliding log keeps one entry per event, at most %d per key; "+

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
 // caddy-ratelimit's distributed mode: its zones shared by the instances
@@ -208,7 +209,7 @@ func (h *Handler) provisionStorage() error {
 		s.Limiter = limiter.NewStorageLimiter(fleetStorage(st), limiter.StorageOptions{WriteEvery: write, ReadEvery: read,
 			PurgeAge: time.Duration(h.Distributed.PurgeAge), Events: storageEvents{s}, Read: countSync})
 		s.Limiter.OnSync(s)
-		s.overrides = limiter.NewMemoryOverrides(overrideEvents{s})
+		s.overrides = overrides.NewMemory(overrideEvents{s})
 		return s, nil
 	})
 }

@@ -1,6 +1,6 @@
 package ratelimit
 
-// Run-time overrides of the zones' limits (limiter.Overrides keeps them
+// Run-time overrides of the zones' limits (overrides.Overrides keeps them
 // current): what they do to a request, where each store keeps them, and
 // what is logged and counted when they change. The admin API that changes
 // them is in admin_overrides.go.
@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
 // maxBlockRetry is the Retry-After of a block without an expiry.
@@ -46,7 +47,7 @@ func (c *overrideClock) time() time.Time {
 }
 
 // zoneDisabled reports whether an override in force turns z off.
-func zoneDisabled(set *limiter.OverrideSet, z *Zone, c *overrideClock) bool {
+func zoneDisabled(set *overrides.Set, z *Zone, c *overrideClock) bool {
 	o, ok := set.Zone(z.name)
 	return ok && o.Disabled && o.Active(c.time())
 }
@@ -58,7 +59,7 @@ func zoneDisabled(set *limiter.OverrideSet, z *Zone, c *overrideClock) bool {
 // an earlier config, or another instance's zone of that name), or that
 // gives no valid policy with the other, is left out, with a warning once
 // per zone: the key's first, then the zone's too.
-func (z *Zone) override(set *limiter.OverrideSet, req *limiter.Request, c *overrideClock, logger *zap.Logger) bool {
+func (z *Zone) override(set *overrides.Set, req *limiter.Request, c *overrideClock, logger *zap.Logger) bool {
 	base := req.Policy
 	p := base
 	if o, ok := set.Zone(z.name); ok && o.Active(c.time()) {
@@ -98,7 +99,7 @@ func (z *Zone) override(set *limiter.OverrideSet, req *limiter.Request, c *overr
 
 // limitsOf is p with o's limits, when z's algorithm takes them; else p,
 // with a warning.
-func (z *Zone) limitsOf(p limiter.Policy, o *limiter.Override, logger *zap.Logger) limiter.Policy {
+func (z *Zone) limitsOf(p limiter.Policy, o *overrides.Override, logger *zap.Logger) limiter.Policy {
 	if err := overrideFits(p.Algorithm, o); err != nil {
 		z.warnOverride(logger, err)
 		return p
@@ -107,7 +108,7 @@ func (z *Zone) limitsOf(p limiter.Policy, o *limiter.Override, logger *zap.Logge
 }
 
 // overrideFits reports whether a zone of algo takes o's limits.
-func overrideFits(algo limiter.Algorithm, o *limiter.Override) error {
+func overrideFits(algo limiter.Algorithm, o *overrides.Override) error {
 	switch {
 	case algo == limiter.Concurrency && (o.Rate != "" || o.Burst != 0):
 		return errors.New("a max_concurrent zone takes max_concurrent, not rate or burst")
@@ -133,7 +134,7 @@ func (z *Zone) warnOverride(logger *zap.Logger, err error) {
 // in the config (a number, or a placeholder's value), else the default of
 // the new rate (its N; none for the leaky bucket), and N for the windows;
 // unless o sets the burst too.
-func (z *Zone) withOverride(p limiter.Policy, o *limiter.Override) limiter.Policy {
+func (z *Zone) withOverride(p limiter.Policy, o *overrides.Override) limiter.Policy {
 	if n, period := o.RatePeriod(); n > 0 {
 		p.Rate, p.Period = n, period
 		if z.Burst == "" || p.Algorithm.Windowed() {
@@ -317,7 +318,7 @@ func (s *sharedStore) holdPoll(h *Handler, d time.Duration) {
 			poll = p
 		}
 	}
-	poll = cmp.Or(poll, limiter.DefaultOverridesPoll)
+	poll = cmp.Or(poll, overrides.DefaultPoll)
 	if poll != s.poll {
 		s.poll = poll
 		s.overrides.SetPoll(poll)
@@ -325,13 +326,13 @@ func (s *sharedStore) holdPoll(h *Handler, d time.Duration) {
 }
 
 // overrideEvents logs and counts what happens to a store's overrides
-// (limiter.OverrideEvents).
+// (overrides.OverrideEvents).
 type overrideEvents struct{ s *sharedStore }
 
 // OverridesLoaded counts the overrides now in force, and logs those that
 // expired (a zone's on a line of its own, the keys' counted per zone); the
 // loads themselves are logged at debug level.
-func (e overrideEvents) OverridesLoaded(set *limiter.OverrideSet, via string, expired []limiter.OverrideEntry) {
+func (e overrideEvents) OverridesLoaded(set *overrides.Set, via string, expired []overrides.Entry) {
 	zones, keys := set.Count(time.Now())
 	label := e.s.label()
 	metrics.overrides.WithLabelValues(label, "zone").Set(float64(zones))
@@ -410,7 +411,7 @@ func (s *sharedStore) label() string {
 }
 
 // Interface guard.
-var _ limiter.OverrideEvents = overrideEvents{}
+var _ overrides.Events = overrideEvents{}
 
 // syncFits reports whether p fits the sync of every zone of t's name.
 func (t overrideTarget) syncFits(p limiter.Policy) error {
@@ -425,7 +426,7 @@ func (t overrideTarget) syncFits(p limiter.Policy) error {
 // syncBound is, for a zone that syncs, the bound of the fleet's
 // overshoot (see syncBound) under o, for the instances counted now; false
 // for a zone that does not sync, or an override that sets no limit.
-func (t overrideTarget) syncBound(o *limiter.Override) (int64, bool) {
+func (t overrideTarget) syncBound(o *overrides.Override) (int64, bool) {
 	if len(t.refs) == 0 || t.refs[0].z.Sync == 0 || overrideFits(t.refs[0].z.policy.Algorithm, o) != nil || o.Kind() != "limit" {
 		return 0, false
 	}

@@ -19,7 +19,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
 // adminCall sends a request to the admin API's handler and returns the
@@ -368,18 +368,18 @@ func BenchmarkServeHTTPOverrides(b *testing.B) {
 			ctx := b.Context()
 			for i := range c.keys {
 				d := z.bucket(fmt.Sprint("customer-", i)).Digest()
-				if err := h.store.overrides.Put(ctx, z.name, &d, limiter.Override{Rate: "2000000r/s"}); err != nil {
+				if err := h.store.overrides.Put(ctx, z.name, &d, overrides.Override{Rate: "2000000r/s"}); err != nil {
 					b.Fatal(err)
 				}
 			}
 			if c.hit {
 				d := z.bucket("client-1").Digest()
-				if err := h.store.overrides.Put(ctx, z.name, &d, limiter.Override{Rate: "2000000r/s"}); err != nil {
+				if err := h.store.overrides.Put(ctx, z.name, &d, overrides.Override{Rate: "2000000r/s"}); err != nil {
 					b.Fatal(err)
 				}
 			}
 			if c.zoned {
-				if err := h.store.overrides.Put(ctx, z.name, nil, limiter.Override{Rate: "2000000r/s", Expires: time.Now().Add(time.Hour).UnixMilli()}); err != nil {
+				if err := h.store.overrides.Put(ctx, z.name, nil, overrides.Override{Rate: "2000000r/s", Expires: time.Now().Add(time.Hour).UnixMilli()}); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -410,7 +410,7 @@ func TestOverrideOfASyncedWindow(t *testing.T) {
 	if logs.FilterField(zap.Int64("sync_bound", 5)).Len() != 1 {            // one instance: rate × sync, 10/4s × 2s
 		t.Fatalf("the override's log does not give the bound under it: %v", logs.All())
 	}
-	o := limiter.Override{Rate: "10r/1s"}
+	o := overrides.Override{Rate: "10r/1s"}
 	if err := h.store.overrides.Put(context.Background(), zone, nil, o); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
 // RedisConfig says how to reach Redis. Addresses, username, password and
@@ -116,10 +118,10 @@ const minKeySecret = 16
 
 // keyHasher is the hasher of the client keys' digests: keyed by KeySecret
 // when set, else nil (SHA-256); without Redis, the process's own
-// (limiter.ProcessKeyHasher: digests of the memory store alone).
+// (bucket.ProcessKeyHasher: digests of the memory store alone).
 func (c *RedisConfig) keyHasher() (*limiter.KeyHasher, error) {
 	if c == nil { // the memory store alone: its digests never leave the process
-		return limiter.ProcessKeyHasher, nil
+		return bucket.ProcessKeyHasher, nil
 	}
 	return sharedKeyHasher("redis", c.KeySecret)
 }
@@ -142,7 +144,7 @@ func sharedKeyHasher(block, keySecret string) (*limiter.KeyHasher, error) {
 	case len(secret) < minKeySecret:
 		return nil, fmt.Errorf("%s: key_secret: at least %d characters, not %d", block, minKeySecret, len(secret))
 	}
-	return limiter.NewKeyHasher(secret), nil
+	return bucket.NewKeyHasher(secret), nil
 }
 
 // defaultRedisTimeout is RedisConfig.Timeout when unset.
@@ -193,7 +195,7 @@ func newSharedRedis(cfg RedisConfig, opts *redis.UniversalOptions) (*sharedStore
 	s.Limiter = l
 	l.OnSync(s)
 	prefix := cmp.Or(cfg.KeyPrefix, limiter.DefaultKeyPrefix)
-	s.overrides = limiter.NewRedisOverrides(client, prefix, cfg.DB, overrideEvents{s})
+	s.overrides = overrides.NewRedis(client, prefix, cfg.DB, overrideEvents{s})
 	s.namespace = overridesLabel(cfg, prefix)
 	return s, nil
 }

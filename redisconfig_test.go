@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
@@ -234,8 +235,8 @@ func TestKeySecret(t *testing.T) {
 	}
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	defer c.Close()
-	keyed := limiter.RedisKey(prefix, "api", limiter.NewKeyHasher(secret).Sum("client"))
-	plain := limiter.RedisKey(prefix, "api", limiter.KeyHash("client"))
+	keyed := limiter.RedisKey(prefix, "api", bucket.NewKeyHasher(secret).Sum("client"))
+	plain := limiter.RedisKey(prefix, "api", bucket.KeyHash("client"))
 	if n, err := c.Exists(t.Context(), keyed, plain).Result(); err != nil || n != 1 || c.Exists(t.Context(), plain).Val() != 0 {
 		t.Fatalf("keys in Redis: %d of %s (keyed) and %s (SHA-256 alone), %v; want the keyed one alone", n, keyed, plain, err)
 	}

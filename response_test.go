@@ -20,6 +20,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // ietfItem is one item of a RateLimit or RateLimit-Policy field as this
@@ -138,7 +139,7 @@ func TestQuotaWindowExact(t *testing.T) {
 	if w := quotaWindow(fixed, 1); w != 1 {
 		t.Fatalf("1r/ms window: w=%d; want at least 1", w)
 	}
-	huge := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 1, Period: limiter.MaxPeriod, Burst: 1 << 40}
+	huge := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 1, Period: bucket.MaxPeriod, Burst: 1 << 40}
 	if w := quotaWindow(huge, huge.Limit()); w != math.MaxInt64/int64(time.Second) {
 		t.Fatalf("a refill beyond 2^64ns: w=%d; want the cap", w)
 	}

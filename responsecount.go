@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // Counting what the response says (count_status, cost_from_response): a
@@ -81,7 +82,7 @@ func (z *Zone) costFromHeader(hdr http.Header, reserved int64, logger *zap.Logge
 	n, err := strconv.ParseInt(v, 10, 64)
 	switch {
 	case errors.Is(err, strconv.ErrRange) && n > 0:
-		return limiter.MaxCost
+		return bucket.MaxCost
 	case err != nil || n < 0:
 		if z.warned[fieldResponseCost].CompareAndSwap(false, true) {
 			logger.Warn("response cost header missing or not a whole number; charging the zone's cost (logged once)",
@@ -89,7 +90,7 @@ func (z *Zone) costFromHeader(hdr http.Header, reserved int64, logger *zap.Logge
 		}
 		return reserved
 	}
-	return min(n, limiter.MaxCost)
+	return min(n, bucket.MaxCost)
 }
 
 // settlement settles the charges of one allowed request's zones that

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
 // stores holds the stores shared by every handler and kept across config
@@ -32,9 +33,9 @@ const memoryPoolKey = "memory"
 // its memory store's evictions.
 type sharedStore struct {
 	*limiter.Limiter
-	overrides   *limiter.Overrides // the run-time overrides of the zones (overrides.go)
-	namespace   string             // a Redis store's label (sharedStore.label)
-	syncFailing atomic.Bool        // the rounds of the zones that sync fail
+	overrides   *overrides.Overrides // the run-time overrides of the zones (overrides.go)
+	namespace   string               // a Redis store's label (sharedStore.label)
+	syncFailing atomic.Bool          // the rounds of the zones that sync fail
 	logger      *zap.Logger
 	whole       string   // a Redis node's label outside a cluster: the addresses
 	nodes       sync.Map // the breakers' node labels shown in metrics
@@ -63,7 +64,7 @@ func newSharedStore(whole string) *sharedStore {
 func newSharedMemory() (caddy.Destructor, error) {
 	s := newSharedStore("")
 	s.Limiter = limiter.NewMemoryLimiter()
-	s.overrides = limiter.NewMemoryOverrides(overrideEvents{s})
+	s.overrides = overrides.NewMemory(overrideEvents{s})
 	return s, nil
 }
 

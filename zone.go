@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // Zone is one limit. The requests it matches are counted per client key,
@@ -135,7 +136,7 @@ type Zone struct {
 	// cost, e.g. X-Tokens-Used: the request is checked and charged Cost
 	// before it goes on, and when its response's headers are written, the
 	// difference to the header's amount (a whole number, at most
-	// limiter.MaxCost) is charged, into debt if need be, or given back. A
+	// bucket.MaxCost) is charged, into debt if need be, or given back. A
 	// bucket in debt refuses requests until the debt is repaid at the
 	// rate. A missing or malformed value keeps Cost (logged once per
 	// zone). token_bucket and leaky_bucket only. Default: none, a request
@@ -340,7 +341,7 @@ func (z *Zone) check() error {
 // compilePolicy computes the zone's static (or default) policy and cost
 // from its rate, algorithm, burst and cost.
 func (z *Zone) compilePolicy() error {
-	algo, err := limiter.ParseAlgorithm(z.algorithm())
+	algo, err := bucket.ParseAlgorithm(z.algorithm())
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 const ms = time.Millisecond
@@ -365,7 +366,7 @@ func TestBans(t *testing.T) {
 // concurrency limit is left out: Redis counts one lease per request,
 // whatever its cost, and zones give it no cost.)
 func TestHugeCost(t *testing.T) {
-	huge := []int64{math.MaxInt64, 1<<53 + 1, MaxCost + 1, 1 << 62}
+	huge := []int64{math.MaxInt64, 1<<53 + 1, bucket.MaxCost + 1, 1 << 62}
 	for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, LeakyBucket} {
 		p := Policy{Algorithm: a, Rate: 5, Period: time.Second, Burst: 5, NoDelay: true}
 		for name, newStore := range testStores {

@@ -7,13 +7,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 )
 
 // memBans are the bans of a MemoryStore.
 type memBans struct {
 	mu      sync.Mutex
-	clients map[bucketID]banState
+	clients map[bucket.ID]banState
 }
 
 type banState struct {
@@ -31,7 +32,7 @@ func (s *MemoryStore) BannedAt(now time.Time, reqs []Request) []time.Duration {
 		if r.Policy.Ban.After == 0 {
 			continue
 		}
-		if st, ok := s.bans.clients[bucketIDOf(r)]; ok && st.bannedUntil > now.UnixNano() {
+		if st, ok := s.bans.clients[bucket.IDOf(r)]; ok && st.bannedUntil > now.UnixNano() {
 			left[i] = time.Duration(st.bannedUntil - now.UnixNano())
 		}
 	}
@@ -52,7 +53,7 @@ func (s *MemoryStore) RefusedAt(now time.Time, r Request) (time.Duration, bool) 
 	ns := now.UnixNano()
 	s.bans.mu.Lock()
 	defer s.bans.mu.Unlock()
-	k := bucketIDOf(r)
+	k := bucket.IDOf(r)
 	st := s.bans.clients[k]
 	if st.bannedUntil > ns {
 		return time.Duration(st.bannedUntil - ns), false

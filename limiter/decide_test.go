@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -104,4 +105,30 @@ func TestFailureReportedOncePerNode(t *testing.T) {
 	if ev.failing != 1 || ev.recovered != 1 {
 		t.Fatalf("one master paused, then back: %d failures and %d recoveries reported; want 1 and 1", ev.failing, ev.recovered)
 	}
+}
+
+// TestBlockedRequest: a blocked request is refused with the block's time
+// left, nothing charged, in the enforced zones; a dry-run zone would refuse.
+func TestBlockedRequest(t *testing.T) {
+	l := NewMemoryLimiter()
+	defer l.Close()
+	now := time.Unix(1_700_000_000, 0)
+	p := Policy{Algorithm: TokenBucket, Rate: 5, Period: time.Minute, Burst: 5}
+	reqs := []Request{{Zone: "a", Key: "k", Policy: p, Cost: 1}, {Zone: "b", Key: "k", Policy: p, Cost: 1, Block: time.Minute}}
+	var v Verdict
+	l.Decide(context.Background(), now, reqs, Caller{}, &v)
+	if v.States[1] != Banned || v.States[0] != NotAsked || v.Decisions[1].RetryAfter != time.Minute || v.Decisions[1].Limit != 5 {
+		t.Fatalf("states %v, decisions %+v", v.States, v.Decisions)
+	}
+	v.Release()
+	d, err := l.Peek(context.Background(), reqs[0])
+	if err != nil || d.Remaining != 5 {
+		t.Fatalf("zone a charged: %+v, %v", d, err)
+	}
+	reqs[1].DryRun = true
+	l.Decide(context.Background(), now, reqs[1:], Caller{}, &v)
+	if v.States[0] != WouldRefuse {
+		t.Fatalf("dry-run block: state %v", v.States[0])
+	}
+	v.Release()
 }

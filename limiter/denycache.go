@@ -3,6 +3,8 @@ package limiter
 import (
 	"sync"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // DenyCache remembers, in this process, the clients a remote store has
@@ -14,7 +16,7 @@ type DenyCache struct {
 	mu      sync.Mutex
 	size    int
 	maxAge  time.Duration
-	entries map[bucketID]denyEntry
+	entries map[bucket.ID]denyEntry
 }
 
 type denyEntry struct {
@@ -28,14 +30,14 @@ type denyEntry struct {
 // NewDenyCache returns a cache of at most size clients, each kept at most
 // maxAge (so that a reset through another instance reaches this one).
 func NewDenyCache(size int, maxAge time.Duration) *DenyCache {
-	return &DenyCache{size: size, maxAge: maxAge, entries: make(map[bucketID]denyEntry)}
+	return &DenyCache{size: size, maxAge: maxAge, entries: make(map[bucket.ID]denyEntry)}
 }
 
 // Get returns the refusal cached for r at now, if r has the same policy
 // (a reload or a plan may change it) and costs at least what the refused
 // request did.
 func (c *DenyCache) Get(r Request, now time.Time) (Decision, bool) {
-	k := bucketIDOf(r)
+	k := bucket.IDOf(r)
 	c.mu.Lock()
 	e, ok := c.entries[k]
 	c.mu.Unlock()
@@ -69,7 +71,7 @@ func (c *DenyCache) PutBan(r Request, d Decision, now time.Time) {
 	if len(c.entries) >= c.size {
 		c.evict(now.UnixNano())
 	}
-	c.entries[bucketIDOf(r)] = denyEntry{policy: r.Policy, until: until, retryAt: now.Add(d.RetryAfter).UnixNano(), cost: r.Cost, d: d}
+	c.entries[bucket.IDOf(r)] = denyEntry{policy: r.Policy, until: until, retryAt: now.Add(d.RetryAfter).UnixNano(), cost: r.Cost, d: d}
 }
 
 // evict makes room for a tenth of the cache at once (so that a flood of
@@ -87,7 +89,7 @@ func (c *DenyCache) evict(now int64) {
 // Delete forgets r's client (after a reset).
 func (c *DenyCache) Delete(r Request) {
 	c.mu.Lock()
-	delete(c.entries, bucketIDOf(r))
+	delete(c.entries, bucket.IDOf(r))
 	c.mu.Unlock()
 }
 

@@ -3,6 +3,8 @@ package limiter
 import (
 	"fmt"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // fallBack decides reqs as fallback says, Redis having failed: allow and
@@ -32,8 +34,8 @@ func LocalPolicy(p Policy, n int) (Policy, error) {
 	case p.Algorithm == Concurrency:
 	case p.Algorithm.Windowed():
 		local.Rate = max(p.Rate/int64(n), 1)
-	case float64(p.Period)*float64(n) > float64(MaxPeriod):
-		return p, fmt.Errorf("period %s times %d is longer than %s", p.Period, n, MaxPeriod)
+	case float64(p.Period)*float64(n) > float64(bucket.MaxPeriod):
+		return p, fmt.Errorf("period %s times %d is longer than %s", p.Period, n, bucket.MaxPeriod)
 	default:
 		local.Period = p.Period * time.Duration(n)
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // TestKeyHasher: nil is KeyHash; a secret gives the HMAC-SHA-256 of the
@@ -13,10 +15,10 @@ import (
 // secret another digest.
 func TestKeyHasher(t *testing.T) {
 	var none *KeyHasher
-	if none.Sum("client") != KeyHash("client") || NewKeyHasher("") != nil {
+	if none.Sum("client") != bucket.KeyHash("client") || bucket.NewKeyHasher("") != nil {
 		t.Fatal("no secret: want KeyHash")
 	}
-	h := NewKeyHasher("0123456789abcdef")
+	h := bucket.NewKeyHasher("0123456789abcdef")
 	mac := hmac.New(sha256.New, []byte("0123456789abcdef"))
 	mac.Write([]byte("client"))
 	want := [16]byte(mac.Sum(nil))
@@ -32,7 +34,7 @@ func TestKeyHasher(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if NewKeyHasher("0123456789abcdeF").Sum("client") == want || want == KeyHash("client") {
+	if bucket.NewKeyHasher("0123456789abcdeF").Sum("client") == want || want == bucket.KeyHash("client") {
 		t.Fatal("another secret, or none, gives the same digest")
 	}
 }
@@ -44,10 +46,10 @@ func BenchmarkKeyHash(b *testing.B) {
 	b.Run("sha256", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			KeyHash(key)
+			bucket.KeyHash(key)
 		}
 	})
-	h := NewKeyHasher("0123456789abcdef")
+	h := bucket.NewKeyHasher("0123456789abcdef")
 	b.Run("hmac", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -57,7 +59,7 @@ func BenchmarkKeyHash(b *testing.B) {
 	b.Run("process", func(b *testing.B) { // the memory store alone
 		b.ReportAllocs()
 		for b.Loop() {
-			ProcessKeyHasher.Sum(key)
+			bucket.ProcessKeyHasher.Sum(key)
 		}
 	})
 }
@@ -66,7 +68,7 @@ func BenchmarkKeyHash(b *testing.B) {
 // process, differ between keys, and are not SHA-256's (which Redis key
 // names use, the same in every instance).
 func TestProcessKeyHasher(t *testing.T) {
-	h := ProcessKeyHasher
+	h := bucket.ProcessKeyHasher
 	seen := map[[16]byte]string{}
 	for i := range 100000 {
 		k := fmt.Sprint("client-", i)
@@ -79,7 +81,7 @@ func TestProcessKeyHasher(t *testing.T) {
 		}
 		seen[d] = k
 	}
-	if h.Sum("a") == KeyHash("a") || h.Sum("") == h.Sum("\x00") {
+	if h.Sum("a") == bucket.KeyHash("a") || h.Sum("") == h.Sum("\x00") {
 		t.Fatal("process digests are SHA-256's, or blind to a NUL")
 	}
 }

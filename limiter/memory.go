@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // memShards is the number of independently locked parts of a MemoryStore.
@@ -67,7 +69,7 @@ func NewMemoryStore(sweepEvery time.Duration) *MemoryStore {
 		sweepEvery = DefaultSweepInterval
 	}
 	s := &MemoryStore{stop: make(chan struct{}), done: make(chan struct{})}
-	s.bans.clients = make(map[bucketID]banState)
+	s.bans.clients = make(map[bucket.ID]banState)
 	for i := range s.shards {
 		s.shards[i].groups = make(map[zoneAlgo]*memGroup)
 	}
@@ -146,7 +148,7 @@ func (s *MemoryStore) Take(_ context.Context, reqs []Request) ([]Decision, error
 func (s *MemoryStore) TakeAt(now time.Time, reqs []Request) []Decision {
 	// A few requests' keys, shards and saved buckets fit on the stack;
 	// what is made is made before the locks are taken.
-	var keyRoom [4]bucketID
+	var keyRoom [4]bucket.ID
 	var shardRoom [4]int
 	var savedRoom [4]savedBucket
 	keys, before := keyRoom[:0], []savedBucket(nil)
@@ -156,7 +158,7 @@ func (s *MemoryStore) TakeAt(now time.Time, reqs []Request) []Decision {
 		before = make([]savedBucket, len(reqs))
 	}
 	for _, r := range reqs {
-		keys = append(keys, bucketIDOf(r))
+		keys = append(keys, bucket.IDOf(r))
 	}
 	decisions := make([]Decision, len(reqs))
 	shards := s.lock(keys, shardRoom[:0])
@@ -168,14 +170,14 @@ func (s *MemoryStore) TakeAt(now time.Time, reqs []Request) []Decision {
 }
 
 // takeUnlock is takeLocked, then unlocks shards, whatever happens.
-func (s *MemoryStore) takeUnlock(shards []int, now int64, reqs []Request, keys []bucketID, decisions []Decision, before []savedBucket) int {
+func (s *MemoryStore) takeUnlock(shards []int, now int64, reqs []Request, keys []bucket.ID, decisions []Decision, before []savedBucket) int {
 	defer s.unlock(shards)
 	return s.takeLocked(now, reqs, keys, decisions, before)
 }
 
 // savedBucket is a bucket as it was before a take, for its rollback.
 type savedBucket struct {
-	b     bucket
+	b     bucket.State
 	known bool
 }
 
@@ -187,14 +189,14 @@ type savedBucket struct {
 // the shards' locks: no other take comes between a charge and its
 // rollback, which restores exactly the state before (a refused take adds
 // no bucket, so it evicts none).
-func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []bucketID, decisions []Decision, before []savedBucket) int {
+func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []bucket.ID, decisions []Decision, before []savedBucket) int {
 	allowed := true
 	for i, r := range reqs {
 		sh := s.shard(keys[i])
 		g := sh.group(keys[i])
-		b, known := g.buckets[keys[i].hash]
+		b, known := g.buckets[keys[i].Hash]
 		before[i] = savedBucket{b, known}
-		g.buckets[keys[i].hash], decisions[i] = r.Policy.take(b, known, now, boundedCost(r.Cost))
+		g.buckets[keys[i].Hash], decisions[i] = r.Policy.Take(b, known, now, bucket.BoundedCost(r.Cost))
 		if !known {
 			sh.n++
 		}
@@ -217,12 +219,12 @@ func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []bucketID, dec
 
 // holdSlots names the concurrency slots that reqs took after their
 // requests (see bucket.hold).
-func (s *MemoryStore) holdSlots(reqs []Request, keys []bucketID) {
+func (s *MemoryStore) holdSlots(reqs []Request, keys []bucket.ID) {
 	for i, r := range reqs {
 		if r.Policy.Algorithm == Concurrency {
 			sh := s.shard(keys[i])
 			b, _ := sh.get(keys[i])
-			sh.put(keys[i], b.hold(r.ID, boundedCost(r.Cost)))
+			sh.put(keys[i], b.Hold(r.ID, bucket.BoundedCost(r.Cost)))
 		}
 	}
 }
@@ -236,11 +238,11 @@ func (s *MemoryStore) Release(_ context.Context, reqs []Request) error {
 		if r.Policy.Algorithm != Concurrency {
 			continue
 		}
-		k := bucketIDOf(r)
+		k := bucket.IDOf(r)
 		sh := s.shard(k)
 		sh.mu.Lock()
 		if b, ok := sh.get(k); ok {
-			sh.put(k, r.Policy.release(b, now, r.ID))
+			sh.put(k, r.Policy.Release(b, now, r.ID))
 		}
 		sh.mu.Unlock()
 	}
@@ -249,40 +251,40 @@ func (s *MemoryStore) Release(_ context.Context, reqs []Request) error {
 
 // Peek tells the state of req's bucket (see Store.Peek).
 func (s *MemoryStore) Peek(_ context.Context, req Request) (Decision, error) {
-	k := bucketIDOf(req)
+	k := bucket.IDOf(req)
 	sh := s.shard(k)
 	sh.mu.Lock()
 	b, known := sh.get(k)
 	sh.mu.Unlock()
-	_, d := req.Policy.take(b, known, time.Now().UnixNano(), 0)
+	_, d := req.Policy.Take(b, known, time.Now().UnixNano(), 0)
 	return d, nil
 }
 
 // Reset drops req's bucket (see Store.Reset).
 func (s *MemoryStore) Reset(_ context.Context, req Request) error {
-	k := bucketIDOf(req)
+	k := bucket.IDOf(req)
 	sh := s.shard(k)
 	sh.mu.Lock()
 	sh.drop(k)
 	sh.mu.Unlock()
 	s.bans.mu.Lock()
-	delete(s.bans.clients, bucketIDOf(req))
+	delete(s.bans.clients, bucket.IDOf(req))
 	s.bans.mu.Unlock()
 	return nil
 }
 
-func (s *MemoryStore) shardIndex(k bucketID) int {
-	return int(binary.LittleEndian.Uint64(k.hash[:8]) % memShards)
+func (s *MemoryStore) shardIndex(k bucket.ID) int {
+	return int(binary.LittleEndian.Uint64(k.Hash[:8]) % memShards)
 }
 
-func (s *MemoryStore) shard(k bucketID) *memShard {
+func (s *MemoryStore) shard(k bucket.ID) *memShard {
 	return &s.shards[s.shardIndex(k)]
 }
 
 // lock locks the shards of keys in ascending order (so that concurrent
 // multi-key calls cannot deadlock) and returns them for unlock, listed
 // in idx's room.
-func (s *MemoryStore) lock(keys []bucketID, idx []int) []int {
+func (s *MemoryStore) lock(keys []bucket.ID, idx []int) []int {
 	for _, k := range keys {
 		idx = append(idx, s.shardIndex(k))
 	}

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 func TestAllOrNothing(t *testing.T) {
@@ -183,7 +185,7 @@ func TestMemoryCapacityEvicts(t *testing.T) {
 	var flooded [memShards]int
 	for i := range capacity {
 		r := Request{Zone: "api", Key: fmt.Sprint("flood-", i), Policy: daily, Cost: 1}
-		flooded[s.shardIndex(bucketIDOf(r))]++
+		flooded[s.shardIndex(bucket.IDOf(r))]++
 		if d := s.TakeAt(t1, []Request{r}); !d[0].Allowed {
 			t.Fatalf("new client %d refused", i)
 		}
@@ -197,14 +199,14 @@ func TestMemoryCapacityEvicts(t *testing.T) {
 		t.Fatalf("Evictions() = %d, reported %d; want %d", got, reported.Load(), want)
 	}
 	// In each shard, a new client's bucket went only once no idle one was left.
-	clientID := bucketIDOf(client)
+	clientID := bucket.IDOf(client)
 	for i := range s.shards {
 		idle, kept := 0, 0
 		for k, b := range s.shards[i].all() {
 			switch {
-			case b.idleAt <= t1.UnixNano():
+			case b.IdleAt <= t1.UnixNano():
 				idle++
-			case k.zone == "api" && k != clientID:
+			case k.Zone == "api" && k != clientID:
 				kept++
 			}
 		}
@@ -248,7 +250,7 @@ func TestMemoryCapacityLowered(t *testing.T) {
 		kept := s.holds(r)
 		for j := i + 1; j < 1000 && kept; j++ {
 			o := Request{Zone: "z", Key: fmt.Sprint(j), Policy: p}
-			if s.shardIndex(bucketIDOf(o)) != s.shardIndex(bucketIDOf(r)) {
+			if s.shardIndex(bucket.IDOf(o)) != s.shardIndex(bucket.IDOf(r)) {
 				continue
 			}
 			if !s.holds(o) {

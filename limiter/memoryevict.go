@@ -3,6 +3,8 @@ package limiter
 import (
 	"math"
 	"slices"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // evictSample is how many buckets of a group a new bucket looks at to
@@ -16,50 +18,50 @@ type zoneAlgo struct {
 	algo Algorithm
 }
 
-func zoneAlgoOf(k bucketID) zoneAlgo { return zoneAlgo{k.zone, k.algo} }
+func zoneAlgoOf(k bucket.ID) zoneAlgo { return zoneAlgo{k.Zone, k.Algo} }
 
 // memGroup is the buckets of one zone and algorithm in a shard, by the
 // digest of their key.
 type memGroup struct {
-	buckets map[[16]byte]bucket
+	buckets map[[16]byte]bucket.State
 	peak    int // largest len(buckets) since the map was last rebuilt
 }
 
 // group is sh's group of k's zone and algorithm, made when missing (an
 // empty group is dropped at the next sweep). Under sh's lock.
-func (sh *memShard) group(k bucketID) *memGroup {
+func (sh *memShard) group(k bucket.ID) *memGroup {
 	za := zoneAlgoOf(k)
 	g := sh.groups[za]
 	if g == nil {
-		g = &memGroup{buckets: make(map[[16]byte]bucket)}
+		g = &memGroup{buckets: make(map[[16]byte]bucket.State)}
 		sh.groups[za] = g
 	}
 	return g
 }
 
 // get is k's bucket, and whether sh holds it. Under sh's lock.
-func (sh *memShard) get(k bucketID) (bucket, bool) {
+func (sh *memShard) get(k bucket.ID) (bucket.State, bool) {
 	g := sh.groups[zoneAlgoOf(k)]
 	if g == nil {
-		return bucket{}, false
+		return bucket.State{}, false
 	}
-	b, ok := g.buckets[k.hash]
+	b, ok := g.buckets[k.Hash]
 	return b, ok
 }
 
 // put stores b as k's bucket. Under sh's lock.
-func (sh *memShard) put(k bucketID, b bucket) {
+func (sh *memShard) put(k bucket.ID, b bucket.State) {
 	g := sh.group(k)
 	n := len(g.buckets)
-	g.buckets[k.hash] = b
+	g.buckets[k.Hash] = b
 	sh.n += len(g.buckets) - n
 }
 
 // drop deletes k's bucket, if sh holds it. Under sh's lock.
-func (sh *memShard) drop(k bucketID) {
+func (sh *memShard) drop(k bucket.ID) {
 	if g := sh.groups[zoneAlgoOf(k)]; g != nil {
 		n := len(g.buckets)
-		delete(g.buckets, k.hash)
+		delete(g.buckets, k.Hash)
 		sh.n -= n - len(g.buckets)
 	}
 }
@@ -69,7 +71,7 @@ func (sh *memShard) drop(k bucketID) {
 // than the take's own (see evictOne); two while the shard is still over
 // it (its capacity was lowered), so that it comes back to it. It returns
 // how many buckets it evicted. Under the shards' locks.
-func (s *MemoryStore) makeRoom(now int64, keys []bucketID, before []savedBucket) int {
+func (s *MemoryStore) makeRoom(now int64, keys []bucket.ID, before []savedBucket) int {
 	evicted := 0
 	for i := range keys {
 		if before[i].known {
@@ -103,7 +105,7 @@ func (s *MemoryStore) makeRoom(now int64, keys []bucketID, before []savedBucket)
 // evicts its own buckets before another zone's clients. A concurrency
 // bucket holding slots (idle at the maximum) goes last in its group.
 // Under sh's lock.
-func (sh *memShard) evictOne(now int64, keep []bucketID, added bucketID) bool {
+func (sh *memShard) evictOne(now int64, keep []bucket.ID, added bucket.ID) bool {
 	own := zoneAlgoOf(added)
 	victim, at, ok := sh.groups[own].pick(now, own, keep)
 	if ok && at <= now {
@@ -162,17 +164,17 @@ func (sh *memShard) evict(za zoneAlgo, h [16]byte) bool {
 // random place in its map, leaving out those of keep, and returns the
 // first one idle at now, else the one idle soonest, with its idle time;
 // ok is false when it met none. g may be nil (none).
-func (g *memGroup) pick(now int64, za zoneAlgo, keep []bucketID) (h [16]byte, at int64, ok bool) {
+func (g *memGroup) pick(now int64, za zoneAlgo, keep []bucket.ID) (h [16]byte, at int64, ok bool) {
 	if g == nil {
 		return h, 0, false
 	}
 	seen := 0
 	for k, b := range g.buckets {
-		if slices.Contains(keep, bucketID{za.zone, za.algo, k}) {
+		if slices.Contains(keep, bucket.ID{Zone: za.zone, Algo: za.algo, Hash: k}) {
 			continue
 		}
-		if seen == 0 || b.idleAt < at {
-			h, at = k, b.idleAt
+		if seen == 0 || b.IdleAt < at {
+			h, at = k, b.IdleAt
 		}
 		if seen++; seen == evictSample || at <= now {
 			break
@@ -191,7 +193,7 @@ func (sh *memShard) sweep(now int64) (dropped, evicted int) {
 	for za, g := range sh.groups {
 		g.peak = max(g.peak, len(g.buckets))
 		for k, b := range g.buckets {
-			if b.idleAt <= now {
+			if b.IdleAt <= now {
 				delete(g.buckets, k)
 			}
 		}
@@ -235,7 +237,7 @@ func (sh *memShard) trim() int {
 	times := make([]int64, 0, sh.n)
 	for _, g := range sh.groups {
 		for _, b := range g.buckets {
-			times = append(times, b.idleAt)
+			times = append(times, b.IdleAt)
 		}
 	}
 	slices.Sort(times)
@@ -246,9 +248,9 @@ func (sh *memShard) trim() int {
 	for _, g := range sh.groups {
 		for k, b := range g.buckets {
 			switch {
-			case b.idleAt < last:
+			case b.IdleAt < last:
 				delete(g.buckets, k)
-			case b.idleAt == last && atLast > 0:
+			case b.IdleAt == last && atLast > 0:
 				delete(g.buckets, k)
 				atLast--
 			}
@@ -260,8 +262,8 @@ func (sh *memShard) trim() int {
 
 // shrink copies m into a map sized for its contents (maps.Clone would keep
 // the old capacity).
-func shrink(m map[[16]byte]bucket) map[[16]byte]bucket {
-	n := make(map[[16]byte]bucket, len(m))
+func shrink(m map[[16]byte]bucket.State) map[[16]byte]bucket.State {
+	n := make(map[[16]byte]bucket.State, len(m))
 	for k, v := range m {
 		n[k] = v
 	}

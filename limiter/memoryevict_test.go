@@ -5,6 +5,8 @@ import (
 	"iter"
 	"testing"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // The zones of the eviction repro: a login limit, an hourly quota and an
@@ -76,7 +78,7 @@ func testFloodKeepsOtherZones(t *testing.T, step time.Duration) {
 
 // holds reports whether s holds r's bucket.
 func (s *MemoryStore) holds(r Request) bool {
-	k := bucketIDOf(r)
+	k := bucket.IDOf(r)
 	sh := s.shard(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -85,11 +87,11 @@ func (s *MemoryStore) holds(r Request) bool {
 }
 
 // all is every bucket of sh, in all its groups (not under its lock).
-func (sh *memShard) all() iter.Seq2[bucketID, bucket] {
-	return func(yield func(bucketID, bucket) bool) {
+func (sh *memShard) all() iter.Seq2[bucket.ID, bucket.State] {
+	return func(yield func(bucket.ID, bucket.State) bool) {
 		for za, g := range sh.groups {
 			for h, b := range g.buckets {
-				if !yield(bucketID{za.zone, za.algo, h}, b) {
+				if !yield(bucket.ID{Zone: za.zone, Algo: za.algo, Hash: h}, b) {
 					return
 				}
 			}

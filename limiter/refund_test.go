@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // TestRefundAfterRefill: a refund gives back only what its charge still
@@ -134,13 +136,13 @@ func checkRefunds(t *testing.T, s settleStore, p Policy, rng *rand.Rand) {
 	// without: the TAT, at now, of the charges kept (as if the refunded
 	// costs had never been charged), computed apart from the stores
 	without := func(now time.Time) time.Time {
-		var b bucket
+		var b bucket.State
 		for i, c := range kept {
 			if c.cost > 0 {
-				b, _ = p.charge(b, i > 0 && b.idleAt > c.at.UnixNano(), c.at.UnixNano(), c.cost)
+				b, _ = p.Charge(b, i > 0 && b.IdleAt > c.at.UnixNano(), c.at.UnixNano(), c.cost)
 			}
 		}
-		return now.Add(time.Duration(p.gcra(b, b.idleAt > now.UnixNano(), now.UnixNano()).wait))
+		return now.Add(time.Duration(p.GCRA(b, b.IdleAt > now.UnixNano(), now.UnixNano()).Wait))
 	}
 	pending, ref := -1, Decision{} // the request in flight, to refund, and its take
 	now := t0

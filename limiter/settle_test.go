@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // settleStore is a store of each kind with explicit times: take, charge
@@ -176,7 +177,7 @@ func TestChargeDebt(t *testing.T) {
 // debt.
 func TestChargeMaxDebt(t *testing.T) {
 	runSettleSteps(t, Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Second, Burst: 1}, []settleStep{
-		{op: "charge", cost: MaxCost, allowed: true, remaining: 0},
-		{op: "take", cost: 1, allowed: false, remaining: 0, retry: MaxDebt + time.Second},
+		{op: "charge", cost: bucket.MaxCost, allowed: true, remaining: 0},
+		{op: "take", cost: 1, allowed: false, remaining: 0, retry: bucket.MaxDebt + time.Second},
 	})
 }

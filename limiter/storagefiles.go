@@ -41,6 +41,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/jsonerr"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // Sizer is a Storage that tells a value's size, so that a file too large
@@ -88,7 +91,7 @@ type skipMark struct {
 
 // reading is what a read gathers of the others' files.
 type reading struct {
-	others  map[bucketID][]storageCounts
+	others  map[bucket.ID][]storageCounts
 	n       int64    // instances counted
 	ids     []string // their names
 	oldest  int64    // the oldest write of theirs read (Unix ns)
@@ -122,7 +125,7 @@ func (f *storageFleet) read(budget time.Duration) {
 	f.readMu.Lock()
 	defer f.readMu.Unlock()
 	now, start := f.now(), time.Now()
-	rd := reading{others: map[bucketID][]storageCounts{}, n: 1, ids: []string{f.id}, oldest: now.UnixNano(),
+	rd := reading{others: map[bucket.ID][]storageCounts{}, n: 1, ids: []string{f.id}, oldest: now.UnixNano(),
 		bytes: int64(f.o.maxEntries) * bytesPerBucket}
 	err := f.gather(now, start.Add(budget), budget, &rd)
 	if f.o.Read != nil {
@@ -436,7 +439,7 @@ func readRegular(p string, limit int64) ([]byte, error) {
 func parseFile(b []byte, inst string) (storageFile, error) {
 	var file storageFile
 	if err := json.Unmarshal(b, &file); err != nil {
-		return file, contentError{errors.New(JSONError(err))}
+		return file, contentError{errors.New(jsonerr.Describe(err))}
 	}
 	switch {
 	case file.Version != 1:
@@ -445,7 +448,7 @@ func parseFile(b []byte, inst string) (storageFile, error) {
 		return file, contentError{errors.New("the instance in the file is not the file's")}
 	}
 	for _, c := range file.Buckets {
-		if _, ok := c.bucketID(); !ok || c.Period <= 0 || c.Curr < 0 || c.Prev < 0 || c.Curr > MaxCost || c.Prev > MaxCost {
+		if _, ok := c.bucketID(); !ok || c.Period <= 0 || c.Curr < 0 || c.Prev < 0 || c.Curr > bucket.MaxCost || c.Prev > bucket.MaxCost {
 			return file, contentError{errors.New("a bucket's counts are malformed")}
 		}
 	}
@@ -453,13 +456,13 @@ func parseFile(b []byte, inst string) (storageFile, error) {
 }
 
 // bucketID is the bucket c counts, false when c does not name one.
-func (c storageCounts) bucketID() (bucketID, bool) {
-	algo, err := ParseAlgorithm(c.Algo)
+func (c storageCounts) bucketID() (bucket.ID, bool) {
+	algo, err := bucket.ParseAlgorithm(c.Algo)
 	h, herr := hex.DecodeString(c.Digest)
 	if err != nil || herr != nil || len(h) != 16 || c.Zone == "" {
-		return bucketID{}, false
+		return bucket.ID{}, false
 	}
-	return bucketID{zone: c.Zone, algo: algo, hash: [16]byte(h)}, true
+	return bucket.ID{Zone: c.Zone, Algo: algo, Hash: [16]byte(h)}, true
 }
 
 // purge reports whether file is to be deleted at now.

@@ -61,6 +61,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // Storage is a store of named values shared by the instances of a fleet.
@@ -116,16 +118,16 @@ type storageFleet struct {
 	writeMu sync.Mutex // one write at a time
 
 	mu        sync.Mutex
-	own       map[bucketID]*storageCounts  // what this instance admitted
-	others    map[bucketID][]storageCounts // the others', as last read
-	n         int64                        // instances counted at the last read
-	ids       []string                     // their names, sorted, this one's included
-	epoch     int                          // reads so far (see storageCounts.epochs)
-	epochAt   [maxEpochs]int64             // when each epoch began (Unix ns), by epoch mod maxEpochs
-	oldest    int64                        // when the oldest of the others' files last read was written (Unix ns)
-	gen       atomic.Uint64                // reads of the others' files so far
-	wrote     atomic.Bool                  // this instance's file was written once
-	lastWrite time.Time                    // the last write that worked
+	own       map[bucket.ID]*storageCounts  // what this instance admitted
+	others    map[bucket.ID][]storageCounts // the others', as last read
+	n         int64                         // instances counted at the last read
+	ids       []string                      // their names, sorted, this one's included
+	epoch     int                           // reads so far (see storageCounts.epochs)
+	epochAt   [maxEpochs]int64              // when each epoch began (Unix ns), by epoch mod maxEpochs
+	oldest    int64                         // when the oldest of the others' files last read was written (Unix ns)
+	gen       atomic.Uint64                 // reads of the others' files so far
+	wrote     atomic.Bool                   // this instance's file was written once
+	lastWrite time.Time                     // the last write that worked
 	busyMu    sync.Mutex
 	busy      map[string]bool     // keys with a storage call running (see call)
 	lastRead  time.Time           // the last read that worked
@@ -213,7 +215,7 @@ func newStorageFleet(st Storage, o StorageOptions) *storageFleet {
 	o.Timeout = cmp.Or(o.Timeout, 5*time.Second)
 	o.maxEntries = cmp.Or(o.maxEntries, maxSyncEntries)
 	return &storageFleet{st: st, o: o, id: hex.EncodeToString(b[:]), now: time.Now, n: 1,
-		own: map[bucketID]*storageCounts{}, others: map[bucketID][]storageCounts{}, skipped: map[string]skipMark{}, busy: map[string]bool{},
+		own: map[bucket.ID]*storageCounts{}, others: map[bucket.ID][]storageCounts{}, skipped: map[string]skipMark{}, busy: map[string]bool{},
 		stop: make(chan struct{}), done: make(chan struct{})}
 }
 
@@ -228,11 +230,11 @@ func (f *storageFleet) give(reqs []Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, r := range reqs {
-		c := f.own[bucketIDOf(r)]
+		c := f.own[bucket.IDOf(r)]
 		if c == nil || c.Start != ns-ns%c.Period {
 			continue
 		}
-		cost := boundedCost(r.Cost)
+		cost := bucket.BoundedCost(r.Cost)
 		e := &c.epochs[f.epoch%maxEpochs]
 		c.Curr, *e = max(c.Curr-cost, 0), max(*e-cost, 0)
 	}
@@ -264,7 +266,7 @@ func (f *storageFleet) left(r Request) int64 {
 	ns := f.now().UnixNano()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	id := bucketIDOf(r)
+	id := bucket.IDOf(r)
 	total := f.othersWeighed(id, r.Policy, ns)
 	if c := f.own[id]; c != nil {
 		total += c.weighed(r.Policy.Algorithm, ns)
@@ -274,7 +276,7 @@ func (f *storageFleet) left(r Request) int64 {
 
 // othersWeighed is what the others count of bucket id, of policy p, at ns:
 // their counts read, and the blind instances' shares. The caller holds mu.
-func (f *storageFleet) othersWeighed(id bucketID, p Policy, ns int64) float64 {
+func (f *storageFleet) othersWeighed(id bucket.ID, p Policy, ns int64) float64 {
 	total := f.blindShare(p)
 	for _, o := range f.others[id] {
 		if o.Period == int64(p.Period) {
@@ -350,26 +352,26 @@ func (f *storageFleet) chargeAll(_ context.Context, reqs []Request) ([]Decision,
 		if p.Algorithm != FixedWindow && p.Algorithm != SlidingWindowCounter || p.Period <= 0 {
 			continue
 		}
-		id := bucketIDOf(r)
+		id := bucket.IDOf(r)
 		c := f.own[id]
 		if c == nil || c.Period != int64(p.Period) {
-			c = &storageCounts{Zone: r.Zone, Algo: p.Algorithm.String(), Digest: hex.EncodeToString(id.hash[:]), Period: int64(p.Period)}
+			c = &storageCounts{Zone: r.Zone, Algo: p.Algorithm.String(), Digest: hex.EncodeToString(id.Hash[:]), Period: int64(p.Period)}
 			f.own[id] = c
 		}
 		c.Curr, c.Prev = c.at(ns)
 		if start := ns - ns%c.Period; c.Start != start { // a new window: a new epoch for it
 			c.Start, c.epochs = start, [maxEpochs]int64{}
 		}
-		cost := boundedCost(r.Cost)
+		cost := bucket.BoundedCost(r.Cost)
 		e := &c.epochs[f.epoch%maxEpochs]
-		c.Curr, *e = min(c.Curr+cost, MaxCost), min(*e+cost, MaxCost)
+		c.Curr, *e = min(c.Curr+cost, bucket.MaxCost), min(*e+cost, bucket.MaxCost)
 		total := c.weighed(p.Algorithm, ns) + f.othersWeighed(id, p, ns)
 		reset := c.Start + c.Period
 		if p.Algorithm == SlidingWindowCounter && total > 0 {
 			reset += c.Period
 		}
 		left := int64(math.Floor(float64(p.Rate)-total+1e-9)) - (f.n-1)*f.unseen(c) // see the epochs
-		d[i] = Decision{Allowed: true, Limit: p.Limit(), Remaining: max(left, -MaxCost), Reset: time.Unix(0, reset), At: now}
+		d[i] = Decision{Allowed: true, Limit: p.Limit(), Remaining: max(left, -bucket.MaxCost), Reset: time.Unix(0, reset), At: now}
 	}
 	return d, nil
 }

@@ -77,14 +77,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-)
 
-// Syncs reports whether a zone of the algorithm may sync: the token
-// bucket, and the windows kept as counters (a log of every request's time
-// cannot take an instance's admissions in one charge).
-func (a Algorithm) Syncs() bool {
-	return a == TokenBucket || a == FixedWindow || a == SlidingWindowCounter
-}
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+)
 
 // SyncEvents are told of the syncs' rounds, to count and log.
 type SyncEvents interface {
@@ -154,12 +149,12 @@ type syncer struct {
 	timeout   time.Duration
 	id        string
 	mu        sync.Mutex
-	entries   map[bucketID]*syncEntry
-	seeding   map[bucketID]*seeding // buckets whose first requests are in Redis
-	queue     []*syncEntry          // entries that may be due before the next walk (flag)
-	walked    time.Time             // the last walk of every entry
-	n         atomic.Int64          // instances syncing, this one included
-	warm      atomic.Bool           // registered twice: shares may be handed out (see Starting)
+	entries   map[bucket.ID]*syncEntry
+	seeding   map[bucket.ID]*seeding // buckets whose first requests are in Redis
+	queue     []*syncEntry           // entries that may be due before the next walk (flag)
+	walked    time.Time              // the last walk of every entry
+	n         atomic.Int64           // instances syncing, this one included
+	warm      atomic.Bool            // registered twice: shares may be handed out (see Starting)
 	failing   atomic.Bool
 	every     atomic.Int64 // ns: the shortest interval of the buckets synced
 	started   sync.Once
@@ -197,7 +192,7 @@ func newSyncer(f fleet, memory *MemoryStore, timeout time.Duration) *syncer {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	s := &syncer{fleet: f, memory: memory, timeout: timeout, id: hex.EncodeToString(b[:]),
-		entries: map[bucketID]*syncEntry{}, seeding: map[bucketID]*seeding{}, stop: make(chan struct{}), done: make(chan struct{}), now: time.Now}
+		entries: map[bucket.ID]*syncEntry{}, seeding: map[bucket.ID]*seeding{}, stop: make(chan struct{}), done: make(chan struct{}), now: time.Now}
 	s.n.Store(1)
 	return s
 }
@@ -217,7 +212,7 @@ func held(p Policy, d Decision) int64 {
 		return d.Remaining
 	}
 	lack := math.Ceil(float64(d.Reset.Sub(d.At)) / p.Interval())
-	return d.Limit - int64(min(max(lack, 0), float64(MaxCost)))
+	return d.Limit - int64(min(max(lack, 0), float64(bucket.MaxCost)))
 }
 
 // refill is what r's bucket refills in one interval of its sync: none
@@ -274,7 +269,7 @@ func (s *syncer) take(now time.Time, reqs []Request, n int) (d []Decision, exact
 	}
 	charged := s.spend(reqs, es)
 	for _, i := range exact { // the first requests of a bucket in flight: seed waits for the last
-		if id := bucketIDOf(reqs[i]); s.entries[id] == nil {
+		if id := bucket.IDOf(reqs[i]); s.entries[id] == nil {
 			if s.seeding[id] == nil {
 				s.seeding[id] = &seeding{}
 			}
@@ -295,12 +290,12 @@ const (
 // takeOne decides r at now, from its entry's allowance, without spending
 // it (see spend); the entry, or nil when it has none. The caller holds mu.
 func (s *syncer) takeOne(now time.Time, r Request, n int) (*syncEntry, Decision, int) {
-	cost := boundedCost(r.Cost)
+	cost := bucket.BoundedCost(r.Cost)
 	lf, local := s.fleet.(localFleet)
 	if !local && !s.warm.Load() { // no share until the fleet is counted
 		return nil, Decision{}, tookExact
 	}
-	e, ok := s.entries[bucketIDOf(r)]
+	e, ok := s.entries[bucket.IDOf(r)]
 	if local && (!ok || e.gen != lf.generation() || !e.turns.IsZero() && !now.Before(e.turns)) {
 		e, ok = s.read(now, r, n, e) // news of the others, or a new window
 	}
@@ -346,10 +341,10 @@ func (s *syncer) spend(reqs []Request, es []*syncEntry) bool {
 		if e == nil {
 			continue
 		}
-		cost := boundedCost(reqs[i].Cost)
+		cost := bucket.BoundedCost(reqs[i].Cost)
 		e.allowance = max(e.allowance-cost, 0)
 		if !charged { // charged at a round
-			e.spent = min(e.spent+cost, MaxCost)
+			e.spent = min(e.spent+cost, bucket.MaxCost)
 			if 2*e.spent >= e.granted {
 				s.flag(e)
 			}
@@ -414,7 +409,7 @@ func (s *syncer) read(now time.Time, r Request, n int, old *syncEntry) (*syncEnt
 	e := old
 	if e == nil {
 		e = &syncEntry{req: reading, used: now}
-		s.entries[bucketIDOf(r)] = e
+		s.entries[bucket.IDOf(r)] = e
 	}
 	if err != nil { // the fleet cannot tell: the local share, and a reading at the next round
 		e.wants = true
@@ -481,10 +476,10 @@ func (s *syncer) seed(r Request, d Decision, now time.Time, n int) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	id := bucketIDOf(r)
+	id := bucket.IDOf(r)
 	if e, ok := s.entries[id]; ok {
 		if d.Allowed { // owed (below zero) if the allowance is spent already
-			e.allowance -= boundedCost(r.Cost)
+			e.allowance -= bucket.BoundedCost(r.Cost)
 		}
 		return
 	}
@@ -523,7 +518,7 @@ func (s *syncer) localShare(now time.Time, e *syncEntry, r Request, n int) bool 
 	if !d[0].Allowed {
 		return false
 	}
-	e.allowance += boundedCost(r.Cost)
+	e.allowance += bucket.BoundedCost(r.Cost)
 	e.spent = max(min(e.spent, e.req.Policy.Limit()), e.sending) // charged once Redis answers: at most a burst
 	return true
 }
@@ -538,7 +533,7 @@ func (s *syncer) giveBack(es []*syncEntry, reqs []Request, charged bool) {
 		if e == nil {
 			continue
 		}
-		cost := boundedCost(reqs[i].Cost)
+		cost := bucket.BoundedCost(reqs[i].Cost)
 		e.allowance += cost
 		if charged {
 			give = append(give, reqs[i])

@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // TestSyncFloorInRounds: an instance alone, with on_store_error local's
@@ -33,7 +34,7 @@ func TestSyncFloorInRounds(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond) // the refused bucket's round: it charges and reads
 	l.sync.mu.Lock()
-	e := l.sync.entries[bucketIDOf(req)]
+	e := l.sync.entries[bucket.IDOf(req)]
 	l.sync.mu.Unlock()
 	if e == nil {
 		t.Fatal("no entry for the bucket")
@@ -111,7 +112,7 @@ func TestSyncShareShrinksAsFleetGrows(t *testing.T) {
 	allowance := func() int64 {
 		l.sync.mu.Lock()
 		defer l.sync.mu.Unlock()
-		if e := l.sync.entries[bucketIDOf(req)]; e != nil {
+		if e := l.sync.entries[bucket.IDOf(req)]; e != nil {
 			return e.allowance
 		}
 		return -1

@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/testcaddy"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // The fleet scenario, shared by the end-to-end tests of the fleet's
@@ -284,7 +285,7 @@ func (f *fleetScenario) keysPerMaster(zone string, keys []string) map[string]int
 	defer c.Close()
 	n := map[string]int{}
 	for _, key := range keys {
-		m, err := c.MasterForKey(f.t.Context(), limiter.RedisKey(f.prefix, zone, limiter.KeyHash(key)))
+		m, err := c.MasterForKey(f.t.Context(), limiter.RedisKey(f.prefix, zone, bucket.KeyHash(key)))
 		if err != nil {
 			f.t.Fatal(err)
 		}

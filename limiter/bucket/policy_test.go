@@ -1,4 +1,4 @@
-package limiter
+package bucket
 
 import (
 	"fmt"
@@ -113,7 +113,7 @@ func TestPolicyString(t *testing.T) {
 // float64 with room to add to it, and the scripts bound costs with the
 // same number.
 func TestMaxCost(t *testing.T) {
-	largest := Policy{Algorithm: LeakyBucket, Rate: maxRate, Period: MaxPeriod, Burst: maxRate, NoDelay: true}
+	largest := Policy{Algorithm: LeakyBucket, Rate: MaxRate, Period: MaxPeriod, Burst: MaxRate, NoDelay: true}
 	if err := largest.Validate(); err != nil || largest.Limit() != MaxCost {
 		t.Fatalf("the largest leaky bucket: limit %d, %v; want MaxCost, %d", largest.Limit(), err, int64(MaxCost))
 	}

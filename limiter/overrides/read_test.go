@@ -1,4 +1,4 @@
-package limiter
+package overrides
 
 import (
 	"context"
@@ -39,16 +39,16 @@ func TestRedisOverridesEntriesCapped(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer c.Close()
 	prefix := fmt.Sprintf("cap%x:", rand.Uint64())
-	fillOverrides(t, c, prefix+"{overrides}", MaxOverrideEntries+100)
+	fillOverrides(t, c, prefix+"{overrides}", MaxEntries+100)
 	c.Set(context.Background(), prefix+"{overrides}:version", "1:x", 0)
 	rec := &overrideRecorder{}
-	o := NewRedisOverrides(c, prefix, 0, rec)
+	o := NewRedis(c, prefix, 0, rec)
 	if err := o.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	defer o.Close()
-	if z, _ := o.Current().Count(time.Now()); z != MaxOverrideEntries {
-		t.Fatalf("%d zone overrides in force, want at most %d", z, MaxOverrideEntries)
+	if z, _ := o.Current().Count(time.Now()); z != MaxEntries {
+		t.Fatalf("%d zone overrides in force, want at most %d", z, MaxEntries)
 	}
 	c.Set(context.Background(), prefix+"{overrides}:version", "2:y", 0)
 	if err := o.Start(context.Background()); err != nil { // a reload: read again
@@ -56,7 +56,7 @@ func TestRedisOverridesEntriesCapped(t *testing.T) {
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	if len(rec.overLimit) != 1 || rec.overLimit[0] != fmt.Sprintf("%d held, %d read", MaxOverrideEntries+100, MaxOverrideEntries) {
+	if len(rec.overLimit) != 1 || rec.overLimit[0] != fmt.Sprintf("%d held, %d read", MaxEntries+100, MaxEntries) {
 		t.Fatalf("reports of the entries left out: %q, want one", rec.overLimit)
 	}
 }
@@ -74,7 +74,7 @@ func TestRedisOverridesOversizedEntries(t *testing.T) {
 	c.HSet(ctx, prefix+"{overrides}", long, `{"rate":"1r/s"}`, "zone:huge", huge, "zone:ok", `{"rate":"2r/s"}`)
 	c.Set(ctx, prefix+"{overrides}:version", "1:x", 0)
 	rec := &overrideRecorder{}
-	o := NewRedisOverrides(c, prefix, 0, rec)
+	o := NewRedis(c, prefix, 0, rec)
 	if err := o.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package limiter
+package overrides
 
 // What a snapshot of the overrides says of itself: its version, its size,
 // the overrides that expired.
@@ -9,7 +9,7 @@ import (
 )
 
 // token is s's version token; "" for the nil set.
-func (s *OverrideSet) tokenOf() string {
+func (s *Set) tokenOf() string {
 	if s == nil {
 		return ""
 	}
@@ -18,7 +18,7 @@ func (s *OverrideSet) tokenOf() string {
 
 // Version is the version of the overrides s was read at: a number that
 // every change moves on.
-func (s *OverrideSet) Version() int64 {
+func (s *Set) Version() int64 {
 	if s == nil {
 		return 0
 	}
@@ -27,11 +27,11 @@ func (s *OverrideSet) Version() int64 {
 
 // prune is s without the overrides expired at now (s itself when none
 // has).
-func (s *OverrideSet) prune(now time.Time) *OverrideSet {
+func (s *Set) prune(now time.Time) *Set {
 	if len(s.expired(now)) == 0 {
 		return s
 	}
-	n := &OverrideSet{token: s.token, version: s.version, skipped: s.skipped, over: s.over, zones: map[string]Override{}, keys: map[string]*zoneKeys{}}
+	n := &Set{token: s.token, version: s.version, skipped: s.skipped, over: s.over, zones: map[string]Override{}, keys: map[string]*zoneKeys{}}
 	for z, o := range s.zones {
 		if o.Active(now) {
 			n.zones[z] = o
@@ -52,20 +52,20 @@ func (s *OverrideSet) prune(now time.Time) *OverrideSet {
 }
 
 // expired lists s's overrides that are no longer in force at now.
-func (s *OverrideSet) expired(now time.Time) []OverrideEntry {
-	var gone []OverrideEntry
+func (s *Set) expired(now time.Time) []Entry {
+	var gone []Entry
 	if s == nil {
 		return nil
 	}
 	for z, o := range s.zones {
 		if !o.Active(now) {
-			gone = append(gone, OverrideEntry{Zone: z, Override: o})
+			gone = append(gone, Entry{Zone: z, Override: o})
 		}
 	}
 	for z, m := range s.keys {
 		for d, o := range m.all() {
 			if !o.Active(now) {
-				gone = append(gone, OverrideEntry{Zone: z, Digest: hex.EncodeToString(d[:]), Override: o})
+				gone = append(gone, Entry{Zone: z, Digest: hex.EncodeToString(d[:]), Override: o})
 			}
 		}
 	}
@@ -73,7 +73,7 @@ func (s *OverrideSet) expired(now time.Time) []OverrideEntry {
 }
 
 // size is how many overrides s holds, expired or not.
-func (s *OverrideSet) size() int {
+func (s *Set) size() int {
 	if s == nil {
 		return 0
 	}
@@ -86,7 +86,7 @@ func (s *OverrideSet) size() int {
 
 // leftOut is how many entries were left out of s past
 // MaxOverrideEntries.
-func (s *OverrideSet) leftOut() int {
+func (s *Set) leftOut() int {
 	if s == nil {
 		return 0
 	}

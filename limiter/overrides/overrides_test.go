@@ -1,4 +1,4 @@
-package limiter
+package overrides
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // overrideRecorder records the events of an Overrides.
@@ -21,8 +22,8 @@ type overrideRecorder struct {
 	vias      []string
 	skipped   []string
 	failing   []error
-	expired   []OverrideEntry
-	lastSeen  *OverrideSet
+	expired   []Entry
+	lastSeen  *Set
 	notPushed []error
 	restored  []int    // the counts of the restores this instance wrote
 	whys      []string // and why
@@ -70,7 +71,7 @@ func restoresOf(t *testing.T, held int64, recs []*overrideRecorder, insts []*Ove
 	return restores, whys
 }
 
-func (r *overrideRecorder) OverridesLoaded(s *OverrideSet, via string, expired []OverrideEntry) {
+func (r *overrideRecorder) OverridesLoaded(s *Set, via string, expired []Entry) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.vias, r.lastSeen = append(r.vias, via), s
@@ -95,10 +96,10 @@ func (r *overrideRecorder) OverridesNotPushed(err error) {
 	r.notPushed = append(r.notPushed, err)
 }
 
-func (r *overrideRecorder) snapshot() (vias, skipped []string, failing []error, expired []OverrideEntry) {
+func (r *overrideRecorder) snapshot() (vias, skipped []string, failing []error, expired []Entry) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]string(nil), r.vias...), append([]string(nil), r.skipped...), append([]error(nil), r.failing...), append([]OverrideEntry(nil), r.expired...)
+	return append([]string(nil), r.vias...), append([]string(nil), r.skipped...), append([]error(nil), r.failing...), append([]Entry(nil), r.expired...)
 }
 
 func TestOverrideCheck(t *testing.T) {
@@ -149,7 +150,7 @@ func TestOverrideCheck(t *testing.T) {
 // keys apart.
 func TestMemoryOverrides(t *testing.T) {
 	rec := &overrideRecorder{}
-	o := NewMemoryOverrides(rec)
+	o := NewMemory(rec)
 	var clock atomic.Int64 // ns; read by the background loop
 	clock.Store(time.Now().UnixNano())
 	o.now = func() time.Time { return time.Unix(0, clock.Load()) }
@@ -158,7 +159,7 @@ func TestMemoryOverrides(t *testing.T) {
 	}
 	defer o.Close()
 	ctx := context.Background()
-	key := KeyHash("alice")
+	key := bucket.KeyHash("alice")
 	if err := o.Put(ctx, "api", nil, Override{Rate: "10r/m"}); err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +176,7 @@ func TestMemoryOverrides(t *testing.T) {
 	if k, ok := set.Key("api", key); !ok || k.Rate != "100r/m" {
 		t.Fatalf("key override = %+v, %v", k, ok)
 	}
-	if _, ok := set.Key("api", KeyHash("bob")); ok || set.HasKeys("other") {
+	if _, ok := set.Key("api", bucket.KeyHash("bob")); ok || set.HasKeys("other") {
 		t.Fatal("bob, or zone other, has an override")
 	}
 	if z, k := set.Count(o.now()); z != 1 || k != 1 {
@@ -207,8 +208,8 @@ func TestMemoryOverrides(t *testing.T) {
 func redisOverridesPair(t *testing.T, c redis.UniversalClient) (a, b *Overrides, recB *overrideRecorder) {
 	t.Helper()
 	prefix := fmt.Sprintf("ovr%x:", rand.Uint64())
-	a, recB = NewRedisOverrides(c, prefix, 0, &overrideRecorder{}), &overrideRecorder{}
-	b = NewRedisOverrides(c, prefix, 0, recB)
+	a, recB = NewRedis(c, prefix, 0, &overrideRecorder{}), &overrideRecorder{}
+	b = NewRedis(c, prefix, 0, recB)
 	for _, o := range []*Overrides{a, b} {
 		o.SetPoll(200 * time.Millisecond)
 		if err := o.Start(context.Background()); err != nil {
@@ -244,7 +245,7 @@ func TestRedisOverridesReachEveryInstance(t *testing.T) {
 			a, b, recB := redisOverridesPair(t, c)
 			b.SetPoll(time.Hour) // only the push can bring it
 			time.Sleep(300 * time.Millisecond)
-			key := KeyHash("premium")
+			key := bucket.KeyHash("premium")
 			ctx := context.Background()
 			if err := a.Put(ctx, "api", &key, Override{Rate: "100r/m", Burst: 100}); err != nil {
 				t.Fatal(err)
@@ -366,7 +367,7 @@ func TestRedisOverridesExpireInRedis(t *testing.T) {
 	defer c.Close()
 	a, _, _ := redisOverridesPair(t, c)
 	ctx := context.Background()
-	key := KeyHash("k")
+	key := bucket.KeyHash("k")
 	if err := a.Put(ctx, "api", &key, Override{Block: true, Expires: time.Now().Add(150 * time.Millisecond).UnixMilli()}); err != nil {
 		t.Fatal(err)
 	}
@@ -386,32 +387,6 @@ func TestRedisOverridesExpireInRedis(t *testing.T) {
 	}
 }
 
-// TestBlockedRequest: a blocked request is refused with the block's time
-// left, nothing charged, in the enforced zones; a dry-run zone would refuse.
-func TestBlockedRequest(t *testing.T) {
-	l := NewMemoryLimiter()
-	defer l.Close()
-	now := time.Unix(1_700_000_000, 0)
-	p := Policy{Algorithm: TokenBucket, Rate: 5, Period: time.Minute, Burst: 5}
-	reqs := []Request{{Zone: "a", Key: "k", Policy: p, Cost: 1}, {Zone: "b", Key: "k", Policy: p, Cost: 1, Block: time.Minute}}
-	var v Verdict
-	l.Decide(context.Background(), now, reqs, Caller{}, &v)
-	if v.States[1] != Banned || v.States[0] != NotAsked || v.Decisions[1].RetryAfter != time.Minute || v.Decisions[1].Limit != 5 {
-		t.Fatalf("states %v, decisions %+v", v.States, v.Decisions)
-	}
-	v.Release()
-	d, err := l.Peek(context.Background(), reqs[0])
-	if err != nil || d.Remaining != 5 {
-		t.Fatalf("zone a charged: %+v, %v", d, err)
-	}
-	reqs[1].DryRun = true
-	l.Decide(context.Background(), now, reqs[1:], Caller{}, &v)
-	if v.States[0] != WouldRefuse {
-		t.Fatalf("dry-run block: state %v", v.States[0])
-	}
-	v.Release()
-}
-
 // TestRedisOverridesNotPushed: a Redis user whose ACL does not allow the
 // channel (Redis 7's default for new users) gets no pushes; that is
 // reported, and the poll still brings the changes.
@@ -426,7 +401,7 @@ func TestRedisOverridesNotPushed(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "gateway", Password: "pw"})
 	defer c.Close()
 	rec := &overrideRecorder{}
-	o := NewRedisOverrides(c, "acl:", 0, rec)
+	o := NewRedis(c, "acl:", 0, rec)
 	o.src.(*redisOverrides).subscribeTimeout = 300 * time.Millisecond
 	o.SetPoll(200 * time.Millisecond)
 	if err := o.Start(ctx); err != nil {
@@ -438,7 +413,7 @@ func TestRedisOverridesNotPushed(t *testing.T) {
 		defer rec.mu.Unlock()
 		return len(rec.notPushed) == 1
 	})
-	other := NewRedisOverrides(admin, "acl:", 0, &overrideRecorder{})
+	other := NewRedis(admin, "acl:", 0, &overrideRecorder{})
 	defer other.Close()
 	if err := other.Put(ctx, "api", nil, Override{Rate: "1r/s"}); err != nil {
 		t.Fatal(err)
@@ -542,12 +517,12 @@ func BenchmarkRedisOverridesRead(b *testing.B) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(b)})
 	defer c.Close()
 	for _, n := range []int{10000, 100000} {
-		o := NewRedisOverrides(c, fmt.Sprintf("bench%x:", rand.Uint64()), 0, &overrideRecorder{})
+		o := NewRedis(c, fmt.Sprintf("bench%x:", rand.Uint64()), 0, &overrideRecorder{})
 		src := o.src.(*redisOverrides)
 		ctx := context.Background()
 		p := c.Pipeline()
 		for i := range n {
-			d := KeyHash(fmt.Sprint("customer-", i))
+			d := bucket.KeyHash(fmt.Sprint("customer-", i))
 			p.HSet(ctx, src.hash, overrideField("api", &d), `{"rate":"1000r/m","burst":1000}`)
 		}
 		p.Set(ctx, src.versionKey, "1:x", 0)
@@ -565,7 +540,7 @@ func BenchmarkRedisOverridesRead(b *testing.B) {
 				}
 			}
 		})
-		d := KeyHash("customer-7")
+		d := bucket.KeyHash("customer-7")
 		names := []string{overrideField("api", &d)}
 		b.Run(fmt.Sprintf("one_change/%d", n), func(b *testing.B) {
 			for b.Loop() {
@@ -583,11 +558,11 @@ func BenchmarkRedisOverridesRead(b *testing.B) {
 func BenchmarkOverrideApplyOneKey(b *testing.B) {
 	var changes []entryChange
 	for i := range 100000 {
-		d := KeyHash(fmt.Sprint("customer-", i))
+		d := bucket.KeyHash(fmt.Sprint("customer-", i))
 		changes = append(changes, entryChange{zone: "api", digest: &d, o: Override{Rate: "10r/s"}})
 	}
-	set := (*OverrideSet)(nil).apply(changes, "1:x")
-	d := KeyHash("customer-7")
+	set := (*Set)(nil).apply(changes, "1:x")
+	d := bucket.KeyHash("customer-7")
 	one := []entryChange{{zone: "api", digest: &d, o: Override{Rate: "20r/s"}}}
 	b.ReportAllocs()
 	for b.Loop() {

@@ -1,4 +1,4 @@
-package limiter
+package overrides
 
 // Reading the overrides from Redis, as untrusted input: anyone who can
 // write Redis can write the hash or publish on the channel. Whatever they
@@ -17,16 +17,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/jsonerr"
+	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 )
 
-// MaxOverrideEntries bounds the entries of the overrides an instance
+// MaxEntries bounds the entries of the overrides an instance
 // reads; past it, the rest is left out.
-const MaxOverrideEntries = 100_000
+const MaxEntries = 100_000
 
 // maxOverrideName and maxOverrideValue bound an entry's name and value
 // (an override's are far shorter: a zone's name, a digest, a few fields,
@@ -66,7 +67,7 @@ func (r *redisOverrides) readPage(ctx context.Context, args ...any) (string, []s
 // load reads the whole hash, in pages, between two readings of the
 // version that must agree (else again, at most 3 times: the last reading
 // stands, and the next poll corrects it).
-func (r *redisOverrides) load(ctx context.Context, skipped func(string, string, error)) (*OverrideSet, error) {
+func (r *redisOverrides) load(ctx context.Context, skipped func(string, string, error)) (*Set, error) {
 	for try := 1; ; try++ {
 		before, err := r.version(ctx)
 		if err != nil {
@@ -100,10 +101,10 @@ func (r *redisOverrides) scanAll(ctx context.Context, skipped func(string, strin
 			return nil, err
 		}
 		b.tooBig(big)
-		for i := 0; i+1 < len(fit) && b.n < MaxOverrideEntries; i += 2 {
+		for i := 0; i+1 < len(fit) && b.n < MaxEntries; i += 2 {
 			b.add(fit[i], fit[i+1])
 		}
-		if b.n >= MaxOverrideEntries {
+		if b.n >= MaxEntries {
 			held, err := r.client.HLen(ctx, r.hash).Result()
 			if err != nil {
 				return nil, fmt.Errorf("counting the overrides: %w", err)
@@ -162,13 +163,13 @@ func (r *redisOverrides) entries(ctx context.Context, names []string, skipped fu
 // setBuilder builds a set from the entries read, leaving out, and
 // reporting, those it cannot read; n counts the entries read.
 type setBuilder struct {
-	s       *OverrideSet
+	s       *Set
 	n       int
 	skipped func(entry, value string, err error)
 }
 
 func newSetBuilder(skipped func(string, string, error)) *setBuilder {
-	return &setBuilder{s: &OverrideSet{zones: map[string]Override{}, keys: map[string]*zoneKeys{}}, skipped: skipped}
+	return &setBuilder{s: &Set{zones: map[string]Override{}, keys: map[string]*zoneKeys{}}, skipped: skipped}
 }
 
 // add reads the entry name, whose value is value.
@@ -205,7 +206,7 @@ func (b *setBuilder) tooBig(big []any) {
 }
 
 // done is the set built, at token.
-func (b *setBuilder) done(token string) *OverrideSet {
+func (b *setBuilder) done(token string) *Set {
 	b.s.token, b.s.version = token, tokenVersion(token)
 	return b.s
 }
@@ -224,7 +225,7 @@ func parseOverrideEntry(name, value string) (string, *[16]byte, Override, error)
 	}
 	dec := json.NewDecoder(strings.NewReader(value))
 	if err := dec.Decode(&o); err != nil {
-		return "", nil, o, fmt.Errorf("value: %s", JSONError(err))
+		return "", nil, o, fmt.Errorf("value: %s", jsonerr.Describe(err))
 	}
 	if dec.More() {
 		return "", nil, o, errors.New("value: data after the JSON object")
@@ -233,24 +234,6 @@ func parseOverrideEntry(name, value string) (string, *[16]byte, Override, error)
 		return "", nil, o, fmt.Errorf("value: %w", err)
 	}
 	return zone, digest, o, nil
-}
-
-// JSONError describes a JSON decoding error without the data it is about
-// (which may hold a client key).
-func JSONError(err error) string {
-	var syntax *json.SyntaxError
-	var typ *json.UnmarshalTypeError
-	switch {
-	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
-		return "malformed JSON: it ends early"
-	case strings.HasPrefix(err.Error(), "json: unknown field"):
-		return strings.TrimPrefix(err.Error(), "json: ")
-	case errors.As(err, &syntax):
-		return fmt.Sprintf("malformed JSON at byte %d", syntax.Offset)
-	case errors.As(err, &typ):
-		return fmt.Sprintf("field %s: want a %s", typ.Field, typ.Type)
-	}
-	return "not a JSON object"
 }
 
 // maxVersionToken bounds a version token ("<n>:<16 hex digits>"), and
@@ -287,3 +270,6 @@ func parseDelta(payload string) (delta, bool) {
 	}
 	return delta{prev: prev, next: strings.Clone(f[1]), names: names}, true
 }
+
+// errReply is a script's reply of an unexpected shape.
+var errReply = errors.New("unexpected reply from an overrides script")

@@ -1,4 +1,4 @@
-package limiter
+package overrides
 
 // The changes pushed (announced on the channel), queued until the next
 // read, and read together when they follow on from the snapshot in force.
@@ -31,7 +31,7 @@ func (o *Overrides) takePending() ([]delta, bool) {
 // readPushed applies the changes pushed to cur when they follow on from
 // it (those already applied skipped), reading their entries; false when
 // there are none, or when they do not follow on (a whole read is due).
-func (o *Overrides) readPushed(ctx context.Context, cur *OverrideSet) (*OverrideSet, bool, error) {
+func (o *Overrides) readPushed(ctx context.Context, cur *Set) (*Set, bool, error) {
 	pending, full := o.takePending()
 	if full || len(pending) == 0 || cur == nil {
 		return nil, false, nil
@@ -56,7 +56,7 @@ func (o *Overrides) readPushed(ctx context.Context, cur *OverrideSet) (*Override
 	if err != nil {
 		return nil, false, err
 	}
-	if s := cur.apply(changes, token); s.size() <= MaxOverrideEntries {
+	if s := cur.apply(changes, token); s.size() <= MaxEntries {
 		return s, true, nil
 	}
 	return nil, false, nil // past the bound: a whole read leaves out the rest

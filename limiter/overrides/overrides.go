@@ -1,4 +1,4 @@
-package limiter
+package overrides
 
 // Keeping the overrides current. Overrides holds the snapshot in force,
 // read by every request with one atomic load, and replaces it when the
@@ -49,9 +49,9 @@ import (
 	"time"
 )
 
-// DefaultOverridesPoll is how often an instance reads the overrides'
+// DefaultPoll is how often an instance reads the overrides'
 // version in Redis, besides the pushes.
-const DefaultOverridesPoll = 10 * time.Second
+const DefaultPoll = 10 * time.Second
 
 // minRefreshGap spaces the reads that pushes cause, and expiryGap the
 // wake-ups at expiries (requests check expiries themselves: these only
@@ -70,13 +70,13 @@ const (
 // next read is a whole one.
 const maxPending = 1024
 
-// OverrideEvents is told what happens to the overrides, to log and count.
-type OverrideEvents interface {
+// Events is told what happens to the overrides, to log and count.
+type Events interface {
 	// OverridesLoaded: s is in force from now on, read because of via
 	// ("start", "reload", "push", "subscribe", "poll", "change",
 	// "expiry", or "restore"); expired are the overrides of the last snapshot that
 	// expired since.
-	OverridesLoaded(s *OverrideSet, via string, expired []OverrideEntry)
+	OverridesLoaded(s *Set, via string, expired []Entry)
 	// OverrideSkipped: an entry could not be read; it is left out. Told
 	// once per entry and value.
 	OverrideSkipped(entry string, err error)
@@ -100,9 +100,9 @@ type OverrideEvents interface {
 // Overrides holds the overrides in force and keeps them current (see the
 // top of this file). Its methods are safe for concurrent use.
 type Overrides struct {
-	cur    atomic.Pointer[OverrideSet]
+	cur    atomic.Pointer[Set]
 	src    overrideSource
-	ev     OverrideEvents
+	ev     Events
 	poll   atomic.Int64 // ns
 	kick   chan string  // coalesced wake-ups of run
 	stop   chan struct{}
@@ -138,7 +138,7 @@ type delta struct {
 type overrideSource interface {
 	// version is the version token of the overrides ("" for none yet).
 	version(ctx context.Context) (string, error)
-	load(ctx context.Context, skipped func(entry, value string, err error)) (*OverrideSet, error)
+	load(ctx context.Context, skipped func(entry, value string, err error)) (*Set, error)
 	// entries reads the entries named, those gone included.
 	entries(ctx context.Context, names []string, skipped func(entry, value string, err error)) ([]entryChange, error)
 	// write sets zone's override (its key's when digest is set) to o, or
@@ -149,23 +149,23 @@ type overrideSource interface {
 	clock(ctx context.Context) (time.Time, error)
 	// watch calls pushed on every change announced, and kick when what
 	// was announced meanwhile may have been missed, until stop closes.
-	watch(stop <-chan struct{}, pushed func(delta), kick func(via string), ev OverrideEvents)
+	watch(stop <-chan struct{}, pushed func(delta), kick func(via string), ev Events)
 }
 
-func newOverrides(src overrideSource, ev OverrideEvents) *Overrides {
+func newOverrides(src overrideSource, ev Events) *Overrides {
 	o := &Overrides{src: src, ev: ev, kick: make(chan string, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		now: time.Now, logged: map[uint64]uint64{}}
-	o.poll.Store(int64(DefaultOverridesPoll))
+	o.poll.Store(int64(DefaultPoll))
 	return o
 }
 
-// NewMemoryOverrides returns overrides kept in this process alone.
-func NewMemoryOverrides(ev OverrideEvents) *Overrides {
+// NewMemory returns overrides kept in this process alone.
+func NewMemory(ev Events) *Overrides {
 	return newOverrides(&memoryOverrides{}, ev)
 }
 
 // Current is the snapshot in force; nil when there are none.
-func (o *Overrides) Current() *OverrideSet {
+func (o *Overrides) Current() *Set {
 	if o == nil {
 		return nil
 	}
@@ -394,7 +394,7 @@ func (o *Overrides) wholeRead() (ended func()) {
 // readAll puts in force a whole read of the overrides, or, when it says
 // Redis lost those of cur and mayRestore, writes them back. The caller
 // holds readMu.
-func (o *Overrides) readAll(ctx context.Context, cur *OverrideSet, via string, mayRestore bool) error {
+func (o *Overrides) readAll(ctx context.Context, cur *Set, via string, mayRestore bool) error {
 	o.takePending() // a whole read covers them
 	ended := o.wholeRead()
 	s, err := o.src.load(ctx, o.skipped)
@@ -407,7 +407,7 @@ func (o *Overrides) readAll(ctx context.Context, cur *OverrideSet, via string, m
 		return o.restore(ctx, cur, cur, t)
 	}
 	if over := s.leftOut(); over > 0 && !o.over {
-		o.ev.OverridesOverLimit(MaxOverrideEntries+over, MaxOverrideEntries)
+		o.ev.OverridesOverLimit(MaxEntries+over, MaxEntries)
 	}
 	o.over = s.leftOut() > 0
 	o.install(cur, s, via)
@@ -417,7 +417,7 @@ func (o *Overrides) readAll(ctx context.Context, cur *OverrideSet, via string, m
 // install puts s in force in place of cur, without the overrides expired
 // by now, and reports it (and the expired ones); nothing when nothing
 // changed. The caller holds readMu.
-func (o *Overrides) install(cur, s *OverrideSet, via string) {
+func (o *Overrides) install(cur, s *Set, via string) {
 	now := o.now()
 	gone := cur.expired(now)
 	if s == cur && len(gone) == 0 {

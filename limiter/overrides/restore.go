@@ -1,4 +1,4 @@
-package limiter
+package overrides
 
 // Writing the overrides back when Redis lost them. Every change moves the
 // version on, and no change moves it back: an instance that finds the
@@ -20,8 +20,9 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 )
 
 // restorer is a source that can lose the overrides, and have them written
@@ -30,12 +31,12 @@ type restorer interface {
 	// restore writes the entries of s (name, JSON, expiry) when the
 	// version is still read ("" for none), with a version beyond held;
 	// false, with the version found, when it is not.
-	restore(ctx context.Context, read string, held int64, s *OverrideSet) (token string, written int, ok bool, err error)
+	restore(ctx context.Context, read string, held int64, s *Set) (token string, written int, ok bool, err error)
 }
 
 // lost reports whether the version token read says Redis lost the
 // overrides of cur: it is gone, or its number is below cur's.
-func lost(cur *OverrideSet, token string) bool {
+func lost(cur *Set, token string) bool {
 	held := tokenVersion(cur.tokenOf())
 	return held > 0 && tokenVersion(token) < held
 }
@@ -43,7 +44,7 @@ func lost(cur *OverrideSet, token string) bool {
 // restore writes back held, the overrides in force (cur, or cur with a
 // change made since), when Redis's version is still read; else it reads
 // what another instance wrote. The caller holds readMu.
-func (o *Overrides) restore(ctx context.Context, cur, held *OverrideSet, read string) error {
+func (o *Overrides) restore(ctx context.Context, cur, held *Set, read string) error {
 	r, ok := o.src.(restorer)
 	now := o.now()
 	held = held.prune(now)
@@ -71,7 +72,7 @@ func (o *Overrides) restore(ctx context.Context, cur, held *OverrideSet, read st
 
 var overridesRestore = redis.NewScript(luascripts.OverridesRestore)
 
-func (r *redisOverrides) restore(ctx context.Context, read string, held int64, s *OverrideSet) (string, int, bool, error) {
+func (r *redisOverrides) restore(ctx context.Context, read string, held int64, s *Set) (string, int, bool, error) {
 	args := []any{read, held, nonce(), r.announce(ctx), r.channel}
 	add := func(zone string, digest *[16]byte, o Override) error {
 		b, err := json.Marshal(o)

@@ -1,4 +1,4 @@
-package limiter
+package bucket
 
 import (
 	"fmt"
@@ -57,7 +57,7 @@ func (a Algorithm) Windowed() bool {
 	return a == FixedWindow || a == SlidingWindowLog || a == SlidingWindowCounter
 }
 
-// take decides one request of cost at now on bucket b (known is false for
+// Take decides one request of cost at now on bucket b (known is false for
 // a fresh bucket) and returns the state to keep if the request is taken.
 // A bucket idle at now is a fresh one, as a Redis key that expired (a
 // token bucket full under the policy that wrote it is full under any).
@@ -65,10 +65,10 @@ func (a Algorithm) Windowed() bool {
 // rollback. cost is at most MaxCost + 1 (see boundedCost): the algorithms
 // compare it with what is left (cost <= limit - count), which cannot
 // overflow whatever the count.
-func (p Policy) take(b bucket, known bool, now, cost int64) (bucket, Decision) {
-	known = known && b.idleAt > now
+func (p Policy) Take(b State, known bool, now, cost int64) (State, Decision) {
+	known = known && b.IdleAt > now
 	if !known {
-		b = bucket{}
+		b = State{}
 	}
 	switch p.Algorithm {
 	case FixedWindow:
@@ -91,7 +91,7 @@ func at(ns int64) time.Time { return time.Unix(0, ns) }
 // The count is that of the window whose index b holds (as in Redis, where
 // a window is known by its index: a zone whose window changes length
 // starts afresh).
-func (p Policy) takeFixed(b bucket, now, cost int64) (bucket, Decision) {
+func (p Policy) takeFixed(b State, now, cost int64) (State, Decision) {
 	period := int64(p.Period)
 	window := now / period
 	count := int64(0)
@@ -106,11 +106,11 @@ func (p Policy) takeFixed(b bucket, now, cost int64) (bucket, Decision) {
 		d.RetryAfter = time.Duration(end - now)
 	}
 	d.Remaining = max(p.Rate-count, 0)
-	return bucket{tokens: float64(count), last: window, idleAt: end}, d
+	return State{tokens: float64(count), last: window, IdleAt: end}, d
 }
 
 // takeLog: the times of the requests counted in the last Period.
-func (p Policy) takeLog(b bucket, now, cost int64) (bucket, Decision) {
+func (p Policy) takeLog(b State, now, cost int64) (State, Decision) {
 	period := int64(p.Period)
 	first, _ := slices.BinarySearch(b.log, now-period+1) // entries at or before now-period have left
 	log := b.log[first:]
@@ -130,12 +130,12 @@ func (p Policy) takeLog(b bucket, now, cost int64) (bucket, Decision) {
 	if len(log) > 0 {
 		d.Reset, idleAt = at(log[0]+period), log[len(log)-1]+period
 	}
-	return bucket{log: log, idleAt: idleAt}, d
+	return State{log: log, IdleAt: idleAt}, d
 }
 
 // takeCounter: this window's count plus the previous one's, weighed by
 // the part of it still inside the sliding window.
-func (p Policy) takeCounter(b bucket, now, cost int64) (bucket, Decision) {
+func (p Policy) takeCounter(b State, now, cost int64) (State, Decision) {
 	period := int64(p.Period)
 	window := now / period
 	start := window * period
@@ -160,7 +160,7 @@ func (p Policy) takeCounter(b bucket, now, cost int64) (bucket, Decision) {
 		reset += period // and then this one
 	}
 	d.Reset = at(reset)
-	return bucket{tokens: curr, prev: prev, last: window, idleAt: reset}, d
+	return State{tokens: curr, prev: prev, last: window, IdleAt: reset}, d
 }
 
 // counterRetry is how long until prev*weight + curr + c fits in limit:
@@ -185,9 +185,9 @@ func counterRetry(start, period, now int64, prev, curr, c, limit float64) int64 
 // take to leave. A request passes if it is at most room (Burst intervals,
 // plus slack), and waits that long (none with NoDelay); the queue grows by
 // its cost.
-func (p Policy) takeLeaky(b bucket, known bool, now, cost int64) (bucket, Decision) {
-	g := p.gcra(b, known, now)
-	wait := g.wait
+func (p Policy) takeLeaky(b State, known bool, now, cost int64) (State, Decision) {
+	g := p.GCRA(b, known, now)
+	wait := g.Wait
 	d := Decision{Allowed: wait <= g.room && cost <= p.Burst+1, Limit: p.Burst + 1}
 	if d.Allowed {
 		if !p.NoDelay {
@@ -201,12 +201,12 @@ func (p Policy) takeLeaky(b bucket, known bool, now, cost int64) (bucket, Decisi
 	// the free places: one at the rate, the rest in the queue
 	d.Remaining = max(int64(math.Floor((g.room-wait)/g.interval))+1, 0)
 	d.Reset = at(now + nanosUp(wait))
-	return bucket{last: keep, idleAt: now + nanosUp(wait)}, d
+	return State{last: keep, IdleAt: now + nanosUp(wait)}, d
 }
 
 // takeSlot: requests in flight, released by Release. The slot is named
 // by the request's ID once the take is committed (see hold).
-func (p Policy) takeSlot(b bucket, now, cost int64) (bucket, Decision) {
+func (p Policy) takeSlot(b State, now, cost int64) (State, Decision) {
 	inFlight := int64(b.tokens)
 	d := Decision{Allowed: cost <= p.Burst-inFlight, Limit: p.Burst, Reset: at(now)}
 	if d.Allowed {
@@ -215,14 +215,14 @@ func (p Policy) takeSlot(b bucket, now, cost int64) (bucket, Decision) {
 		d.RetryAfter = time.Second // no telling when one ends
 	}
 	d.Remaining = max(p.Burst-inFlight, 0)
-	return bucket{tokens: float64(inFlight), slots: b.slots, idleAt: math.MaxInt64}, d
+	return State{tokens: float64(inFlight), slots: b.slots, IdleAt: math.MaxInt64}, d
 }
 
-// hold names the slot of cost that a committed take gave the request id,
+// Hold names the slot of cost that a committed take gave the request id,
 // so that only its own release frees it, as a lease in Redis: a slot taken
 // before the bucket was reset is not this bucket's. A slot taken again
 // under the same id is held once, as Redis holds one lease per id.
-func (b bucket) hold(id string, cost int64) bucket {
+func (b State) Hold(id string, cost int64) State {
 	if b.slots == nil {
 		b.slots = make(map[string]int64)
 	}
@@ -233,9 +233,9 @@ func (b bucket) hold(id string, cost int64) bucket {
 	return b
 }
 
-// release gives back the slot of the request id, if b holds it (else it
+// Release gives back the slot of the request id, if b holds it (else it
 // frees nothing); a bucket with none in flight may be dropped.
-func (p Policy) release(b bucket, now int64, id string) bucket {
+func (p Policy) Release(b State, now int64, id string) State {
 	cost, ok := b.slots[id]
 	if !ok {
 		return b
@@ -243,7 +243,14 @@ func (p Policy) release(b bucket, now int64, id string) bucket {
 	delete(b.slots, id)
 	b.tokens = max(b.tokens-float64(cost), 0)
 	if len(b.slots) == 0 {
-		b.tokens, b.idleAt = 0, now
+		b.tokens, b.IdleAt = 0, now
 	}
 	return b
+}
+
+// Syncs reports whether a zone of the algorithm may sync: the token
+// bucket, and the windows kept as counters (a log of every request's time
+// cannot take an instance's admissions in one charge).
+func (a Algorithm) Syncs() bool {
+	return a == TokenBucket || a == FixedWindow || a == SlidingWindowCounter
 }

@@ -1,4 +1,4 @@
-package limiter
+package bucket
 
 import (
 	"math"
@@ -9,9 +9,9 @@ import (
 // that 2.9999999999 counts as 3.
 const epsilon = 1e-9
 
-// bucket is the state of one bucket, whatever its algorithm, and when it
-// may be dropped (a dropped bucket is a fresh one). Times are Unix ns.
-type bucket struct {
+// State is the state of one State, whatever its algorithm, and when it
+// may be dropped (a dropped State is a fresh one). Times are Unix ns.
+type State struct {
 	// tokens: the count of the current window (fixed window, sliding
 	// counter); the requests in flight (concurrency).
 	tokens float64
@@ -27,10 +27,10 @@ type bucket struct {
 	// slots: the cost of each slot held, by request ID (concurrency); it
 	// changes in place, and only once a take is committed (see hold).
 	slots map[string]int64
-	// idleAt: when the bucket is back to its initial state, so that it
+	// IdleAt: when the bucket is back to its initial state, so that it
 	// may be dropped (concurrency: math.MaxInt64 until its last slot is
 	// released).
-	idleAt int64
+	IdleAt int64
 }
 
 // The token and leaky buckets are GCRA, as the Redis scripts
@@ -50,11 +50,11 @@ type gcraState struct {
 	full     float64 // Burst intervals: the wait of an empty bucket, a full queue
 	room     float64 // the most a charge may leave the TAT ahead of now: full, plus slack
 	offset   float64 // how far before the TAT the kept time is: full for the token bucket, else 0
-	wait     float64 // how far the TAT is ahead of now: 0 when past, or for a fresh bucket
+	Wait     float64 // how far the TAT is ahead of now: 0 when past, or for a fresh bucket
 }
 
-// gcra is the state of b at now for p's GCRA (see gcraState).
-func (p Policy) gcra(b bucket, known bool, now int64) gcraState {
+// GCRA is the state of b at now for p's GCRA (see gcraState).
+func (p Policy) GCRA(b State, known bool, now int64) gcraState {
 	g := gcraState{interval: p.Interval()}
 	g.full = float64(p.Burst) * g.interval
 	g.room = g.full + slack(g.interval)
@@ -62,7 +62,7 @@ func (p Policy) gcra(b bucket, known bool, now int64) gcraState {
 		g.offset = g.full
 	}
 	if known {
-		g.wait = max(float64(b.last-now)+g.offset, 0)
+		g.Wait = max(float64(b.last-now)+g.offset, 0)
 	}
 	return g
 }
@@ -103,9 +103,9 @@ func nanosUp(x float64) int64 {
 // rate changes too, so does the time they took to refill. known is false
 // for a bucket never seen (or dropped), which is full. The returned bucket
 // is the state to keep if the charge is committed.
-func (p Policy) takeToken(b bucket, known bool, now, cost int64) (bucket, Decision) {
-	g := p.gcra(b, known, now)
-	wait := g.wait // beyond full in debt (see charge): refused until it is repaid
+func (p Policy) takeToken(b State, known bool, now, cost int64) (State, Decision) {
+	g := p.GCRA(b, known, now)
+	wait := g.Wait // beyond full in debt (see charge): refused until it is repaid
 	allowed := cost <= p.Burst && wait+float64(cost)*g.interval <= g.room
 	if allowed {
 		wait += float64(cost) * g.interval
@@ -125,5 +125,5 @@ func (p Policy) takeToken(b bucket, known bool, now, cost int64) (bucket, Decisi
 	default: // until cost tokens are in the bucket
 		d.RetryAfter = time.Duration(nanosUp(wait + float64(cost)*g.interval - g.full))
 	}
-	return bucket{last: keep, idleAt: now + toFull}, d
+	return State{last: keep, IdleAt: now + toFull}, d
 }

@@ -1,4 +1,4 @@
-package limiter
+package overrides
 
 // The overrides kept in Redis (see overridesync.go): the keys, a change's
 // write, and the subscription to the changes announced. Reading them, with
@@ -16,13 +16,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 )
 
 // under prefix (the store's key prefix), in database db: see the top of
 // this file.
-func NewRedisOverrides(client redis.UniversalClient, prefix string, db int, ev OverrideEvents) *Overrides {
+func NewRedis(client redis.UniversalClient, prefix string, db int, ev Events) *Overrides {
 	base := prefix + "{overrides}"
 	r := &redisOverrides{client: client, hash: base, versionKey: base + ":version", expiry: base + ":expiry",
 		channel: base + ":changed"}
@@ -42,7 +43,7 @@ type redisOverrides struct {
 	sharded                           atomic.Int32 // 0: not known yet; 1: yes; 2: no
 	quiet                             bool         // tests: changes are not announced
 	unannounced                       atomic.Bool  // a change could not be announced (reported once)
-	ev                                OverrideEvents
+	ev                                Events
 	subscribeTimeout                  time.Duration // default 10s
 	scanCount                         int64         // HSCAN's COUNT; default 1000
 	afterScan                         func()        // tests: called after each whole read's scan
@@ -153,7 +154,7 @@ func (r *redisOverrides) shardedChannels(ctx context.Context) bool {
 // ends a shard subscription with a sunsubscribe, which go-redis does not
 // make again: watch subscribes again itself. A subscription not confirmed
 // within 10s is reported once.
-func (r *redisOverrides) watch(stop <-chan struct{}, pushed func(delta), kick func(string), ev OverrideEvents) {
+func (r *redisOverrides) watch(stop <-chan struct{}, pushed func(delta), kick func(string), ev Events) {
 	reported := false
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -172,7 +173,7 @@ func (r *redisOverrides) watch(stop <-chan struct{}, pushed func(delta), kick fu
 
 // session is one subscription; it reports whether to subscribe again (the
 // node ended it), else stop closed.
-func (r *redisOverrides) session(stop <-chan struct{}, sharded bool, pushed func(delta), kick func(string), ev OverrideEvents, reported *bool) bool {
+func (r *redisOverrides) session(stop <-chan struct{}, sharded bool, pushed func(delta), kick func(string), ev Events, reported *bool) bool {
 	var ps *redis.PubSub
 	if sharded {
 		ps = r.client.SSubscribe(context.Background(), r.channel)

@@ -1,4 +1,4 @@
-package limiter
+package overrides
 
 // The memory store's overrides: kept in this process alone.
 
@@ -13,7 +13,7 @@ import (
 // memoryOverrides keeps the overrides in this process.
 type memoryOverrides struct {
 	mu  sync.Mutex
-	set *OverrideSet
+	set *Set
 }
 
 func (m *memoryOverrides) version(context.Context) (string, error) {
@@ -22,7 +22,7 @@ func (m *memoryOverrides) version(context.Context) (string, error) {
 	return m.set.tokenOf(), nil
 }
 
-func (m *memoryOverrides) load(context.Context, func(string, string, error)) (*OverrideSet, error) {
+func (m *memoryOverrides) load(context.Context, func(string, string, error)) (*Set, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.set, nil
@@ -60,7 +60,7 @@ func (m *memoryOverrides) write(_ context.Context, zone string, digest *[16]byte
 	return found, d, nil
 }
 
-func (m *memoryOverrides) watch(stop <-chan struct{}, _ func(delta), _ func(string), _ OverrideEvents) {
+func (m *memoryOverrides) watch(stop <-chan struct{}, _ func(delta), _ func(string), _ Events) {
 	<-stop
 }
 

@@ -1,4 +1,4 @@
-package limiter
+package overrides
 
 // Overrides change limits at run time, without a config change. An
 // override is of a zone (its rate and burst, its dry run, the whole zone
@@ -22,6 +22,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // Override is one override, as the admin API takes it and as it is kept
@@ -81,7 +83,7 @@ const maxOverrideBy = 256
 // they apply to the zone's algorithm is the caller's to check.
 func (o *Override) Check(key bool) error {
 	if o.Rate != "" {
-		n, period, err := ParseRate(o.Rate)
+		n, period, err := bucket.ParseRate(o.Rate)
 		if err != nil {
 			return fmt.Errorf("rate: %w", err)
 		}
@@ -89,10 +91,10 @@ func (o *Override) Check(key bool) error {
 	}
 	limits := o.Rate != "" || o.Burst != 0 || o.MaxConcurrent != 0
 	switch {
-	case o.Burst < 0 || o.Burst > maxRate:
-		return fmt.Errorf("burst %d: want a whole number from 1 to %d", o.Burst, int64(maxRate))
-	case o.MaxConcurrent < 0 || o.MaxConcurrent > maxRate:
-		return fmt.Errorf("max_concurrent %d: want a whole number from 1 to %d", o.MaxConcurrent, int64(maxRate))
+	case o.Burst < 0 || o.Burst > bucket.MaxRate:
+		return fmt.Errorf("burst %d: want a whole number from 1 to %d", o.Burst, int64(bucket.MaxRate))
+	case o.MaxConcurrent < 0 || o.MaxConcurrent > bucket.MaxRate:
+		return fmt.Errorf("max_concurrent %d: want a whole number from 1 to %d", o.MaxConcurrent, int64(bucket.MaxRate))
 	case o.Expires < 0 || o.Set < 0 || o.Expires > maxOverrideMillis || o.Set > maxOverrideMillis:
 		return errors.New("expires and set: want Unix milliseconds before the year 2200")
 	case len(o.By) > maxOverrideBy:
@@ -128,9 +130,9 @@ func (o *Override) Kind() string {
 	return "limit"
 }
 
-// OverrideSet is one snapshot of the overrides: never changed once made.
-// The nil *OverrideSet holds none.
-type OverrideSet struct {
+// Set is one snapshot of the overrides: never changed once made.
+// The nil *Set holds none.
+type Set struct {
 	// token names the state of the overrides it was read at: "<n>:<a
 	// nonce of the change>" (a version number alone could come back with
 	// other contents after a Redis lost a write); version is its n.
@@ -205,7 +207,7 @@ func (k *zoneKeys) remove(d [16]byte) {
 }
 
 // Zone is the override of zone, whether in force or not.
-func (s *OverrideSet) Zone(zone string) (Override, bool) {
+func (s *Set) Zone(zone string) (Override, bool) {
 	if s == nil || len(s.zones) == 0 {
 		return Override{}, false
 	}
@@ -214,12 +216,12 @@ func (s *OverrideSet) Zone(zone string) (Override, bool) {
 }
 
 // HasKeys reports whether some key of zone has an override.
-func (s *OverrideSet) HasKeys(zone string) bool {
+func (s *Set) HasKeys(zone string) bool {
 	return s != nil && s.keys[zone].len() > 0
 }
 
 // Key is the override of the key whose digest is digest in zone.
-func (s *OverrideSet) Key(zone string, digest [16]byte) (Override, bool) {
+func (s *Set) Key(zone string, digest [16]byte) (Override, bool) {
 	if s == nil {
 		return Override{}, false
 	}
@@ -227,7 +229,7 @@ func (s *OverrideSet) Key(zone string, digest [16]byte) (Override, bool) {
 }
 
 // Count is how many overrides of zones and of keys are in force at now.
-func (s *OverrideSet) Count(now time.Time) (zones, keys int) {
+func (s *Set) Count(now time.Time) (zones, keys int) {
 	if s == nil {
 		return 0, 0
 	}
@@ -243,7 +245,7 @@ func (s *OverrideSet) Count(now time.Time) (zones, keys int) {
 }
 
 // Skipped is how many entries could not be read into s.
-func (s *OverrideSet) Skipped() int {
+func (s *Set) Skipped() int {
 	if s == nil {
 		return 0
 	}
@@ -259,7 +261,7 @@ func btoi(b bool) int {
 
 // NextExpiry is the earliest expiry after now among s's overrides; the
 // zero time when none expires.
-func (s *OverrideSet) NextExpiry(now time.Time) time.Time {
+func (s *Set) NextExpiry(now time.Time) time.Time {
 	next := int64(0)
 	visit := func(o Override) {
 		if o.Expires != 0 && o.Active(now) && (next == 0 || o.Expires < next) {
@@ -282,9 +284,9 @@ func (s *OverrideSet) NextExpiry(now time.Time) time.Time {
 	return time.UnixMilli(next)
 }
 
-// OverrideEntry is one override of a listing: of Zone, and of the key
+// Entry is one override of a listing: of Zone, and of the key
 // whose digest is Digest (hex; "" for the zone's own).
-type OverrideEntry struct {
+type Entry struct {
 	Zone   string `json:"zone"`
 	Digest string `json:"key_digest,omitempty"`
 	Override
@@ -292,24 +294,24 @@ type OverrideEntry struct {
 
 // Entries lists the overrides in force at now, by zone, the zone's own
 // first, then by digest.
-func (s *OverrideSet) Entries(now time.Time) []OverrideEntry {
-	var list []OverrideEntry
+func (s *Set) Entries(now time.Time) []Entry {
+	var list []Entry
 	if s == nil {
 		return list
 	}
 	for zone, o := range s.zones {
 		if o.Active(now) {
-			list = append(list, OverrideEntry{Zone: zone, Override: o})
+			list = append(list, Entry{Zone: zone, Override: o})
 		}
 	}
 	for zone, m := range s.keys {
 		for d, o := range m.all() {
 			if o.Active(now) {
-				list = append(list, OverrideEntry{Zone: zone, Digest: hex.EncodeToString(d[:]), Override: o})
+				list = append(list, Entry{Zone: zone, Digest: hex.EncodeToString(d[:]), Override: o})
 			}
 		}
 	}
-	slices.SortFunc(list, func(a, b OverrideEntry) int {
+	slices.SortFunc(list, func(a, b Entry) int {
 		return cmp.Or(cmp.Compare(a.Zone, b.Zone), cmp.Compare(a.Digest, b.Digest))
 	})
 	return list
@@ -326,8 +328,8 @@ type entryChange struct {
 
 // apply is a copy of s with changes made, at token: of the zones whose
 // keys changed, only the maps of the digests changed are copied.
-func (s *OverrideSet) apply(changes []entryChange, token string) *OverrideSet {
-	n := &OverrideSet{token: token, version: tokenVersion(token), zones: map[string]Override{}, keys: map[string]*zoneKeys{}}
+func (s *Set) apply(changes []entryChange, token string) *Set {
+	n := &Set{token: token, version: tokenVersion(token), zones: map[string]Override{}, keys: map[string]*zoneKeys{}}
 	if s != nil {
 		n.skipped, n.over = s.skipped, s.over
 		maps.Copy(n.zones, s.zones)

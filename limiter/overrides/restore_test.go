@@ -1,4 +1,4 @@
-package limiter
+package overrides
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // putRestorable sets, through a, a zone's override until deleted, a key's
@@ -17,7 +18,7 @@ import (
 func putRestorable(t *testing.T, a, b *Overrides) [16]byte {
 	t.Helper()
 	ctx := context.Background()
-	key := KeyHash("premium")
+	key := bucket.KeyHash("premium")
 	for _, w := range []struct {
 		zone   string
 		digest *[16]byte
@@ -67,7 +68,7 @@ func TestRedisOverridesSurviveEmptyRestart(t *testing.T) {
 	defer c.Close()
 	prefix := fmt.Sprintf("rst%x:", rand.Uint64())
 	recs := []*overrideRecorder{{}, {}}
-	a, b := NewRedisOverrides(c, prefix, 0, recs[0]), NewRedisOverrides(c, prefix, 0, recs[1])
+	a, b := NewRedis(c, prefix, 0, recs[0]), NewRedis(c, prefix, 0, recs[1])
 	for _, o := range []*Overrides{a, b} {
 		o.SetPoll(time.Hour) // the subscription made again brings the read
 		if err := o.Start(context.Background()); err != nil {
@@ -83,7 +84,7 @@ func TestRedisOverridesSurviveEmptyRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkRestored(t, c, prefix+"{overrides}", key, held, recs, a, b)
-	late := NewRedisOverrides(c, prefix, 0, &overrideRecorder{})
+	late := NewRedis(c, prefix, 0, &overrideRecorder{})
 	if err := late.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +105,7 @@ func TestRedisOverridesSurviveMasterRestart(t *testing.T) {
 	defer c.Close()
 	prefix := fmt.Sprintf("rstc%x:", rand.Uint64())
 	recs := []*overrideRecorder{{}, {}}
-	a, b := NewRedisOverrides(c, prefix, 0, recs[0]), NewRedisOverrides(c, prefix, 0, recs[1])
+	a, b := NewRedis(c, prefix, 0, recs[0]), NewRedis(c, prefix, 0, recs[1])
 	for _, o := range []*Overrides{a, b} {
 		o.SetPoll(time.Hour) // the subscription made again, and the retries of failed reads, bring the read
 		if err := o.Start(context.Background()); err != nil {
@@ -213,7 +214,7 @@ func TestRedisOverridesOwnPushReadFirst(t *testing.T) {
 	defer c.Close()
 	ctx := context.Background()
 	rec := &overrideRecorder{}
-	o := NewRedisOverrides(c, fmt.Sprintf("own%x:", rand.Uint64()), 0, rec)
+	o := NewRedis(c, fmt.Sprintf("own%x:", rand.Uint64()), 0, rec)
 	o.SetPoll(time.Hour) // the push alone brings the change
 	if err := o.Start(ctx); err != nil {
 		t.Fatal(err)

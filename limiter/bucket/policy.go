@@ -1,7 +1,7 @@
 // Package limiter decides whether a request may pass a rate limit. It knows
 // nothing of Caddy: a Policy describes a limit, a Store keeps the state of
 // every bucket and answers Take with one Decision per bucket.
-package limiter
+package bucket
 
 import (
 	"cmp"
@@ -62,9 +62,9 @@ var units = map[byte]time.Duration{
 	'd': 24 * time.Hour,
 }
 
-// maxRate bounds the numbers of a rate so that every computation stays
+// MaxRate bounds the numbers of a rate so that every computation stays
 // exact in a float64 (and in Lua, whose numbers are doubles).
-const maxRate = 1 << 40
+const MaxRate = 1 << 40
 
 // MaxCost bounds the cost of a request, as maxRate bounds a policy's
 // numbers: it is the largest limit a valid policy has (a leaky bucket's
@@ -73,11 +73,11 @@ const maxRate = 1 << 40
 // more than any limit, so that it is refused as any cost over the limit
 // is, and every sum with it stays exact, in int64 and in float64 (Lua's
 // numbers; luascripts/common.lua bounds the cost the same way).
-const MaxCost = maxRate + 1
+const MaxCost = MaxRate + 1
 
-// boundedCost is cost within [0, MaxCost + 1]: a negative cost counts as
+// BoundedCost is cost within [0, MaxCost + 1]: a negative cost counts as
 // none (no zone gives one), one above MaxCost as MaxCost + 1.
-func boundedCost(cost int64) int64 {
+func BoundedCost(cost int64) int64 {
 	return min(max(cost, 0), MaxCost+1)
 }
 
@@ -146,7 +146,7 @@ func perSecondHint(count, per string) string {
 			break // no whole rate per second, or none in range
 		}
 		// m*ns is at most 1e9, c*1e9 within int64
-		if perNs := m * ns; (c*int64(time.Second))%perNs == 0 && c*int64(time.Second)/perNs <= maxRate {
+		if perNs := m * ns; (c*int64(time.Second))%perNs == 0 && c*int64(time.Second)/perNs <= MaxRate {
 			return fmt.Sprintf(": %sr/%s is %dr/s", count, per, c*int64(time.Second)/perNs)
 		}
 	}
@@ -162,12 +162,12 @@ func fractionHint(count, per string) string {
 	}
 	var hints []string
 	for k := int64(1); k <= 100 && len(hints) == 0; k++ { // the fewest units: k units for a whole n
-		if n := f * float64(k); math.Abs(n-math.Round(n)) < 1e-9 && n >= 1 && n <= maxRate {
+		if n := f * float64(k); math.Abs(n-math.Round(n)) < 1e-9 && n >= 1 && n <= MaxRate {
 			hints = append(hints, fmt.Sprintf("%dr/%d%s", int64(math.Round(n)), k, per))
 		}
 	}
 	if bigger, ok := nextUnit[per]; ok {
-		if n := f * float64(bigger.mult); math.Abs(n-math.Round(n)) < 1e-9 && n >= 1 && n <= maxRate {
+		if n := f * float64(bigger.mult); math.Abs(n-math.Round(n)) < 1e-9 && n >= 1 && n <= MaxRate {
 			hints = append(hints, fmt.Sprintf("%dr/%s", int64(math.Round(n)), bigger.unit))
 		}
 	}
@@ -212,8 +212,8 @@ func parsePositive(s string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%q is not a whole number", s)
 	}
-	if n < 1 || n > maxRate {
-		return 0, fmt.Errorf("%d is out of range [1, %d]", n, int64(maxRate))
+	if n < 1 || n > MaxRate {
+		return 0, fmt.Errorf("%d is out of range [1, %d]", n, int64(MaxRate))
 	}
 	return n, nil
 }
@@ -237,18 +237,18 @@ func (p Policy) Limit() int64 {
 // Validate reports what is wrong with p, if anything.
 func (p Policy) Validate() error {
 	if p.Algorithm == Concurrency {
-		if p.Burst < 1 || p.Burst > maxRate || p.Lease < time.Second {
+		if p.Burst < 1 || p.Burst > MaxRate || p.Lease < time.Second {
 			return fmt.Errorf("concurrency: %d in flight (want at least 1), lease %s (want at least 1s)", p.Burst, p.Lease)
 		}
 		return nil
 	}
 	switch {
-	case p.Rate < 1 || p.Rate > maxRate:
-		return fmt.Errorf("rate %d is out of range [1, %d]", p.Rate, int64(maxRate))
+	case p.Rate < 1 || p.Rate > MaxRate:
+		return fmt.Errorf("rate %d is out of range [1, %d]", p.Rate, int64(MaxRate))
 	case p.Period < time.Millisecond || p.Period > MaxPeriod:
 		return fmt.Errorf("period %s is out of range [1ms, 100 years]", p.Period)
-	case p.Burst < 0 || p.Burst < 1 && p.Algorithm != LeakyBucket || p.Burst > maxRate:
-		return fmt.Errorf("burst %d is out of range [1, %d]", p.Burst, int64(maxRate))
+	case p.Burst < 0 || p.Burst < 1 && p.Algorithm != LeakyBucket || p.Burst > MaxRate:
+		return fmt.Errorf("burst %d is out of range [1, %d]", p.Burst, int64(MaxRate))
 	case float64(p.Burst)*p.Interval() > float64(MaxPeriod):
 		return fmt.Errorf("burst %d takes over 100 years to refill at %s", p.Burst, p)
 	}
