@@ -12,7 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 )
 
 func init() {
@@ -166,7 +166,7 @@ var handlerOptions = map[string]func(*caddyfile.Dispenser, *Handler) error{
 		return err
 	},
 	"memory_capacity": func(d *caddyfile.Dispenser, h *Handler) error {
-		return intArg(d, &h.MemoryCapacity, limiter.MinMemoryCapacity)
+		return intArg(d, &h.MemoryCapacity, memstore.MinCapacity)
 	},
 	// caddy-ratelimit's options (compat.go, distributed.go)
 	"log_key":         func(d *caddyfile.Dispenser, h *Handler) error { return noArgs(d, &h.LogKeys) },

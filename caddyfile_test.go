@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 )
 
 func TestCaddyfileAdapts(t *testing.T) {
@@ -387,8 +387,8 @@ func TestCaddyfileMemoryCapacity(t *testing.T) {
 	}
 	unset := handler(0)
 	capacity := func() int { return unset.store.Memory().Capacity() }
-	if got := capacity(); got != limiter.DefaultMemoryCapacity {
-		t.Fatalf("capacity %d with none set; want the default, %d", got, limiter.DefaultMemoryCapacity)
+	if got := capacity(); got != memstore.DefaultCapacity {
+		t.Fatalf("capacity %d with none set; want the default, %d", got, memstore.DefaultCapacity)
 	}
 	small, large := handler(1000), handler(5000)
 	if small.store != large.store || small.store != unset.store {
@@ -402,7 +402,7 @@ func TestCaddyfileMemoryCapacity(t *testing.T) {
 		t.Fatalf("capacity %d once the handler of 5000 is gone; want 1000", got)
 	}
 	small.Cleanup()
-	if got := capacity(); got != limiter.DefaultMemoryCapacity {
+	if got := capacity(); got != memstore.DefaultCapacity {
 		t.Fatalf("capacity %d once no handler sets one; want the default", got)
 	}
 	if err := provision(t, &Handler{MemoryCapacity: 10, Zones: map[string]*Zone{"z": {Key: "k", Rate: "1r/s"}}}); err == nil ||

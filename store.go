@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
@@ -83,8 +84,8 @@ func (s *sharedStore) Destruct() error {
 // the memory store; h's memory_capacity joins those of the store's other
 // handlers.
 func (h *Handler) provisionStore() error {
-	if n := h.MemoryCapacity; n < 0 || n > 0 && n < limiter.MinMemoryCapacity {
-		return fmt.Errorf("memory_capacity %d: want at least %d buckets (0 or none: %d)", n, limiter.MinMemoryCapacity, limiter.DefaultMemoryCapacity)
+	if n := h.MemoryCapacity; n < 0 || n > 0 && n < memstore.MinCapacity {
+		return fmt.Errorf("memory_capacity %d: want at least %d buckets (0 or none: %d)", n, memstore.MinCapacity, memstore.DefaultCapacity)
 	}
 	var err error
 	switch {
@@ -124,7 +125,7 @@ func (s *sharedStore) holdCapacity(h *Handler, n int) {
 	for _, c := range s.capacities {
 		capacity = max(capacity, c)
 	}
-	capacity = cmp.Or(capacity, limiter.DefaultMemoryCapacity)
+	capacity = cmp.Or(capacity, memstore.DefaultCapacity)
 	if int64(capacity) != s.capacity.Load() {
 		s.Memory().SetCapacity(capacity)
 		s.capacity.Store(int64(capacity))

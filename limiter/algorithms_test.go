@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 )
 
 const ms = time.Millisecond
@@ -170,7 +171,7 @@ func TestBoundaryBurst(t *testing.T) {
 // concurrencyStores make stores with Take at a given time and Release.
 var concurrencyStores = map[string]func(t *testing.T) (takeAtFunc, Store){
 	"memory": func(t *testing.T) (takeAtFunc, Store) {
-		s := NewMemoryStore(time.Hour)
+		s := memstore.New(time.Hour)
 		t.Cleanup(func() { s.Close() })
 		return func(now time.Time, reqs []Request) ([]Decision, error) { return s.TakeAt(now, reqs), nil }, s
 	},

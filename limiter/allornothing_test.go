@@ -53,3 +53,31 @@ func TestFailedRunGivesBack(t *testing.T) {
 		t.Fatalf("after 3 requests that failed on another master: %d of 5 left in the healthy zone; want 5 (given back)", d.Remaining)
 	}
 }
+
+func TestAllOrNothing(t *testing.T) {
+	for name, newStore := range testStores {
+		// One key: both zones in one hash slot (one script run). Two keys:
+		// two slots in a cluster, so a refused request is refunded.
+		for _, tightKey := range []string{"k", "other"} {
+			t.Run(name+"/"+tightKey, func(t *testing.T) { testAllOrNothing(t, newStore(t), tightKey) })
+		}
+	}
+}
+
+func testAllOrNothing(t *testing.T, take takeAtFunc, tightKey string) {
+	loose := Request{Zone: "loose", Key: "k", Policy: Policy{Rate: 100, Period: time.Minute, Burst: 100}, Cost: 1}
+	tight := Request{Zone: "tight", Key: tightKey, Policy: Policy{Rate: 2, Period: time.Minute, Burst: 2}, Cost: 1}
+	for i := range 5 {
+		d, err := take(t0, []Request{loose, tight})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := i < 2; d[0].Allowed != true || d[1].Allowed != want {
+			t.Fatalf("request %d: loose %v tight %v; want true %v", i, d[0].Allowed, d[1].Allowed, want)
+		}
+	}
+	// Three refusals by the tight zone took nothing from the loose one.
+	if d, err := take(t0, []Request{loose}); err != nil || d[0].Remaining != 97 {
+		t.Fatalf("loose zone remaining %d (%v); want 97", d[0].Remaining, err)
+	}
+}

@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 )
 
 // Batched calls across the slots of a cluster node (see merge.go): a

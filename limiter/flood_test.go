@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 )
 
 // floodKeys is how many distinct client keys a flood brings.
@@ -28,7 +29,7 @@ func heapAlloc() uint64 {
 // store with digests, not keys, and the sweeper gives the memory back once
 // their buckets are full again.
 func TestMemoryKeyFlood(t *testing.T) {
-	s := NewMemoryStore(time.Hour)
+	s := memstore.New(time.Hour)
 	defer s.Close()
 	p := Policy{Rate: 10, Period: time.Second, Burst: 1}
 	pad := strings.Repeat("k", 1<<10)

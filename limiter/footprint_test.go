@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 )
 
 // TestRedisFootprint measures, per algorithm, the Redis memory of one key
@@ -196,25 +197,25 @@ func usedMemory(t *testing.T, nodes []*redis.Client, flush bool) (used, keys int
 func TestMemoryFootprint(t *testing.T) {
 	for _, a := range []Algorithm{TokenBucket, SlidingWindowLog} {
 		p := Policy{Algorithm: a, Rate: 10, Period: 24 * time.Hour, Burst: 10}
-		s := NewMemoryStore(time.Hour)
+		s := memstore.New(time.Hour)
 		before := heapAlloc()
 		take := func(i int) {
 			s.TakeAt(t0, []Request{{Zone: "per_ip", Key: "10." + strconv.Itoa(i), Policy: p, Cost: 1}})
 		}
-		for i := range DefaultMemoryCapacity {
+		for i := range memstore.DefaultCapacity {
 			take(i)
 		}
 		full := heapAlloc()
-		for i := range DefaultMemoryCapacity {
-			take(DefaultMemoryCapacity + i)
+		for i := range memstore.DefaultCapacity {
+			take(memstore.DefaultCapacity + i)
 		}
 		flooded := heapAlloc()
-		if n := s.Len(); n > DefaultMemoryCapacity || s.Evictions() != uint64(2*DefaultMemoryCapacity-n) {
-			t.Fatalf("%s: Len %d, %d evictions after %d keys", a, n, s.Evictions(), 2*DefaultMemoryCapacity)
+		if n := s.Len(); n > memstore.DefaultCapacity || s.Evictions() != uint64(2*memstore.DefaultCapacity-n) {
+			t.Fatalf("%s: Len %d, %d evictions after %d keys", a, n, s.Evictions(), 2*memstore.DefaultCapacity)
 		}
-		perBucket := func(heap uint64) float64 { return float64(heap-before) / DefaultMemoryCapacity }
+		perBucket := func(heap uint64) float64 { return float64(heap-before) / memstore.DefaultCapacity }
 		t.Logf("%-18s %d buckets: %.0f B per bucket (%.0f MB); after as many new keys, which evicted them: %.0f B (%.0f MB)",
-			a, DefaultMemoryCapacity, perBucket(full), float64(full-before)/1e6, perBucket(flooded), float64(flooded-before)/1e6)
+			a, memstore.DefaultCapacity, perBucket(full), float64(full-before)/1e6, perBucket(flooded), float64(flooded-before)/1e6)
 		if perBucket(full) > 256 || perBucket(flooded) > 256 {
 			t.Errorf("%s: %.0f and %.0f B per bucket; want at most 256", a, perBucket(full), perBucket(flooded))
 		}

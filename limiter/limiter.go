@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 )
 
 // Limiter decides the zones of HTTP requests against one store: this
@@ -30,7 +32,7 @@ type Limiter struct {
 	redis   *RedisStore   // nil: the memory store decides
 	sync    *syncer       // the zones that sync; nil with memory alone
 	fleet   *storageFleet // the storage the zones that sync share; nil but for NewStorageLimiter
-	memory  *MemoryStore
+	memory  *memstore.Store
 	refused *DenyCache      // clients Redis refused; nil without Redis
 	retries *releaseRetries // releases of slots to try again; nil without Redis
 	timeout time.Duration   // the longest a store call waits
@@ -103,7 +105,7 @@ type RedisOptions struct {
 // NewMemoryLimiter returns a Limiter that decides in this process's
 // memory.
 func NewMemoryLimiter() *Limiter {
-	return &Limiter{memory: NewMemoryStore(0), timeout: time.Second}
+	return &Limiter{memory: memstore.New(0), timeout: time.Second}
 }
 
 // NewRedisLimiter returns a Limiter that decides in the Redis of client,
@@ -113,7 +115,7 @@ func NewRedisLimiter(client redis.UniversalClient, o RedisOptions, nodes NodeEve
 	if err != nil {
 		return nil, err
 	}
-	l := &Limiter{redis: store, memory: NewMemoryStore(0), timeout: cmp.Or(o.Timeout, time.Second),
+	l := &Limiter{redis: store, memory: memstore.New(0), timeout: cmp.Or(o.Timeout, time.Second),
 		refused: NewDenyCache(o.LocalCache, o.LocalCacheMaxAge)}
 	l.retries = newReleaseRetries(store, max(l.timeout, time.Second))
 	l.sync = newSyncer(store, l.memory, max(l.timeout, time.Second))
@@ -133,7 +135,7 @@ func NewRedisLimiter(client redis.UniversalClient, o RedisOptions, nodes NodeEve
 // writes its own before it returns (each within o.Timeout).
 func NewStorageLimiter(st Storage, o StorageOptions) *Limiter {
 	f := newStorageFleet(st, o)
-	l := &Limiter{memory: NewMemoryStore(0), timeout: time.Second, fleet: f}
+	l := &Limiter{memory: memstore.New(0), timeout: time.Second, fleet: f}
 	l.sync = newSyncer(f, l.memory, l.timeout)
 	f.start()
 	return l
@@ -248,3 +250,7 @@ func (l *Limiter) Node(ctx context.Context, req Request) string {
 	}
 	return l.redis.Node(ctx, req)
 }
+
+// Memory is l's memory store: the store that decides without Redis, and
+// with it, on_store_error local's (see fallBack).
+func (l *Limiter) Memory() *memstore.Store { return l.memory }

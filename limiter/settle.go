@@ -4,70 +4,12 @@ import (
 	"context"
 	"strconv"
 	"time"
-
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // Settling a charge after the response (Store.Refund and Store.Charge):
 // a request may be checked and charged before it goes on (Take), then
 // given back part of its charge (a refund: the response did not count),
 // or charged more (a charge: the response said what it cost).
-
-// Refund is RefundAt with the current time; it never fails.
-func (s *MemoryStore) Refund(_ context.Context, reqs []Request, taken []Decision) ([]Decision, error) {
-	return s.RefundAt(time.Now(), reqs, taken), nil
-}
-
-// RefundAt gives back at now what the takes of reqs, which decided taken,
-// still hold back (see Store.Refund).
-func (s *MemoryStore) RefundAt(now time.Time, reqs []Request, taken []Decision) []Decision {
-	decisions := make([]Decision, len(reqs))
-	for i, r := range reqs {
-		cost := bucket.BoundedCost(r.Cost)
-		if !taken[i].Allowed { // a refused take charged nothing
-			cost = 0
-		}
-		decisions[i] = s.update(r, func(b bucket.State, known bool) (bucket.State, Decision) {
-			return r.Policy.Refund(b, known, now.UnixNano(), taken[i].At.UnixNano(), taken[i].Reset.UnixNano(), cost)
-		})
-		decisions[i].At = now
-	}
-	return decisions
-}
-
-// Charge is ChargeAt with the current time; it never fails.
-func (s *MemoryStore) Charge(_ context.Context, reqs []Request) ([]Decision, error) {
-	return s.ChargeAt(time.Now(), reqs), nil
-}
-
-// ChargeAt charges reqs at now, into debt if need be (see Store.Charge).
-func (s *MemoryStore) ChargeAt(now time.Time, reqs []Request) []Decision {
-	decisions := make([]Decision, len(reqs))
-	for i, r := range reqs {
-		decisions[i] = s.update(r, func(b bucket.State, known bool) (bucket.State, Decision) {
-			return r.Policy.Charge(b, known, now.UnixNano(), bucket.BoundedCost(r.Cost))
-		})
-		decisions[i].At = now
-	}
-	return decisions
-}
-
-// update replaces r's bucket, under its shard's lock, with what f makes
-// of it, and returns f's decision. A bucket f leaves unknown is dropped.
-func (s *MemoryStore) update(r Request, f func(b bucket.State, known bool) (bucket.State, Decision)) Decision {
-	k := bucket.IDOf(r)
-	sh := s.shard(k)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	b, known := sh.get(k)
-	nb, d := f(b, known)
-	if nb.IdleAt == 0 { // nothing to keep
-		sh.drop(k)
-	} else {
-		sh.put(k, nb)
-	}
-	return d
-}
 
 // Refund gives back on the server's clock what the takes of reqs, which
 // decided taken, still hold back (see Store.Refund), in one round trip.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 )
 
 // settleStore is a store of each kind with explicit times: take, charge
@@ -22,7 +23,7 @@ type settleStore struct {
 
 var settleStores = map[string]func(t *testing.T) settleStore{
 	"memory": func(t *testing.T) settleStore {
-		s := NewMemoryStore(time.Hour)
+		s := memstore.New(time.Hour)
 		t.Cleanup(func() { s.Close() })
 		return settleStore{
 			take:   func(now time.Time, reqs []Request) ([]Decision, error) { return s.TakeAt(now, reqs), nil },

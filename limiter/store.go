@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 )
 
 // Store keeps the state of every bucket.
@@ -75,3 +76,5 @@ const (
 	LeakyBucket          = bucket.LeakyBucket
 	Concurrency          = bucket.Concurrency
 )
+
+var _ Store = (*memstore.Store)(nil)

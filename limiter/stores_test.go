@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 )
 
 // takeAtFunc is a store's TakeAt, with the time given.
@@ -18,7 +19,7 @@ type takeAtFunc func(now time.Time, reqs []Request) ([]Decision, error)
 // testStores make a fresh store of each kind for a test.
 var testStores = map[string]func(t *testing.T) takeAtFunc{
 	"memory": func(t *testing.T) takeAtFunc {
-		s := NewMemoryStore(time.Hour)
+		s := memstore.New(time.Hour)
 		t.Cleanup(func() { s.Close() })
 		return func(now time.Time, reqs []Request) ([]Decision, error) { return s.TakeAt(now, reqs), nil }
 	},

@@ -1,5 +1,21 @@
 package limiter
 
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
+)
+
 // Zones that sync: decided in this process, reconciled with Redis at most
 // every interval (Request.Sync), for a fraction of the Redis work of an
 // exact zone.
@@ -66,21 +82,6 @@ package limiter
 // of admissions follows an outage. A bucket's first request here follows
 // on_store_error, as an exact zone's.
 
-import (
-	"cmp"
-	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"math"
-	"sync"
-	"sync/atomic"
-	"time"
-
-	"github.com/redis/go-redis/v9"
-
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
-)
-
 // SyncEvents are told of the syncs' rounds, to count and log.
 type SyncEvents interface {
 	// Synced: a round of keys buckets took took; err when it failed.
@@ -145,7 +146,7 @@ func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score,
 // syncer keeps the allowances of the buckets of zones that sync.
 type syncer struct {
 	fleet     fleet
-	memory    *MemoryStore // the buckets of the local share, while rounds fail
+	memory    *memstore.Store // the buckets of the local share, while rounds fail
 	timeout   time.Duration
 	id        string
 	mu        sync.Mutex
@@ -188,7 +189,7 @@ type syncEntry struct {
 	synced    time.Time // last round that read it
 }
 
-func newSyncer(f fleet, memory *MemoryStore, timeout time.Duration) *syncer {
+func newSyncer(f fleet, memory *memstore.Store, timeout time.Duration) *syncer {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	s := &syncer{fleet: f, memory: memory, timeout: timeout, id: hex.EncodeToString(b[:]),

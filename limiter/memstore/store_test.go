@@ -1,4 +1,4 @@
-package limiter
+package memstore
 
 import (
 	"fmt"
@@ -10,52 +10,24 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
-func TestAllOrNothing(t *testing.T) {
-	for name, newStore := range testStores {
-		// One key: both zones in one hash slot (one script run). Two keys:
-		// two slots in a cluster, so a refused request is refunded.
-		for _, tightKey := range []string{"k", "other"} {
-			t.Run(name+"/"+tightKey, func(t *testing.T) { testAllOrNothing(t, newStore(t), tightKey) })
-		}
-	}
-}
-
-func testAllOrNothing(t *testing.T, take takeAtFunc, tightKey string) {
-	loose := Request{Zone: "loose", Key: "k", Policy: Policy{Rate: 100, Period: time.Minute, Burst: 100}, Cost: 1}
-	tight := Request{Zone: "tight", Key: tightKey, Policy: Policy{Rate: 2, Period: time.Minute, Burst: 2}, Cost: 1}
-	for i := range 5 {
-		d, err := take(t0, []Request{loose, tight})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := i < 2; d[0].Allowed != true || d[1].Allowed != want {
-			t.Fatalf("request %d: loose %v tight %v; want true %v", i, d[0].Allowed, d[1].Allowed, want)
-		}
-	}
-	// Three refusals by the tight zone took nothing from the loose one.
-	if d, err := take(t0, []Request{loose}); err != nil || d[0].Remaining != 97 {
-		t.Fatalf("loose zone remaining %d (%v); want 97", d[0].Remaining, err)
-	}
-}
-
 func TestMemoryZonesAndKeysAreDistinct(t *testing.T) {
-	s := NewMemoryStore(time.Hour)
+	s := New(time.Hour)
 	defer s.Close()
-	p := Policy{Rate: 1, Period: time.Minute, Burst: 1}
-	for _, r := range []Request{{Zone: "a", Key: "k"}, {Zone: "b", Key: "k"}, {Zone: "a", Key: "j"}, {Zone: "a", Key: ""}} {
+	p := bucket.Policy{Rate: 1, Period: time.Minute, Burst: 1}
+	for _, r := range []bucket.Request{{Zone: "a", Key: "k"}, {Zone: "b", Key: "k"}, {Zone: "a", Key: "j"}, {Zone: "a", Key: ""}} {
 		r.Policy, r.Cost = p, 1
-		if d := s.TakeAt(t0, []Request{r})[0]; !d.Allowed {
+		if d := s.TakeAt(t0, []bucket.Request{r})[0]; !d.Allowed {
 			t.Fatalf("%+v refused: buckets are shared", r)
 		}
 	}
 }
 
 func TestMemorySweepDropsFullBuckets(t *testing.T) {
-	s := NewMemoryStore(time.Hour)
+	s := New(time.Hour)
 	defer s.Close()
-	p := Policy{Rate: 1, Period: time.Second, Burst: 10}
+	p := bucket.Policy{Rate: 1, Period: time.Second, Burst: 10}
 	for i := range 1000 {
-		s.TakeAt(t0, []Request{{Zone: "z", Key: fmt.Sprint(i), Policy: p, Cost: int64(1 + i%10)}})
+		s.TakeAt(t0, []bucket.Request{{Zone: "z", Key: fmt.Sprint(i), Policy: p, Cost: int64(1 + i%10)}})
 	}
 	if n := s.Len(); n != 1000 {
 		t.Fatalf("Len = %d; want 1000", n)
@@ -69,16 +41,16 @@ func TestMemorySweepDropsFullBuckets(t *testing.T) {
 		t.Fatalf("Len after all refilled = %d; want 0", n)
 	}
 	// A dropped bucket is a full one.
-	if d := s.TakeAt(t0.Add(10*time.Second), []Request{{Zone: "z", Key: "9", Policy: p, Cost: 1}})[0]; d.Remaining != 9 {
+	if d := s.TakeAt(t0.Add(10*time.Second), []bucket.Request{{Zone: "z", Key: "9", Policy: p, Cost: 1}})[0]; d.Remaining != 9 {
 		t.Fatalf("remaining after sweep %d; want 9", d.Remaining)
 	}
 }
 
 func TestMemoryConcurrentExact(t *testing.T) {
-	s := NewMemoryStore(time.Millisecond) // the sweeper runs during the test
+	s := New(time.Millisecond) // the sweeper runs during the test
 	defer s.Close()
-	p := Policy{Rate: 1, Period: time.Hour, Burst: 50}
-	other := Policy{Rate: 1, Period: time.Hour, Burst: 1000}
+	p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 50}
+	other := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 1000}
 	var allowed atomic.Int64
 	var wg sync.WaitGroup
 	for g := range 8 {
@@ -86,7 +58,7 @@ func TestMemoryConcurrentExact(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 200 {
-				reqs := []Request{
+				reqs := []bucket.Request{
 					{Zone: "shared", Key: "k", Policy: p, Cost: 1},
 					{Zone: "own", Key: fmt.Sprint(g, i%7), Policy: other, Cost: 1},
 				}
@@ -105,7 +77,7 @@ func TestMemoryConcurrentExact(t *testing.T) {
 }
 
 func TestMemoryCloseStopsSweeper(t *testing.T) {
-	s := NewMemoryStore(time.Millisecond)
+	s := New(time.Millisecond)
 	done := make(chan struct{})
 	go func() {
 		s.Close()
@@ -120,14 +92,14 @@ func TestMemoryCloseStopsSweeper(t *testing.T) {
 }
 
 func TestMemoryFloodShrinks(t *testing.T) {
-	s := NewMemoryStore(time.Hour)
+	s := New(time.Hour)
 	defer s.Close()
-	p := Policy{Rate: 1, Period: time.Second, Burst: 1}
+	p := bucket.Policy{Rate: 1, Period: time.Second, Burst: 1}
 	for i := range 100_000 {
-		s.TakeAt(t0, []Request{{Zone: "z", Key: fmt.Sprint(i), Policy: p, Cost: 1}})
+		s.TakeAt(t0, []bucket.Request{{Zone: "z", Key: fmt.Sprint(i), Policy: p, Cost: 1}})
 	}
-	held := Request{Zone: "z", Key: "held", Policy: Policy{Rate: 1, Period: time.Hour, Burst: 1}, Cost: 1}
-	s.TakeAt(t0, []Request{held})
+	held := bucket.Request{Zone: "z", Key: "held", Policy: bucket.Policy{Rate: 1, Period: time.Hour, Burst: 1}, Cost: 1}
+	s.TakeAt(t0, []bucket.Request{held})
 	s.Sweep(t0.Add(time.Second))
 	for i := range s.shards {
 		for za, g := range s.shards[i].groups {
@@ -142,9 +114,9 @@ func TestMemoryFloodShrinks(t *testing.T) {
 }
 
 func BenchmarkMemoryTake(b *testing.B) {
-	s := NewMemoryStore(0)
+	s := New(0)
 	defer s.Close()
-	p := Policy{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
+	p := bucket.Policy{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
 	keys := make([]string, 1024)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("10.0.%d.%d", i/256, i%256)
@@ -153,7 +125,7 @@ func BenchmarkMemoryTake(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		i := 0
 		for pb.Next() {
-			s.Take(b.Context(), []Request{{Zone: "z", Key: keys[i%len(keys)], Policy: p, Cost: 1}})
+			s.Take(b.Context(), []bucket.Request{{Zone: "z", Key: keys[i%len(keys)], Policy: p, Cost: 1}})
 			i++
 		}
 	})
@@ -166,27 +138,27 @@ func BenchmarkMemoryTake(b *testing.B) {
 // eviction is counted and reported.
 func TestMemoryCapacityEvicts(t *testing.T) {
 	const capacity = 4 * memShards // 4 a shard, under evictSample: the choice is exact
-	s := NewMemoryStore(time.Hour)
+	s := New(time.Hour)
 	defer s.Close()
 	s.SetCapacity(capacity)
 	var reported atomic.Int64
 	s.OnEvict(func(n int) { reported.Add(int64(n)) })
-	daily := Policy{Rate: 10, Period: 24 * time.Hour, Burst: 10}
-	client := Request{Zone: "api", Key: "mid-limit", Policy: daily, Cost: 9} // full again in 21.6 h
-	if d := s.TakeAt(t0, []Request{client}); !d[0].Allowed {
+	daily := bucket.Policy{Rate: 10, Period: 24 * time.Hour, Burst: 10}
+	client := bucket.Request{Zone: "api", Key: "mid-limit", Policy: daily, Cost: 9} // full again in 21.6 h
+	if d := s.TakeAt(t0, []bucket.Request{client}); !d[0].Allowed {
 		t.Fatal("the client's first request was refused")
 	}
 	// capacity buckets that are full again after a second
 	for i := range capacity {
-		s.TakeAt(t0, []Request{{Zone: "short", Key: fmt.Sprint("idle-", i), Policy: Policy{Rate: 1, Period: time.Second, Burst: 1}, Cost: 1}})
+		s.TakeAt(t0, []bucket.Request{{Zone: "short", Key: fmt.Sprint("idle-", i), Policy: bucket.Policy{Rate: 1, Period: time.Second, Burst: 1}, Cost: 1}})
 	}
 	// a minute later, capacity new clients, each full again in 2.4 h
 	t1 := t0.Add(time.Minute)
 	var flooded [memShards]int
 	for i := range capacity {
-		r := Request{Zone: "api", Key: fmt.Sprint("flood-", i), Policy: daily, Cost: 1}
+		r := bucket.Request{Zone: "api", Key: fmt.Sprint("flood-", i), Policy: daily, Cost: 1}
 		flooded[s.shardIndex(bucket.IDOf(r))]++
-		if d := s.TakeAt(t1, []Request{r}); !d[0].Allowed {
+		if d := s.TakeAt(t1, []bucket.Request{r}); !d[0].Allowed {
 			t.Fatalf("new client %d refused", i)
 		}
 	}
@@ -216,7 +188,7 @@ func TestMemoryCapacityEvicts(t *testing.T) {
 	}
 	// The client mid-limit kept its state: one token left, then refused.
 	client.Cost = 1
-	if d := s.TakeAt(t1, []Request{client, client}); d[0].Remaining != 0 || d[1].Allowed {
+	if d := s.TakeAt(t1, []bucket.Request{client, client}); d[0].Remaining != 0 || d[1].Allowed {
 		t.Fatalf("client mid-limit: remaining %d, second request allowed %v; want 0 and refused: its bucket was evicted",
 			d[0].Remaining, d[1].Allowed)
 	}
@@ -227,14 +199,14 @@ func TestMemoryCapacityEvicts(t *testing.T) {
 // adds no bucket and evicts none; a capacity under a bucket a shard is
 // raised to one, and none given is the default.
 func TestMemoryCapacityLowered(t *testing.T) {
-	s := NewMemoryStore(time.Hour)
+	s := New(time.Hour)
 	defer s.Close()
-	if got := s.Capacity(); got != DefaultMemoryCapacity {
-		t.Fatalf("Capacity() = %d; want the default, %d", got, DefaultMemoryCapacity)
+	if got := s.Capacity(); got != DefaultCapacity {
+		t.Fatalf("Capacity() = %d; want the default, %d", got, DefaultCapacity)
 	}
-	p := Policy{Rate: 1, Period: time.Hour, Burst: 1000}
+	p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 1000}
 	for i := range 1000 { // key i is full again in i+1 hours
-		s.TakeAt(t0, []Request{{Zone: "z", Key: fmt.Sprint(i), Policy: p, Cost: int64(i + 1)}})
+		s.TakeAt(t0, []bucket.Request{{Zone: "z", Key: fmt.Sprint(i), Policy: p, Cost: int64(i + 1)}})
 	}
 	s.SetCapacity(200)
 	if got := s.Capacity(); got != 200 {
@@ -246,10 +218,10 @@ func TestMemoryCapacityLowered(t *testing.T) {
 	// Each shard kept its most held back buckets: after one kept, every
 	// bucket of its shard more held back is kept too.
 	for i := range 1000 {
-		r := Request{Zone: "z", Key: fmt.Sprint(i), Policy: p}
+		r := bucket.Request{Zone: "z", Key: fmt.Sprint(i), Policy: p}
 		kept := s.holds(r)
 		for j := i + 1; j < 1000 && kept; j++ {
-			o := Request{Zone: "z", Key: fmt.Sprint(j), Policy: p}
+			o := bucket.Request{Zone: "z", Key: fmt.Sprint(j), Policy: p}
 			if s.shardIndex(bucket.IDOf(o)) != s.shardIndex(bucket.IDOf(r)) {
 				continue
 			}
@@ -259,28 +231,28 @@ func TestMemoryCapacityLowered(t *testing.T) {
 		}
 	}
 	// A refused take, of a cost over the burst, keeps nothing.
-	if d := s.TakeAt(t0, []Request{{Zone: "z", Key: "new", Policy: p, Cost: 1001}}); d[0].Allowed || s.Len() != 200 || s.Evictions() != 800 {
+	if d := s.TakeAt(t0, []bucket.Request{{Zone: "z", Key: "new", Policy: p, Cost: 1001}}); d[0].Allowed || s.Len() != 200 || s.Evictions() != 800 {
 		t.Fatalf("refused take: allowed %v, Len %d, %d evictions; want refused, 200, 800", d[0].Allowed, s.Len(), s.Evictions())
 	}
 	s.SetCapacity(1)
-	if got := s.Capacity(); got != MinMemoryCapacity {
-		t.Fatalf("Capacity() = %d after SetCapacity(1); want %d", got, MinMemoryCapacity)
+	if got := s.Capacity(); got != MinCapacity {
+		t.Fatalf("Capacity() = %d after SetCapacity(1); want %d", got, MinCapacity)
 	}
 }
 
 // BenchmarkMemoryTakeFull is BenchmarkMemoryTake with a new key each time
 // in a full store: each take evicts a bucket.
 func BenchmarkMemoryTakeFull(b *testing.B) {
-	s := NewMemoryStore(0)
+	s := New(0)
 	defer s.Close()
 	s.SetCapacity(64 * 1024)
-	p := Policy{Rate: 10, Period: 24 * time.Hour, Burst: 10}
+	p := bucket.Policy{Rate: 10, Period: 24 * time.Hour, Burst: 10}
 	keys := make([]string, 1<<20)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("10.%d.%d.%d", i>>16, i>>8&255, i&255)
 	}
 	for _, k := range keys[:128*1024] { // full, and then some
-		s.TakeAt(t0, []Request{{Zone: "z", Key: k, Policy: p, Cost: 1}})
+		s.TakeAt(t0, []bucket.Request{{Zone: "z", Key: k, Policy: p, Cost: 1}})
 	}
 	var next atomic.Int64
 	b.ReportAllocs()
@@ -288,7 +260,7 @@ func BenchmarkMemoryTakeFull(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		i := int(next.Add(1<<19)) % len(keys) // each goroutine its own keys
 		for pb.Next() {
-			s.Take(b.Context(), []Request{{Zone: "z", Key: keys[i%len(keys)], Policy: p, Cost: 1}})
+			s.Take(b.Context(), []bucket.Request{{Zone: "z", Key: keys[i%len(keys)], Policy: p, Cost: 1}})
 			i++
 		}
 	})
@@ -302,20 +274,23 @@ func BenchmarkMemoryTakeFull(b *testing.B) {
 // the flood's own buckets, not the drained client's (which would let it
 // start afresh).
 func TestMemoryFloodEvictsItsOwnZone(t *testing.T) {
-	s := NewMemoryStore(time.Hour)
+	s := New(time.Hour)
 	defer s.Close()
 	s.SetCapacity(256)
 	now := time.Unix(1e9, 0)
-	login := Request{Zone: "login", Key: "victim", Policy: Policy{Algorithm: TokenBucket, Rate: 5, Period: time.Hour, Burst: 5}, Cost: 5}
-	if d := s.TakeAt(now, []Request{login}); !d[0].Allowed {
+	login := bucket.Request{Zone: "login", Key: "victim", Policy: bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 5, Period: time.Hour, Burst: 5}, Cost: 5}
+	if d := s.TakeAt(now, []bucket.Request{login}); !d[0].Allowed {
 		t.Fatal("the login bucket did not take its burst")
 	}
-	flood := Policy{Algorithm: TokenBucket, Rate: 1, Period: 2 * time.Hour, Burst: 1}
+	flood := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 1, Period: 2 * time.Hour, Burst: 1}
 	for i := range 5000 {
-		s.TakeAt(now, []Request{{Zone: "flood", Key: fmt.Sprint("k", i), Policy: flood, Cost: 1}})
+		s.TakeAt(now, []bucket.Request{{Zone: "flood", Key: fmt.Sprint("k", i), Policy: flood, Cost: 1}})
 	}
 	login.Cost = 1
-	if d := s.TakeAt(now, []Request{login}); d[0].Allowed {
+	if d := s.TakeAt(now, []bucket.Request{login}); d[0].Allowed {
 		t.Fatalf("after a flood of 5000 keys in another zone, the drained login bucket passed: %+v", d[0])
 	}
 }
+
+// t0 is the tests' clock.
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)

@@ -1,4 +1,4 @@
-package limiter
+package memstore
 
 import (
 	"context"
@@ -17,16 +17,16 @@ const memShards = 64
 // DefaultSweepInterval is how often a MemoryStore drops idle buckets.
 const DefaultSweepInterval = 30 * time.Second
 
-// DefaultMemoryCapacity is how many buckets a MemoryStore keeps unless
+// DefaultCapacity is how many buckets a MemoryStore keeps unless
 // SetCapacity says otherwise: at most about 92 MB of heap for token
 // buckets (184 B each, maps included; TestMemoryFootprint), 100 MB for
 // sliding logs of one request (200 B, plus 8 B per further request).
-const DefaultMemoryCapacity = 500_000
+const DefaultCapacity = 500_000
 
-// MinMemoryCapacity is the smallest capacity: a bucket per shard.
-const MinMemoryCapacity = memShards
+// MinCapacity is the smallest capacity: a bucket per shard.
+const MinCapacity = memShards
 
-// MemoryStore keeps buckets in this process: exact for one instance, and
+// Store keeps buckets in this process: exact for one instance, and
 // the store used when no Redis is configured. It is safe for concurrent
 // use. Buckets back to their initial state (a token bucket full again)
 // are dropped by a sweeper, so memory holds active clients only. It keeps
@@ -43,7 +43,7 @@ const MinMemoryCapacity = memShards
 // one of Z. A flood in a zone new to a full shard takes the place of one
 // bucket there, of the zone that holds the most. See evictOne;
 // TestMemoryFloodKeepsOtherZones holds it.
-type MemoryStore struct {
+type Store struct {
 	shards    [memShards]memShard
 	bans      memBans
 	evictions atomic.Uint64
@@ -61,19 +61,19 @@ type memShard struct {
 	_      [32]byte
 }
 
-// NewMemoryStore returns a store of DefaultMemoryCapacity whose sweeper
+// New returns a store of DefaultMemoryCapacity whose sweeper
 // runs every sweepEvery (DefaultSweepInterval when zero or negative)
 // until Close.
-func NewMemoryStore(sweepEvery time.Duration) *MemoryStore {
+func New(sweepEvery time.Duration) *Store {
 	if sweepEvery <= 0 {
 		sweepEvery = DefaultSweepInterval
 	}
-	s := &MemoryStore{stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Store{stop: make(chan struct{}), done: make(chan struct{})}
 	s.bans.clients = make(map[bucket.ID]banState)
 	for i := range s.shards {
 		s.shards[i].groups = make(map[zoneAlgo]*memGroup)
 	}
-	s.SetCapacity(DefaultMemoryCapacity)
+	s.SetCapacity(DefaultCapacity)
 	go s.sweepLoop(sweepEvery)
 	return s
 }
@@ -84,11 +84,11 @@ func NewMemoryStore(sweepEvery time.Duration) *MemoryStore {
 // another (see evictOne): one that holds nothing back (full again, the
 // same as a fresh bucket), else one of its own zone. A store over a
 // lowered capacity shrinks to it at its next sweep.
-func (s *MemoryStore) SetCapacity(n int) {
+func (s *Store) SetCapacity(n int) {
 	if n <= 0 {
-		n = DefaultMemoryCapacity
+		n = DefaultCapacity
 	}
-	n = max(n, MinMemoryCapacity)
+	n = max(n, MinCapacity)
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -101,7 +101,7 @@ func (s *MemoryStore) SetCapacity(n int) {
 }
 
 // Capacity is how many buckets s keeps at most (see SetCapacity).
-func (s *MemoryStore) Capacity() int {
+func (s *Store) Capacity() int {
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -114,12 +114,12 @@ func (s *MemoryStore) Capacity() int {
 
 // Evictions is how many buckets s has evicted to stay within its
 // capacity.
-func (s *MemoryStore) Evictions() uint64 { return s.evictions.Load() }
+func (s *Store) Evictions() uint64 { return s.evictions.Load() }
 
 // OnEvict has f told, outside the store's locks, of the buckets evicted
 // by each call that evicted some (n of them); nil stops it. f must not
 // block: it runs on the path of a decision.
-func (s *MemoryStore) OnEvict(f func(n int)) {
+func (s *Store) OnEvict(f func(n int)) {
 	if f == nil {
 		s.onEvict.Store(nil)
 		return
@@ -128,7 +128,7 @@ func (s *MemoryStore) OnEvict(f func(n int)) {
 }
 
 // evicted counts n evictions and tells OnEvict's function of them.
-func (s *MemoryStore) evicted(n int) {
+func (s *Store) evicted(n int) {
 	if n == 0 {
 		return
 	}
@@ -139,13 +139,13 @@ func (s *MemoryStore) evicted(n int) {
 }
 
 // Take is TakeAt with the current time; it never fails.
-func (s *MemoryStore) Take(_ context.Context, reqs []Request) ([]Decision, error) {
+func (s *Store) Take(_ context.Context, reqs []bucket.Request) ([]bucket.Decision, error) {
 	return s.TakeAt(time.Now(), reqs), nil
 }
 
 // TakeAt charges the buckets of reqs at time now, all or nothing (see
 // Store.Take).
-func (s *MemoryStore) TakeAt(now time.Time, reqs []Request) []Decision {
+func (s *Store) TakeAt(now time.Time, reqs []bucket.Request) []bucket.Decision {
 	// A few requests' keys, shards and saved buckets fit on the stack;
 	// what is made is made before the locks are taken.
 	var keyRoom [4]bucket.ID
@@ -160,7 +160,7 @@ func (s *MemoryStore) TakeAt(now time.Time, reqs []Request) []Decision {
 	for _, r := range reqs {
 		keys = append(keys, bucket.IDOf(r))
 	}
-	decisions := make([]Decision, len(reqs))
+	decisions := make([]bucket.Decision, len(reqs))
 	shards := s.lock(keys, shardRoom[:0])
 	s.evicted(s.takeUnlock(shards, now.UnixNano(), reqs, keys, decisions, before))
 	for i := range decisions {
@@ -170,7 +170,7 @@ func (s *MemoryStore) TakeAt(now time.Time, reqs []Request) []Decision {
 }
 
 // takeUnlock is takeLocked, then unlocks shards, whatever happens.
-func (s *MemoryStore) takeUnlock(shards []int, now int64, reqs []Request, keys []bucket.ID, decisions []Decision, before []savedBucket) int {
+func (s *Store) takeUnlock(shards []int, now int64, reqs []bucket.Request, keys []bucket.ID, decisions []bucket.Decision, before []savedBucket) int {
 	defer s.unlock(shards)
 	return s.takeLocked(now, reqs, keys, decisions, before)
 }
@@ -189,7 +189,7 @@ type savedBucket struct {
 // the shards' locks: no other take comes between a charge and its
 // rollback, which restores exactly the state before (a refused take adds
 // no bucket, so it evicts none).
-func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []bucket.ID, decisions []Decision, before []savedBucket) int {
+func (s *Store) takeLocked(now int64, reqs []bucket.Request, keys []bucket.ID, decisions []bucket.Decision, before []savedBucket) int {
 	allowed := true
 	for i, r := range reqs {
 		sh := s.shard(keys[i])
@@ -219,9 +219,9 @@ func (s *MemoryStore) takeLocked(now int64, reqs []Request, keys []bucket.ID, de
 
 // holdSlots names the concurrency slots that reqs took after their
 // requests (see bucket.hold).
-func (s *MemoryStore) holdSlots(reqs []Request, keys []bucket.ID) {
+func (s *Store) holdSlots(reqs []bucket.Request, keys []bucket.ID) {
 	for i, r := range reqs {
-		if r.Policy.Algorithm == Concurrency {
+		if r.Policy.Algorithm == bucket.Concurrency {
 			sh := s.shard(keys[i])
 			b, _ := sh.get(keys[i])
 			sh.put(keys[i], b.Hold(r.ID, bucket.BoundedCost(r.Cost)))
@@ -232,10 +232,10 @@ func (s *MemoryStore) holdSlots(reqs []Request, keys []bucket.ID) {
 // Release gives back the concurrency slots of reqs (see Store.Release):
 // each request's own slot, named by its ID, if its bucket holds it. A slot
 // taken before a Reset frees none taken after it.
-func (s *MemoryStore) Release(_ context.Context, reqs []Request) error {
+func (s *Store) Release(_ context.Context, reqs []bucket.Request) error {
 	now := time.Now().UnixNano()
 	for _, r := range reqs {
-		if r.Policy.Algorithm != Concurrency {
+		if r.Policy.Algorithm != bucket.Concurrency {
 			continue
 		}
 		k := bucket.IDOf(r)
@@ -250,7 +250,7 @@ func (s *MemoryStore) Release(_ context.Context, reqs []Request) error {
 }
 
 // Peek tells the state of req's bucket (see Store.Peek).
-func (s *MemoryStore) Peek(_ context.Context, req Request) (Decision, error) {
+func (s *Store) Peek(_ context.Context, req bucket.Request) (bucket.Decision, error) {
 	k := bucket.IDOf(req)
 	sh := s.shard(k)
 	sh.mu.Lock()
@@ -261,7 +261,7 @@ func (s *MemoryStore) Peek(_ context.Context, req Request) (Decision, error) {
 }
 
 // Reset drops req's bucket (see Store.Reset).
-func (s *MemoryStore) Reset(_ context.Context, req Request) error {
+func (s *Store) Reset(_ context.Context, req bucket.Request) error {
 	k := bucket.IDOf(req)
 	sh := s.shard(k)
 	sh.mu.Lock()
@@ -273,18 +273,18 @@ func (s *MemoryStore) Reset(_ context.Context, req Request) error {
 	return nil
 }
 
-func (s *MemoryStore) shardIndex(k bucket.ID) int {
+func (s *Store) shardIndex(k bucket.ID) int {
 	return int(binary.LittleEndian.Uint64(k.Hash[:8]) % memShards)
 }
 
-func (s *MemoryStore) shard(k bucket.ID) *memShard {
+func (s *Store) shard(k bucket.ID) *memShard {
 	return &s.shards[s.shardIndex(k)]
 }
 
 // lock locks the shards of keys in ascending order (so that concurrent
 // multi-key calls cannot deadlock) and returns them for unlock, listed
 // in idx's room.
-func (s *MemoryStore) lock(keys []bucket.ID, idx []int) []int {
+func (s *Store) lock(keys []bucket.ID, idx []int) []int {
 	for _, k := range keys {
 		idx = append(idx, s.shardIndex(k))
 	}
@@ -298,14 +298,14 @@ func (s *MemoryStore) lock(keys []bucket.ID, idx []int) []int {
 	return idx
 }
 
-func (s *MemoryStore) unlock(idx []int) {
+func (s *Store) unlock(idx []int) {
 	for _, i := range idx {
 		s.shards[i].mu.Unlock()
 	}
 }
 
 // Len is the number of buckets held.
-func (s *MemoryStore) Len() int {
+func (s *Store) Len() int {
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -321,7 +321,7 @@ func (s *MemoryStore) Len() int {
 // buckets it dropped. A shard then over its limit (the capacity was
 // lowered) is trimmed to it, its least held back buckets evicted; they
 // count among the buckets dropped.
-func (s *MemoryStore) Sweep(now time.Time) int {
+func (s *Store) Sweep(now time.Time) int {
 	s.sweepBans(now.UnixNano())
 	dropped, evicted := 0, 0
 	for i := range s.shards {
@@ -332,7 +332,7 @@ func (s *MemoryStore) Sweep(now time.Time) int {
 	return dropped
 }
 
-func (s *MemoryStore) sweepLoop(every time.Duration) {
+func (s *Store) sweepLoop(every time.Duration) {
 	defer close(s.done)
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -348,15 +348,10 @@ func (s *MemoryStore) sweepLoop(every time.Duration) {
 
 // Close stops the sweeper and waits for it to end. It is safe to call
 // more than once.
-func (s *MemoryStore) Close() error {
+func (s *Store) Close() error {
 	s.once.Do(func() { close(s.stop) })
 	<-s.done
 	return nil
 }
 
 // Interface guard.
-var _ Store = (*MemoryStore)(nil)
-
-// Memory is l's memory store: the store that decides without Redis, and
-// with it, on_store_error local's (see fallBack).
-func (l *Limiter) Memory() *MemoryStore { return l.memory }

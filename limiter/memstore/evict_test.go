@@ -1,4 +1,4 @@
-package limiter
+package memstore
 
 import (
 	"fmt"
@@ -12,9 +12,9 @@ import (
 // The zones of the eviction repro: a login limit, an hourly quota and an
 // API limit of 100 per second.
 var (
-	evictLogin = Policy{Rate: 3, Period: time.Minute, Burst: 3}
-	evictQuota = Policy{Rate: 10, Period: time.Hour, Burst: 10}
-	evictAPI   = Policy{Rate: 100, Period: time.Second, Burst: 100}
+	evictLogin = bucket.Policy{Rate: 3, Period: time.Minute, Burst: 3}
+	evictQuota = bucket.Policy{Rate: 10, Period: time.Hour, Burst: 10}
+	evictAPI   = bucket.Policy{Rate: 100, Period: time.Second, Burst: 100}
 )
 
 // TestMemoryFloodKeepsOtherZones is the eviction repro: a store of 6,400
@@ -33,17 +33,17 @@ func TestMemoryFloodKeepsOtherZones(t *testing.T) {
 
 func testFloodKeepsOtherZones(t *testing.T, step time.Duration) {
 	const capacity = 6400
-	s := NewMemoryStore(time.Hour)
+	s := New(time.Hour)
 	defer s.Close()
 	s.SetCapacity(capacity)
-	quota := func(i int) Request {
-		return Request{Zone: "quota", Key: fmt.Sprint("q", i), Policy: evictQuota, Cost: 1}
+	quota := func(i int) bucket.Request {
+		return bucket.Request{Zone: "quota", Key: fmt.Sprint("q", i), Policy: evictQuota, Cost: 1}
 	}
 	for i := range capacity {
-		s.TakeAt(t0, []Request{quota(i)})
+		s.TakeAt(t0, []bucket.Request{quota(i)})
 	}
-	login := Request{Zone: "login", Key: "victim", Policy: evictLogin, Cost: 3}
-	if d := s.TakeAt(t0, []Request{login}); !d[0].Allowed {
+	login := bucket.Request{Zone: "login", Key: "victim", Policy: evictLogin, Cost: 3}
+	if d := s.TakeAt(t0, []bucket.Request{login}); !d[0].Allowed {
 		t.Fatal("the login bucket did not take its burst")
 	}
 	login.Cost = 1
@@ -56,8 +56,8 @@ func testFloodKeepsOtherZones(t *testing.T, step time.Duration) {
 	now, extra := t0, 0
 	for i := range 64_000 {
 		now = now.Add(step)
-		s.TakeAt(now, []Request{{Zone: "api", Key: fmt.Sprint("a", i), Policy: evictAPI, Cost: 1}})
-		if i%1000 == 999 && s.TakeAt(now, []Request{login})[0].Allowed {
+		s.TakeAt(now, []bucket.Request{{Zone: "api", Key: fmt.Sprint("a", i), Policy: evictAPI, Cost: 1}})
+		if i%1000 == 999 && s.TakeAt(now, []bucket.Request{login})[0].Allowed {
 			extra++
 		}
 	}
@@ -77,7 +77,7 @@ func testFloodKeepsOtherZones(t *testing.T, step time.Duration) {
 }
 
 // holds reports whether s holds r's bucket.
-func (s *MemoryStore) holds(r Request) bool {
+func (s *Store) holds(r bucket.Request) bool {
 	k := bucket.IDOf(r)
 	sh := s.shard(k)
 	sh.mu.Lock()

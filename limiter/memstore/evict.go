@@ -1,4 +1,4 @@
-package limiter
+package memstore
 
 import (
 	"math"
@@ -15,7 +15,7 @@ const evictSample = 5
 // algorithm (a zone has one algorithm; a reload may change it).
 type zoneAlgo struct {
 	zone string
-	algo Algorithm
+	algo bucket.Algorithm
 }
 
 func zoneAlgoOf(k bucket.ID) zoneAlgo { return zoneAlgo{k.Zone, k.Algo} }
@@ -71,7 +71,7 @@ func (sh *memShard) drop(k bucket.ID) {
 // than the take's own (see evictOne); two while the shard is still over
 // it (its capacity was lowered), so that it comes back to it. It returns
 // how many buckets it evicted. Under the shards' locks.
-func (s *MemoryStore) makeRoom(now int64, keys []bucket.ID, before []savedBucket) int {
+func (s *Store) makeRoom(now int64, keys []bucket.ID, before []savedBucket) int {
 	evicted := 0
 	for i := range keys {
 		if before[i].known {
