@@ -22,6 +22,7 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // maxBlockRetry is the Retry-After of a block without an expiry.
@@ -248,7 +249,7 @@ func (s *sharedStore) Synced(keys int, took time.Duration, err error) {
 func (s *sharedStore) syncFailure(err error) string {
 	var reply redis.Error
 	switch {
-	case errors.Is(err, limiter.ErrBreakerOpen):
+	case errors.Is(err, redisstore.ErrBreakerOpen):
 		return "the circuit breaker skips " + s.fleetName() + " after its failures"
 	case errors.As(err, &reply) && !errors.Is(err, redis.ErrClosed):
 		code, _, _ := strings.Cut(reply.Error(), " ")

@@ -23,6 +23,7 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // RedisConfig says how to reach Redis. Addresses, username, password and
@@ -194,7 +195,7 @@ func newSharedRedis(cfg RedisConfig, opts *redis.UniversalOptions) (*sharedStore
 	}
 	s.Limiter = l
 	l.OnSync(s)
-	prefix := cmp.Or(cfg.KeyPrefix, limiter.DefaultKeyPrefix)
+	prefix := cmp.Or(cfg.KeyPrefix, redisstore.DefaultKeyPrefix)
 	s.overrides = overrides.NewRedis(client, prefix, cfg.DB, overrideEvents{s})
 	s.namespace = overridesLabel(cfg, prefix)
 	return s, nil
@@ -213,7 +214,7 @@ func overridesLabel(cfg RedisConfig, prefix string) string {
 	if cfg.DB != 0 {
 		label += fmt.Sprintf(" db %d", cfg.DB)
 	}
-	if prefix != limiter.DefaultKeyPrefix {
+	if prefix != redisstore.DefaultKeyPrefix {
 		label += " prefix " + prefix
 	}
 	if cfg.KeySecret != "" {
@@ -231,7 +232,7 @@ func (h *Handler) checkRedis(timeout time.Duration) {
 	err := h.store.Ping(ctx)
 	switch {
 	case err == nil:
-	case limiter.AuthFailed(err):
+	case redisstore.AuthFailed(err):
 		h.logger.Error("redis refuses the credentials at start (check username, password and the ACL user's permissions); on_store_error applies until it accepts them",
 			zap.Strings("addresses", h.Redis.Addresses), zap.String("on_store_error", h.onError.Mode), zap.Error(err))
 	default:
@@ -257,7 +258,7 @@ func (c *RedisConfig) resolve() (RedisConfig, error) {
 			return r, fmt.Errorf("%s %q resolves to nothing (an unset environment variable?)", name, v[0])
 		}
 	}
-	r.KeyPrefix = cmp.Or(c.KeyPrefix, limiter.DefaultKeyPrefix)
+	r.KeyPrefix = cmp.Or(c.KeyPrefix, redisstore.DefaultKeyPrefix)
 	r.Timeout = cmp.Or(c.Timeout, caddy.Duration(defaultRedisTimeout))
 	return r, r.check()
 }

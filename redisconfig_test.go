@@ -11,13 +11,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 func TestProvisionRedisErrors(t *testing.T) {
@@ -235,8 +236,8 @@ func TestKeySecret(t *testing.T) {
 	}
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	defer c.Close()
-	keyed := limiter.RedisKey(prefix, "api", bucket.NewKeyHasher(secret).Sum("client"))
-	plain := limiter.RedisKey(prefix, "api", bucket.KeyHash("client"))
+	keyed := redisstore.RedisKey(prefix, "api", bucket.NewKeyHasher(secret).Sum("client"))
+	plain := redisstore.RedisKey(prefix, "api", bucket.KeyHash("client"))
 	if n, err := c.Exists(t.Context(), keyed, plain).Result(); err != nil || n != 1 || c.Exists(t.Context(), plain).Val() != 0 {
 		t.Fatalf("keys in Redis: %d of %s (keyed) and %s (SHA-256 alone), %v; want the keyed one alone", n, keyed, plain, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // stores holds the stores shared by every handler and kept across config
@@ -188,7 +189,7 @@ func (s *sharedStore) BreakerChanged(node string, open bool) {
 	}
 	metrics.breakerOpen.WithLabelValues(label).Set(1)
 	s.logger.Warn("redis circuit breaker open: skipping the node; its keys use on_store_error",
-		zap.String("node", label), zap.Duration("cooldown", limiter.BreakerCooldown))
+		zap.String("node", label), zap.Duration("cooldown", redisstore.BreakerCooldown))
 }
 
 // NodeGone drops the breaker metric of a cluster node that no longer

@@ -16,7 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 func TestCleanupReleasesStore(t *testing.T) {
@@ -86,7 +86,7 @@ func TestBreakerProbeOfALeavingClient(t *testing.T) {
 	}
 	b := h.store.Breaker("") // standalone: one breaker
 	past := time.Now().Add(-time.Minute)
-	for range limiter.BreakerFailures {
+	for range redisstore.BreakerFailures {
 		b.Failure(past)
 	}
 	if !b.Open() {
@@ -175,7 +175,7 @@ func TestReleaseWhileBreakerOpen(t *testing.T) {
 		t.Fatalf("a second request in flight: status %d; want 429", w.Code)
 	}
 	b := h.store.Breaker("")
-	for range limiter.BreakerFailures {
+	for range redisstore.BreakerFailures {
 		b.Failure(time.Now())
 	}
 	if !b.Open() {

@@ -13,8 +13,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // TestScriptErrorsStayWithTheirClient: a client whose requests make the
@@ -26,7 +26,7 @@ func TestScriptErrorsStayWithTheirClient(t *testing.T) {
 	h := redisHandler(t, &RedisConfig{Addresses: []string{addr}}) // deny on store errors
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	defer c.Close()
-	key := limiter.RedisKey(h.Redis.KeyPrefix, "api", bucket.KeyHash("evil"))
+	key := redisstore.RedisKey(h.Redis.KeyPrefix, "api", bucket.KeyHash("evil"))
 	if err := c.HSet(t.Context(), key, "not", "a bucket").Err(); err != nil {
 		t.Fatal(err)
 	}

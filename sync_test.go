@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // TestSyncNeedsRedis: a zone that syncs without a redis block fails to
@@ -92,10 +93,10 @@ func TestSyncFailureSays(t *testing.T) {
 	s := newSharedStore("")
 	s.Limiter = l
 	for err, want := range map[error]string{
-		crossslot:              "Redis answered with the error CROSSSLOT",
-		timeout:                "Redis did not answer within the timeout",
-		refused:                "cannot reach Redis",
-		limiter.ErrBreakerOpen: "the circuit breaker skips Redis",
+		crossslot:                 "Redis answered with the error CROSSSLOT",
+		timeout:                   "Redis did not answer within the timeout",
+		refused:                   "cannot reach Redis",
+		redisstore.ErrBreakerOpen: "the circuit breaker skips Redis",
 	} {
 		if got := s.syncFailure(err); !strings.HasPrefix(got, want) {
 			t.Errorf("round failing with %v: says %q, want %q", err, got, want)

@@ -12,6 +12,7 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 const ms = time.Millisecond
@@ -320,15 +321,15 @@ func TestBans(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			_, s := newStore(t)
 			other := s
-			if rs, ok := s.(*RedisStore); ok { // a second instance: a client of its own, to the same Redis
+			if rs, ok := s.(*redisstore.Store); ok { // a second instance: a client of its own, to the same Redis
 				var c redis.UniversalClient
-				switch first := rs.client.(type) {
+				switch first := rs.Client().(type) {
 				case *redis.ClusterClient:
 					c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: first.Options().Addrs})
 				case *redis.Client:
 					c = redis.NewClient(&redis.Options{Addr: first.Options().Addr})
 				}
-				o, _ := NewRedisStore(c, rs.prefix)
+				o, _ := redisstore.New(c, rs.Prefix())
 				t.Cleanup(func() { o.Close() })
 				other = o
 			}

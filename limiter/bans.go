@@ -3,75 +3,7 @@ package limiter
 import (
 	"context"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-
-	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 )
-
-var banScript = redis.NewScript(luascripts.Ban)
-
-// banKeys are the Redis keys of r's ban and refusal count: the bucket's
-// key with ":b" and ":r", in its hash slot.
-func (s *RedisStore) banKeys(r Request) []string {
-	k := s.key(r)
-	return []string{k + ":b", k + ":r"}
-}
-
-func banArgs(mode string, b Ban) []any {
-	return []any{mode, b.After, b.Within.Milliseconds(), b.For.Milliseconds()}
-}
-
-// Banned looks up the bans of reqs in one round trip.
-func (s *RedisStore) Banned(ctx context.Context, reqs []Request) ([]time.Duration, error) {
-	left := make([]time.Duration, len(reqs))
-	cmds := make([]*redis.Cmd, len(reqs))
-	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, r := range reqs {
-			if r.Policy.Ban.After > 0 {
-				cmds[i] = banScript.EvalSha(ctx, p, s.banKeys(r), banArgs("check", r.Policy.Ban)...)
-			}
-		}
-		return nil
-	})
-	if err != nil && !redis.HasErrorPrefix(err, "NOSCRIPT") {
-		return nil, err
-	}
-	for i, cmd := range cmds {
-		if cmd == nil {
-			continue
-		}
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			cmd = banScript.Run(ctx, s.client, s.banKeys(reqs[i]), banArgs("check", reqs[i].Policy.Ban)...)
-		}
-		v, err := cmd.Result()
-		if err != nil {
-			return nil, err
-		}
-		ints, err := replyInts(v, 2)
-		if err != nil {
-			return nil, err
-		}
-		left[i] = time.Duration(ints[0]) * time.Millisecond
-	}
-	return left, nil
-}
-
-// Refused counts a refusal of r's client, and bans it after enough.
-func (s *RedisStore) Refused(ctx context.Context, r Request) (time.Duration, bool, error) {
-	if r.Policy.Ban.After == 0 {
-		return 0, false, nil
-	}
-	v, err := banScript.Run(ctx, s.client, s.banKeys(r), banArgs("deny", r.Policy.Ban)...).Result()
-	if err != nil {
-		return 0, false, err
-	}
-	ints, err := replyInts(v, 2)
-	if err != nil {
-		return 0, false, err
-	}
-	return time.Duration(ints[0]) * time.Millisecond, ints[1] == 1, nil
-}
 
 // banStore is the store that keeps the bans of reqs: Redis while the
 // breakers of their nodes are closed (bans are shared by the fleet), else

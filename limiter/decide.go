@@ -5,6 +5,8 @@ import (
 	"errors"
 	"slices"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // Call is one store call of a Verdict: the enforced zones' or the dry-run
@@ -331,7 +333,7 @@ func (l *Limiter) takeExact(ctx context.Context, now time.Time, reqs []Request, 
 	switch {
 	case err == nil:
 		return d, l.holdSlots(l.redis, reqs, d, c.Events)
-	case Unavailable(err):
+	case redisstore.Unavailable(err):
 		call.Failure, call.Err = StoreUnavailable, err
 		l.nodeFailed(err, c.Events)
 	default:
@@ -356,21 +358,16 @@ func (l *Limiter) takeRedis(ctx context.Context, now time.Time, reqs []Request, 
 		return d, nil
 	}
 	start := time.Now()
-	b := budgets.Get().(*budget) // budget.go: no timer of its own
-	*b = budget{start: start, deadline: start.Add(l.timeout)}
-	decisions, err := l.redis.Take(b, reqs)
+	decisions, err := l.redis.TakeWithin(start, l.timeout, reqs)
 	call.Store, call.Took = "redis", time.Since(start)
-	if err == nil { // every command answered: nothing holds b
-		budgets.Put(b)
-	}
-	var refund *RefundError
+	var refund *redisstore.RefundError
 	if errors.As(err, &refund) { // the request is refused either way
 		ev.Debug("refund of a refused request failed; its tokens stay taken", err)
 		l.releaseLater(reqs, ev) // its concurrency slots, at least
 		err = nil
 	}
 	if err != nil {
-		if MayHaveRun(err) { // a script may have taken slots before the error
+		if redisstore.MayHaveRun(err) { // a script may have taken slots before the error
 			l.releaseLater(reqs, ev)
 		}
 		return nil, err
@@ -387,7 +384,7 @@ func (l *Limiter) takeRedis(ctx context.Context, now time.Time, reqs []Request, 
 // nodeFailed reports, once until it answers again, that the node of err
 // failed; a node already failing is reported at debug level.
 func (l *Limiter) nodeFailed(err error, ev Events) {
-	var ne *NodeError
+	var ne *redisstore.NodeError
 	node := ""
 	if errors.As(err, &ne) {
 		node = ne.Node
@@ -403,7 +400,7 @@ func (l *Limiter) nodeFailed(err error, ev Events) {
 // nodesAnswered reports the recovery of the failing nodes that reqs went
 // to, which answered (and of a failure of no known node).
 func (l *Limiter) nodesAnswered(ctx context.Context, reqs []Request, ev Events) {
-	nodes := append(l.redis.nodes(ctx, l.redis.scriptRuns(reqs)), "")
+	nodes := append(l.redis.NodesOf(ctx, reqs), "")
 	for _, node := range nodes {
 		if _, was := l.failing.LoadAndDelete(node); was {
 			l.nFailing.Add(-1)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // floodKeys is how many distinct client keys a flood brings.
@@ -111,7 +112,7 @@ func TestRedisKeyFlood(t *testing.T) {
 // FuzzRedisKey: whatever the client key, the Redis key has one length,
 // one hash tag (the digest), and differs from the keys of other clients.
 func FuzzRedisKey(f *testing.F) {
-	s, err := NewRedisStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "rl:")
+	s, err := redisstore.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "rl:")
 	if err != nil {
 		f.Fatal(err)
 	}

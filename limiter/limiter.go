@@ -8,9 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // Limiter decides the zones of HTTP requests against one store: this
@@ -29,9 +28,9 @@ import (
 // refused clients and of bans; Redis decides on its server's clock. Safe for
 // concurrent use; one Limiter serves every handler that shares its store.
 type Limiter struct {
-	redis   *RedisStore   // nil: the memory store decides
-	sync    *syncer       // the zones that sync; nil with memory alone
-	fleet   *storageFleet // the storage the zones that sync share; nil but for NewStorageLimiter
+	redis   *redisstore.Store // nil: the memory store decides
+	sync    *syncer           // the zones that sync; nil with memory alone
+	fleet   *storageFleet     // the storage the zones that sync share; nil but for NewStorageLimiter
 	memory  *memstore.Store
 	refused *DenyCache      // clients Redis refused; nil without Redis
 	retries *releaseRetries // releases of slots to try again; nil without Redis
@@ -110,8 +109,8 @@ func NewMemoryLimiter() *Limiter {
 
 // NewRedisLimiter returns a Limiter that decides in the Redis of client,
 // which Close closes; nodes are told of its nodes' breakers.
-func NewRedisLimiter(client redis.UniversalClient, o RedisOptions, nodes NodeEvents) (*Limiter, error) {
-	store, err := NewRedisStore(client, o.KeyPrefix)
+func NewRedisLimiter(client redisstore.Client, o RedisOptions, nodes NodeEvents) (*Limiter, error) {
+	store, err := redisstore.New(client, o.KeyPrefix)
 	if err != nil {
 		return nil, err
 	}
@@ -179,7 +178,7 @@ func (l *Limiter) store() Store {
 func (l *Limiter) Peek(ctx context.Context, req Request) (Decision, error) {
 	if l.fleet != nil && req.Sync > 0 { // the fleet's counts as this instance last read them
 		req.Cost, req.ID = 0, ""
-		d, err := l.fleet.chargeAll(ctx, []Request{req})
+		d, err := l.fleet.ChargeAll(ctx, []Request{req})
 		if err != nil {
 			return Decision{}, err
 		}
@@ -235,7 +234,7 @@ func (l *Limiter) Kind() string {
 
 // Breaker is the circuit breaker of a Redis node ("" outside a cluster);
 // nil without Redis.
-func (l *Limiter) Breaker(node string) *Breaker {
+func (l *Limiter) Breaker(node string) *redisstore.Breaker {
 	if l.redis == nil {
 		return nil
 	}

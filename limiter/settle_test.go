@@ -11,6 +11,7 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // settleStore is a store of each kind with explicit times: take, charge
@@ -41,7 +42,7 @@ var settleStores = map[string]func(t *testing.T) settleStore{
 	},
 }
 
-func redisSettleStore(s *RedisStore) settleStore {
+func redisSettleStore(s *redisstore.Store) settleStore {
 	ctx := context.Background()
 	return settleStore{
 		take:   func(now time.Time, reqs []Request) ([]Decision, error) { return s.TakeAt(ctx, now, reqs) },

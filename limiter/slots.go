@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // Concurrency slots (max_concurrent): a request that a concurrency zone
@@ -134,7 +136,7 @@ const releaseRetryEvery = 250 * time.Millisecond
 // one round (the timeout) and releaseRetryEvery after its node answers
 // again.
 type releaseRetries struct {
-	store   *RedisStore
+	store   *redisstore.Store
 	timeout time.Duration
 	now     func() time.Time
 	pending chan pendingRelease // the releases that failed, not yet tried again
@@ -148,7 +150,7 @@ type pendingRelease struct {
 	until time.Time // when its lease expires by itself
 }
 
-func newReleaseRetries(store *RedisStore, timeout time.Duration) *releaseRetries {
+func newReleaseRetries(store *redisstore.Store, timeout time.Duration) *releaseRetries {
 	r := &releaseRetries{store: store, timeout: timeout, now: time.Now,
 		pending: make(chan pendingRelease, maxReleaseRetries), done: make(chan struct{})}
 	go r.loop()

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // quietEvents are the Events of a Limiter under test: none is looked at.
@@ -43,7 +44,7 @@ func TestReleaseRetriesChunked(t *testing.T) {
 	}
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer c.Close()
-	bad := RedisKey(prefix, "slots", pending[50].req.Digest()) + ":m"
+	bad := redisstore.RedisKey(prefix, "slots", pending[50].req.Digest()) + ":m"
 	if err := c.Set(context.Background(), bad, "not a set of leases", 0).Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -106,7 +106,18 @@ const DefaultStorageDir = "rate_limit/sync"
 // errStorageStale fails the rounds while the others' counts are stale, or
 // this instance's (its file could not be written lately); it charged
 // nothing (not MayHaveRun).
-var errStorageStale = errors.New("the instances' counts in the storage could not be read or written lately")
+var errStorageStale error = staleError{}
+
+// staleError is errStorageStale: a round that charged nothing
+// (redisstore.MayHaveRun).
+type staleError struct{}
+
+func (staleError) Error() string {
+	return "the instances' counts in the storage could not be read or written lately"
+}
+
+// NotRun reports that nothing was charged.
+func (staleError) NotRun() bool { return true }
 
 // storageFleet is the fleet of the instances that share a storage.
 type storageFleet struct {
@@ -222,7 +233,7 @@ func newStorageFleet(st Storage, o StorageOptions) *storageFleet {
 // generation changes at every read of the others' files.
 func (f *storageFleet) generation() uint64 { return f.gen.Load() }
 
-// give takes back what chargeAll charged reqs, from the windows that hold
+// give takes back what ChargeAll charged reqs, from the windows that hold
 // now (a charge of a window that has ended is left: nothing counts it
 // any more but the sliding counter's fading previous count).
 func (f *storageFleet) give(reqs []Request) {
@@ -261,7 +272,7 @@ func (f *storageFleet) owns(r Request) bool {
 }
 
 // left is what r's bucket holds as the fleet counts it now: its limit
-// less every instance's counts (not the epoch's share: see chargeAll).
+// less every instance's counts (not the epoch's share: see ChargeAll).
 func (f *storageFleet) left(r Request) int64 {
 	ns := f.now().UnixNano()
 	f.mu.Lock()
@@ -301,7 +312,7 @@ func (f *storageFleet) blindShare(p Policy) float64 {
 }
 
 // groups: one group, the round is made in memory.
-func (f *storageFleet) groups(_ context.Context, reqs []Request) [][]int {
+func (f *storageFleet) Groups(_ context.Context, reqs []Request) [][]int {
 	all := make([]int, len(reqs))
 	for i := range all {
 		all[i] = i
@@ -309,17 +320,17 @@ func (f *storageFleet) groups(_ context.Context, reqs []Request) [][]int {
 	return [][]int{all}
 }
 
-// registerSync counts the instances whose files were fresh at the last
+// RegisterSync counts the instances whose files were fresh at the last
 // read, this one included (its own file is written every WriteEvery).
-func (f *storageFleet) registerSync(context.Context, string, time.Duration) (int64, error) {
+func (f *storageFleet) RegisterSync(context.Context, string, time.Duration) (int64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.n, nil
 }
 
-// countSync is registerSync: an instance is counted by its file.
-func (f *storageFleet) countSync(ctx context.Context, id string, window time.Duration) (int64, error) {
-	return f.registerSync(ctx, id, window)
+// CountSync is RegisterSync: an instance is counted by its file.
+func (f *storageFleet) CountSync(ctx context.Context, id string, window time.Duration) (int64, error) {
+	return f.RegisterSync(ctx, id, window)
 }
 
 // registered is the instances counted at the last read.
@@ -333,12 +344,12 @@ func (f *storageFleet) registered() int64 {
 // fail.
 func (f *storageFleet) stale() time.Duration { return 3 * f.o.ReadEvery }
 
-// chargeAll adds each request's cost to this instance's counts and tells
+// ChargeAll adds each request's cost to this instance's counts and tells
 // its bucket as the fleet counts it: its limit less every instance's
 // counts, negative past it. A request of an algorithm that does not count
 // in windows gets a zero decision. Fails, charging nothing, while the
 // others' counts are stale.
-func (f *storageFleet) chargeAll(_ context.Context, reqs []Request) ([]Decision, error) {
+func (f *storageFleet) ChargeAll(_ context.Context, reqs []Request) ([]Decision, error) {
 	now := f.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // takeAtFunc is a store's TakeAt, with the time given.
@@ -33,9 +34,9 @@ var testStores = map[string]func(t *testing.T) takeAtFunc{
 
 // newRedisStore makes a store with a prefix of its own, so that tests
 // sharing a Redis do not see each other's keys.
-func newRedisStore(t testing.TB, c redis.UniversalClient) *RedisStore {
+func newRedisStore(t testing.TB, c redis.UniversalClient) *redisstore.Store {
 	t.Helper()
-	s, err := NewRedisStore(c, fmt.Sprintf("test:%x:", rand.Uint64()))
+	s, err := redisstore.New(c, fmt.Sprintf("test:%x:", rand.Uint64()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +44,7 @@ func newRedisStore(t testing.TB, c redis.UniversalClient) *RedisStore {
 	return s
 }
 
-func redisTakeAt(s *RedisStore) takeAtFunc {
+func redisTakeAt(s *redisstore.Store) takeAtFunc {
 	return func(now time.Time, reqs []Request) ([]Decision, error) {
 		return s.TakeAt(context.Background(), now, reqs)
 	}

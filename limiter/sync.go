@@ -10,10 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // Zones that sync: decided in this process, reconciled with Redis at most
@@ -98,21 +97,21 @@ const maxSyncEntries = 1 << 20
 // Redis (RedisStore), or a storage each instance writes its counts to
 // (storageFleet).
 type fleet interface {
-	// chargeAll charges every request its cost (0: a reading) and tells
+	// ChargeAll charges every request its cost (0: a reading) and tells
 	// its bucket after, as the fleet counts it; an error that is not
 	// MayHaveRun charged nothing.
-	chargeAll(ctx context.Context, reqs []Request) ([]Decision, error)
+	ChargeAll(ctx context.Context, reqs []Request) ([]Decision, error)
 	// groups splits reqs into the calls of a round: one per group.
-	groups(ctx context.Context, reqs []Request) [][]int
-	// registerSync marks the instance id as syncing now and counts those
+	Groups(ctx context.Context, reqs []Request) [][]int
+	// RegisterSync marks the instance id as syncing now and counts those
 	// that did within window, id included.
-	registerSync(ctx context.Context, id string, window time.Duration) (int64, error)
-	// countSync counts the instances that registered within window, id
+	RegisterSync(ctx context.Context, id string, window time.Duration) (int64, error)
+	// CountSync counts the instances that registered within window, id
 	// counted whether it did or not; it registers nothing.
-	countSync(ctx context.Context, id string, window time.Duration) (int64, error)
+	CountSync(ctx context.Context, id string, window time.Duration) (int64, error)
 }
 
-// localFleet is a fleet whose chargeAll is made in this process (the
+// localFleet is a fleet whose ChargeAll is made in this process (the
 // storage fleet): readings cost nothing, so the syncer reads a bucket
 // whenever the fleet has news of it, and charges admissions as they are
 // made.
@@ -120,7 +119,7 @@ type localFleet interface {
 	fleet
 	// generation changes whenever the others' counts were read again.
 	generation() uint64
-	// give takes back what chargeAll charged reqs, in the windows they
+	// give takes back what ChargeAll charged reqs, in the windows they
 	// were charged in while they last.
 	give(reqs []Request)
 	// owns reports whether this instance decides r's bucket's requests
@@ -129,19 +128,6 @@ type localFleet interface {
 	// left is what r's bucket holds as the fleet counts it now.
 	left(r Request) int64
 }
-
-// chargeAll charges every request its cost (0: a reading), on the
-// server's clock, in one batched call per node.
-func (s *RedisStore) chargeAll(ctx context.Context, reqs []Request) ([]Decision, error) {
-	decisions := make([]Decision, len(reqs))
-	idx := make([]int, len(reqs))
-	for i := range idx {
-		idx[i] = i
-	}
-	return decisions, s.settle(ctx, "", "charge", reqs, idx, nil, decisions)
-}
-
-func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
 
 // syncer keeps the allowances of the buckets of zones that sync.
 type syncer struct {
@@ -367,7 +353,7 @@ func (s *syncer) chargeNow(reqs []Request, es []*syncEntry) bool {
 			charge = append(charge, r)
 		}
 	}
-	_, err := s.fleet.chargeAll(context.Background(), charge)
+	_, err := s.fleet.ChargeAll(context.Background(), charge)
 	s.failing.Store(err != nil)
 	return err == nil
 }
@@ -393,7 +379,7 @@ func (s *syncer) read(now time.Time, r Request, n int, old *syncEntry) (*syncEnt
 		return nil, false
 	}
 	gen := s.fleet.(localFleet).generation()
-	if count, err := s.fleet.registerSync(context.Background(), s.id, instancesWindow); err == nil { // counted in memory
+	if count, err := s.fleet.RegisterSync(context.Background(), s.id, instancesWindow); err == nil { // counted in memory
 		if old := s.n.Swap(max(count, 1)); old != max(count, 1) {
 			if ev := s.ev.Load(); ev != nil {
 				(*ev).InstancesChanged(int(max(count, 1)))
@@ -402,7 +388,7 @@ func (s *syncer) read(now time.Time, r Request, n int, old *syncEntry) (*syncEnt
 	}
 	reading := r
 	reading.Cost, reading.ID, reading.Key = 0, "", ""
-	d, err := s.fleet.chargeAll(context.Background(), []Request{reading})
+	d, err := s.fleet.ChargeAll(context.Background(), []Request{reading})
 	if err == nil && d[0].Limit == 0 {
 		return nil, false
 	}
@@ -619,10 +605,6 @@ func (s *syncer) run() {
 	}
 }
 
-// maxChargeBatch bounds one batched charge: a round of many buckets is
-// sent in parts, so that no call holds Redis long.
-const maxChargeBatch = 500
-
 // round syncs every bucket that is due (see due; all with something to
 // charge when final), in batched charges of at most maxChargeBatch per
 // node, each applied on its own: a part whose node failed keeps what it
@@ -639,8 +621,8 @@ func (s *syncer) round(final bool) {
 	}
 	start := time.Now()
 	var failed error
-	for _, part := range s.fleet.groups(ctx, reqs) {
-		d, err := s.fleet.chargeAll(ctx, pick(reqs, part))
+	for _, part := range s.fleet.Groups(ctx, reqs) {
+		d, err := s.fleet.ChargeAll(ctx, pick(reqs, part))
 		failed = cmp.Or(failed, err)
 		s.settled(now, part, es, d, err)
 	}
@@ -648,29 +630,6 @@ func (s *syncer) round(final bool) {
 		(*ev).Synced(len(reqs), time.Since(start), failed)
 	}
 	s.failing.Store(failed != nil)
-}
-
-// groups splits reqs by node, then into batches of at most
-// maxChargeBatch.
-func (s *RedisStore) groups(ctx context.Context, reqs []Request) [][]int {
-	byNode := map[string][]int{}
-	var order []string
-	for i, r := range reqs {
-		node := s.nodes(ctx, s.scriptRuns([]Request{r}))[0]
-		if _, ok := byNode[node]; !ok {
-			order = append(order, node)
-		}
-		byNode[node] = append(byNode[node], i)
-	}
-	var parts [][]int
-	for _, node := range order {
-		idx := byNode[node]
-		for len(idx) > maxChargeBatch {
-			parts, idx = append(parts, idx[:maxChargeBatch]), idx[maxChargeBatch:]
-		}
-		parts = append(parts, idx)
-	}
-	return parts
 }
 
 // settled applies a part's charge: the readings, and the new allowances
@@ -681,7 +640,7 @@ func (s *syncer) settled(now time.Time, part []int, es []*syncEntry, d []Decisio
 	for j, i := range part {
 		e := es[i]
 		switch {
-		case err != nil && !MayHaveRun(err):
+		case err != nil && !redisstore.MayHaveRun(err):
 			e.sending = 0 // not sent: charged next time
 			continue
 		case err != nil: // may have run: counted charged, read next time

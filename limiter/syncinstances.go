@@ -30,8 +30,6 @@ package limiter
 import (
 	"context"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // registerEvery is how often an instance registers (with rounds or not),
@@ -63,7 +61,7 @@ func (l *Limiter) CountSync(ctx context.Context, every time.Duration) int {
 		return 1
 	}
 	l.sync.atMost(every)
-	n, err := l.sync.fleet.countSync(ctx, l.sync.id, instancesWindow)
+	n, err := l.sync.fleet.CountSync(ctx, l.sync.id, instancesWindow)
 	if err == nil && !l.sync.warm.Load() {
 		l.sync.n.Store(max(n, 1))
 	}
@@ -82,7 +80,7 @@ func (s *syncer) register(ctx context.Context, now time.Time, force bool) error 
 	s.lastSeen = now
 	s.regMu.Unlock()
 	start := time.Now()
-	n, err := s.fleet.registerSync(ctx, s.id, instancesWindow)
+	n, err := s.fleet.RegisterSync(ctx, s.id, instancesWindow)
 	if err != nil {
 		if ev := s.ev.Load(); ev != nil {
 			(*ev).Synced(0, time.Since(start), err)
@@ -133,41 +131,3 @@ func (s *syncer) shrink(old, n int64) {
 		e.granted = min(e.granted, e.allowance)
 	}
 }
-
-// registerSync registers id in the sorted set of the instances that sync,
-// on Redis's clock, and counts those registered within window.
-func (s *RedisStore) registerSync(ctx context.Context, id string, window time.Duration) (int64, error) {
-	key := s.prefix + "{sync}:instances"
-	return registerScript.Run(ctx, s.client, []string{key}, id, window.Milliseconds()).Int64()
-}
-
-// countSync counts the instances registered within window, id counted
-// whether it registered or not, on Redis's clock, registering nothing.
-func (s *RedisStore) countSync(ctx context.Context, id string, window time.Duration) (int64, error) {
-	key := s.prefix + "{sync}:instances"
-	return countScript.Run(ctx, s.client, []string{key}, id, window.Milliseconds()).Int64()
-}
-
-// countScript counts the members of the sorted set KEYS[1] scored within
-// ARGV[2] ms of Redis's time, ARGV[1] counted once whether it is or not.
-var countScript = redis.NewScript(`
-local t = redis.call('TIME')
-local since = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[2])
-local n = redis.call('ZCOUNT', KEYS[1], since, '+inf')
-local mine = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '-1')
-if mine < since then
-  n = n + 1
-end
-return n
-`)
-
-// registerScript registers ARGV[1] in the sorted set KEYS[1] at Redis's
-// time, drops those older than ARGV[2] ms, and returns how many remain.
-var registerScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
-redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
-return redis.call('ZCARD', KEYS[1])
-`)

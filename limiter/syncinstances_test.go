@@ -64,7 +64,7 @@ func TestSyncCountAfterEmptyRedis(t *testing.T) {
 			}
 		}
 	}
-	if n := c.ZCard(context.Background(), fleet[0].redis.prefix+"{sync}:instances").Val(); n != 3 {
+	if n := c.ZCard(context.Background(), fleet[0].redis.Prefix()+"{sync}:instances").Val(); n != 3 {
 		t.Fatalf("%d instances registered again after the restart, want 3", n)
 	}
 }
@@ -123,7 +123,7 @@ func TestSyncShareShrinksAsFleetGrows(t *testing.T) {
 	}
 	now := c.Time(context.Background()).Val()
 	for _, id := range []string{"other1", "other2"} {
-		c.ZAdd(context.Background(), l.redis.prefix+"{sync}:instances", redis.Z{Score: float64(now.UnixMilli()), Member: id})
+		c.ZAdd(context.Background(), l.redis.Prefix()+"{sync}:instances", redis.Z{Score: float64(now.UnixMilli()), Member: id})
 	}
 	for end := time.Now().Add(5 * time.Second); l.Instances() != 3; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(end) {

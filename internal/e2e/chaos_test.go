@@ -15,8 +15,8 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/testcaddy"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // The chaos suite: real Redis processes killed, hung, restarted, paused
@@ -134,7 +134,7 @@ func tally(results []result) map[int]int {
 
 // redisKey is the Redis key of an API key's bucket in zone.
 func redisKey(prefix, apiKey, zone string) string {
-	return limiter.RedisKey(prefix, zone, bucket.KeyHash(apiKey))
+	return redisstore.RedisKey(prefix, zone, bucket.KeyHash(apiKey))
 }
 
 // keysByMaster sorts n API keys by the master that holds their bucket.

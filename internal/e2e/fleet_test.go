@@ -13,8 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/testcaddy"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // The fleet scenario, shared by the end-to-end tests of the fleet's
@@ -285,7 +285,7 @@ func (f *fleetScenario) keysPerMaster(zone string, keys []string) map[string]int
 	defer c.Close()
 	n := map[string]int{}
 	for _, key := range keys {
-		m, err := c.MasterForKey(f.t.Context(), limiter.RedisKey(f.prefix, zone, bucket.KeyHash(key)))
+		m, err := c.MasterForKey(f.t.Context(), redisstore.RedisKey(f.prefix, zone, bucket.KeyHash(key)))
 		if err != nil {
 			f.t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package limiter
+package redisstore
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // Batched script calls. A batch of a node's pipeline may hold the
@@ -101,7 +103,7 @@ const maxJoinWeight = 64
 
 // weight is the work of the command of p (see maxJoinWeight).
 func weight(p evalParts) int {
-	if p.sha != scripts[SlidingWindowLog].sha {
+	if p.sha != scripts[bucket.SlidingWindowLog].sha {
 		return len(p.keys)
 	}
 	w := 0

@@ -1,4 +1,4 @@
-package limiter
+package redisstore
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // Batched calls across the slots of a cluster node (see merge.go): a
@@ -35,7 +36,7 @@ func loadScripts(t *testing.T, c *redis.ClusterClient) {
 // ownCluster starts a cluster of 3 masters of the test's own (its script
 // calls and slots are the test's alone), and returns it, a client of it
 // and a store on that client.
-func ownCluster(t *testing.T) (*redistest.Cluster, *redis.ClusterClient, *RedisStore) {
+func ownCluster(t *testing.T) (*redistest.Cluster, *redis.ClusterClient, *Store) {
 	t.Helper()
 	cl := redistest.NewClusterOf(t, 3, 0)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
@@ -45,12 +46,12 @@ func ownCluster(t *testing.T) (*redistest.Cluster, *redis.ClusterClient, *RedisS
 
 // keysOn returns n client keys (name and a number) whose state lives on
 // the master at addr, by c's slot map.
-func keysOn(t testing.TB, s *RedisStore, c *redis.ClusterClient, addr, name string, n int) []string {
+func keysOn(t testing.TB, s *Store, c *redis.ClusterClient, addr, name string, n int) []string {
 	t.Helper()
 	var keys []string
 	for i := 0; len(keys) < n; i++ {
 		k := fmt.Sprint(name, i)
-		m, err := c.MasterForKey(t.Context(), s.key(Request{Zone: "z", Key: k}))
+		m, err := c.MasterForKey(t.Context(), s.key(bucket.Request{Zone: "z", Key: k}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -64,11 +65,11 @@ func keysOn(t testing.TB, s *RedisStore, c *redis.ClusterClient, addr, name stri
 // sendBatch sends one take of each of keys (in policy p) as one batch on
 // the queue of the node whose client is node, as its flusher does, and
 // returns each take's command (its reply or error).
-func sendBatch(t testing.TB, s *RedisStore, node *redis.Client, keys []string, p Policy) []onceCmd {
+func sendBatch(t testing.TB, s *Store, node *redis.Client, keys []string, p bucket.Policy) []onceCmd {
 	t.Helper()
 	cmds := make([]onceCmd, len(keys))
 	for i, k := range keys {
-		r := []Request{{Zone: "z", Key: k, Policy: p, Cost: 1, ID: k}}
+		r := []bucket.Request{{Zone: "z", Key: k, Policy: p, Cost: 1, ID: k}}
 		cmds[i] = evalCmd(context.Background(), s.scriptRuns(r)[0], true, "", "take", r, nil)
 	}
 	sendCmds(node, cmds, joinByNode)
@@ -130,7 +131,7 @@ func TestBatchedCallElsewhere(t *testing.T) {
 	masters, replicas := shards(t, c)
 	loadScripts(t, c)
 	a := masters[0].Options().Addr
-	for _, p := range []Policy{{Rate: 1, Period: time.Hour, Burst: 9}, {Algorithm: Concurrency, Burst: 9, Lease: time.Minute}} {
+	for _, p := range []bucket.Policy{{Rate: 1, Period: time.Hour, Burst: 9}, {Algorithm: bucket.Concurrency, Burst: 9, Lease: time.Minute}} {
 		keys := keysOn(t, s, c, a, fmt.Sprint(p.Algorithm, "-client-"), 8) // on a, of 8 slots
 		for _, to := range append(masters[1:], replicas...) {
 			for i, cmd := range sendBatch(t, s, to, keys, p) {
@@ -156,9 +157,9 @@ func TestBatchedCallElsewhere(t *testing.T) {
 func TestBatchedCallsAcrossSlots(t *testing.T) {
 	cl, c, s := ownCluster(t)
 	loadScripts(t, c)
-	p := Policy{Rate: 1, Period: time.Hour, Burst: 1}
+	p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 1}
 	take := func(key string) (bool, error) {
-		d, err := s.Take(t.Context(), []Request{{Zone: "z", Key: key, Policy: p, Cost: 1}})
+		d, err := s.Take(t.Context(), []bucket.Request{{Zone: "z", Key: key, Policy: p, Cost: 1}})
 		return err == nil && d[0].Allowed, err
 	}
 	before := scriptRunCount(t, c)
@@ -206,7 +207,7 @@ func TestBatchedCallsAcrossSlots(t *testing.T) {
 // first master to the second, behind the back of c (whose slot map still says the old
 // one), then has its take queue with 9 other clients' of the old master
 // (paused meanwhile): all are decided once, the moved one on its new node.
-func movedSlot(t *testing.T, s *RedisStore, c *redis.ClusterClient, cl *redistest.Cluster) {
+func movedSlot(t *testing.T, s *Store, c *redis.ClusterClient, cl *redistest.Cluster) {
 	var ids [2]string
 	var nodes [2]*redis.Client
 	for i, addr := range cl.Addrs()[:2] {
@@ -216,7 +217,7 @@ func movedSlot(t *testing.T, s *RedisStore, c *redis.ClusterClient, cl *redistes
 	}
 	from, to := 0, 1
 	keys := keysOn(t, s, c, cl.Addrs()[from], "moved-", 11) // the first in flight, then the moved one, then others
-	moved := s.key(Request{Zone: "z", Key: keys[1]})
+	moved := s.key(bucket.Request{Zone: "z", Key: keys[1]})
 	slot := int(nodes[from].ClusterKeySlot(t.Context(), moved).Val())
 	for _, step := range []struct {
 		node int
@@ -226,7 +227,7 @@ func movedSlot(t *testing.T, s *RedisStore, c *redis.ClusterClient, cl *redistes
 			t.Fatalf("cluster setslot %d %v: %v", slot, step.args, err)
 		}
 	}
-	p := Policy{Rate: 1, Period: time.Hour, Burst: 1}
+	p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 1}
 	srv := cl.Server(cl.Addrs()[from])
 	srv.Pause()
 	var wg sync.WaitGroup
@@ -235,7 +236,7 @@ func movedSlot(t *testing.T, s *RedisStore, c *redis.ClusterClient, cl *redistes
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			d, err := s.Take(ctx, []Request{{Zone: "z", Key: k, Policy: p, Cost: 1}})
+			d, err := s.Take(ctx, []bucket.Request{{Zone: "z", Key: k, Policy: p, Cost: 1}})
 			if err == nil && !d[0].Allowed {
 				err = fmt.Errorf("refused")
 			}
@@ -256,7 +257,7 @@ func movedSlot(t *testing.T, s *RedisStore, c *redis.ClusterClient, cl *redistes
 	if n := nodes[to].Exists(t.Context(), moved).Val(); n != 1 {
 		t.Errorf("the moved client's bucket is not on its new node")
 	}
-	if d, err := s.Take(t.Context(), []Request{{Zone: "z", Key: keys[1], Policy: p, Cost: 1}}); err != nil || d[0].Allowed {
+	if d, err := s.Take(t.Context(), []bucket.Request{{Zone: "z", Key: keys[1], Policy: p, Cost: 1}}); err != nil || d[0].Allowed {
 		t.Errorf("the moved client's second take: %v, %v; want refused (decided once)", d, err)
 	}
 }
@@ -280,11 +281,11 @@ func TestBatchedCallMigrating(t *testing.T) {
 		nodes[i] = redis.NewClient(&redis.Options{Addr: cl.Addrs()[i]})
 		t.Cleanup(func() { nodes[i].Close() })
 	}
-	log := Policy{Algorithm: SlidingWindowLog, Rate: 100, Period: time.Hour}
-	lease := Policy{Algorithm: Concurrency, Burst: 100, Lease: time.Hour}
+	log := bucket.Policy{Algorithm: bucket.SlidingWindowLog, Rate: 100, Period: time.Hour}
+	lease := bucket.Policy{Algorithm: bucket.Concurrency, Burst: 100, Lease: time.Hour}
 	for _, tc := range []struct {
 		name, mode, id string
-		p              Policy
+		p              bucket.Policy
 		cost           int64
 		again          bool  // sent again: errBatchElsewhere
 		want           int64 // each key's members once the request counted once (2 requests before)
@@ -296,11 +297,11 @@ func TestBatchedCallMigrating(t *testing.T) {
 		{"lease take", "take", "t", lease, 1, true, 3},
 	} {
 		keys := keysOn(t, s, c, cl.Addrs()[0], strings.ReplaceAll(tc.name, " ", "-")+"-", 2)
-		req := func(key, id string) []Request {
-			return []Request{{Zone: "z1", Key: key, Policy: tc.p, Cost: tc.cost, ID: id}, {Zone: "z2", Key: key, Policy: tc.p, Cost: tc.cost, ID: id}}
+		req := func(key, id string) []bucket.Request {
+			return []bucket.Request{{Zone: "z1", Key: key, Policy: tc.p, Cost: tc.cost, ID: id}, {Zone: "z2", Key: key, Policy: tc.p, Cost: tc.cost, ID: id}}
 		}
 		reqs, other := req(keys[0], tc.id), req(keys[1], "o")
-		for _, r := range [][]Request{req(keys[0], "r"), req(keys[0], "p"), other} {
+		for _, r := range [][]bucket.Request{req(keys[0], "r"), req(keys[0], "p"), other} {
 			if _, err := s.Take(ctx, r); err != nil {
 				t.Fatal(err)
 			}
@@ -370,10 +371,12 @@ func TestNoScriptKeepsOrder(t *testing.T) {
 	addr := cl.Addrs()[0]
 	m := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { m.Close() })
-	p := Policy{Algorithm: Concurrency, Burst: 1, Lease: time.Minute}
+	p := bucket.Policy{Algorithm: bucket.Concurrency, Burst: 1, Lease: time.Minute}
 	for round := range 3 {
 		ks := keysOn(t, s, c, addr, fmt.Sprint("order-", round, "-"), 3)
-		req := func(k, id string) []Request { return []Request{{Zone: "z", Key: k, Policy: p, Cost: 1, ID: id}} }
+		req := func(k, id string) []bucket.Request {
+			return []bucket.Request{{Zone: "z", Key: k, Policy: p, Cost: 1, ID: id}}
+		}
 		if d, err := s.Take(t.Context(), req(ks[0], "a")); err != nil || !d[0].Allowed {
 			t.Fatal(d, err)
 		}
@@ -382,7 +385,7 @@ func TestNoScriptKeepsOrder(t *testing.T) {
 		}
 		cl.Server(addr).Pause()
 		var wg sync.WaitGroup
-		var take []Decision
+		var take []bucket.Decision
 		var errTake, errRelease error
 		for i, f := range []func(){
 			func() { s.Take(t.Context(), req(ks[2], "z")) }, // in flight: the others queue
@@ -414,7 +417,7 @@ func BenchmarkRedisScriptCluster(b *testing.B) {
 		b.Fatal(err)
 	}
 	keys := keysOn(b, s, c, m.Options().Addr, "bench-", 1024)
-	p := Policy{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
+	p := bucket.Policy{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
 	sendBatch(b, s, m, keys[:8], p) // the script cached
 	for _, mode := range []joinMode{joinByTag, joinByNode} {
 		b.Run(map[joinMode]string{joinByTag: "by_tag", joinByNode: "by_node"}[mode], func(b *testing.B) {
@@ -423,7 +426,7 @@ func BenchmarkRedisScriptCluster(b *testing.B) {
 			for b.Loop() {
 				cmds := make([]onceCmd, 8)
 				for j := range cmds {
-					r := []Request{{Zone: "z", Key: keys[(i+j)%len(keys)], Policy: p, Cost: 1}}
+					r := []bucket.Request{{Zone: "z", Key: keys[(i+j)%len(keys)], Policy: p, Cost: 1}}
 					cmds[j] = evalCmd(context.Background(), s.scriptRuns(r)[0], true, "", "take", r, nil)
 				}
 				sendCmds(m, cmds, mode)

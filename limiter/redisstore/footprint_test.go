@@ -1,4 +1,4 @@
-package limiter
+package redisstore
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 )
 
@@ -28,16 +29,16 @@ func TestRedisFootprint(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	s := memoryStore(t, c)
 	ctx := context.Background()
-	for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, LeakyBucket, Concurrency} {
-		p := Policy{Algorithm: a, Rate: 100, Period: time.Minute, Burst: 100, Lease: time.Minute}
+	for _, a := range []bucket.Algorithm{bucket.TokenBucket, bucket.FixedWindow, bucket.SlidingWindowLog, bucket.SlidingWindowCounter, bucket.LeakyBucket, bucket.Concurrency} {
+		p := bucket.Policy{Algorithm: a, Rate: 100, Period: time.Minute, Burst: 100, Lease: time.Minute}
 		key := "footprint-" + a.String()
 		take := func() { // with a request id as the handler makes them
-			if _, err := s.Take(ctx, []Request{{Zone: "per_ip", Key: key, Policy: p, Cost: 1, ID: rand.Text()}}); err != nil {
+			if _, err := s.Take(ctx, []bucket.Request{{Zone: "per_ip", Key: key, Policy: p, Cost: 1, ID: rand.Text()}}); err != nil {
 				t.Fatal(err)
 			}
 		}
 		take()
-		rk := s.key(Request{Zone: "per_ip", Key: key, Policy: p})
+		rk := s.key(bucket.Request{Zone: "per_ip", Key: key, Policy: p})
 		one, err := c.MemoryUsage(ctx, rk, 0).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -51,7 +52,7 @@ func TestRedisFootprint(t *testing.T) {
 		calls := scriptCalls(t, c)
 		full, _ := c.MemoryUsage(ctx, rk, 0).Result()
 		t.Logf("%-24s memory: %4d bytes after 1 request, %5d after 100; commands per decision: %.1f", a, one, full, float64(calls)/99)
-		if one > 300 || (a != SlidingWindowLog && a != Concurrency && full > 300) || full > 12000 {
+		if one > 300 || (a != bucket.SlidingWindowLog && a != bucket.Concurrency && full > 300) || full > 12000 {
 			t.Errorf("%s: %d and %d bytes: more than expected", a, one, full)
 		}
 	}
@@ -99,14 +100,14 @@ func TestRedisMemoryPerKey(t *testing.T) {
 	for _, addr := range cl.Addrs() {
 		cluster = append(cluster, redis.NewClient(&redis.Options{Addr: addr}))
 	}
-	stores := []*RedisStore{memoryStore(t, standalone[0]), memoryStore(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()}))}
-	for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, LeakyBucket, Concurrency} {
-		p := Policy{Algorithm: a, Rate: 100, Period: time.Hour, Burst: 100, Lease: time.Hour}
+	stores := []*Store{memoryStore(t, standalone[0]), memoryStore(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()}))}
+	for _, a := range []bucket.Algorithm{bucket.TokenBucket, bucket.FixedWindow, bucket.SlidingWindowLog, bucket.SlidingWindowCounter, bucket.LeakyBucket, bucket.Concurrency} {
+		p := bucket.Policy{Algorithm: a, Rate: 100, Period: time.Hour, Burst: 100, Lease: time.Hour}
 		usage, growth, key := memoryPerKey(t, stores[0], standalone, p)
 		cUsage, cGrowth, _ := memoryPerKey(t, stores[1], cluster, p)
 		t.Logf("%-22s %-30q MEMORY USAGE %3d B (cluster %3d B); used_memory +%.0f B per key (cluster +%.0f B): %.0f MB per million keys (cluster %.0f MB)",
 			a, key, usage, cUsage, growth, cGrowth, growth, cGrowth)
-		if a == TokenBucket && (usage > 72 || growth > 150) {
+		if a == bucket.TokenBucket && (usage > 72 || growth > 150) {
 			t.Errorf("token bucket: MEMORY USAGE %d B, used_memory +%.1f B per key; want at most 72 and 150", usage, growth)
 		}
 	}
@@ -114,7 +115,7 @@ func TestRedisMemoryPerKey(t *testing.T) {
 
 // memoryStore is a store on c, a Redis of the test's own, whose keys are
 // named as in production (DefaultKeyPrefix).
-func memoryStore(t *testing.T, c redis.UniversalClient) *RedisStore {
+func memoryStore(t *testing.T, c redis.UniversalClient) *Store {
 	s := newRedisStore(t, c)
 	s.prefix = DefaultKeyPrefix
 	return s
@@ -124,12 +125,12 @@ func memoryStore(t *testing.T, c redis.UniversalClient) *RedisStore {
 // in them through s, 1,000 requests to a Take, and returns the MEMORY
 // USAGE of one of the keys, the growth of used_memory (all nodes) per key,
 // and that key.
-func memoryPerKey(t *testing.T, s *RedisStore, nodes []*redis.Client, p Policy) (int64, float64, string) {
+func memoryPerKey(t *testing.T, s *Store, nodes []*redis.Client, p bucket.Policy) (int64, float64, string) {
 	ctx := t.Context()
-	req := func(i int) Request {
-		return Request{Zone: "per_ip", Key: fmt.Sprint("10.0.", i/256, ".", i%256), Policy: p, Cost: 1, ID: rand.Text()}
+	req := func(i int) bucket.Request {
+		return bucket.Request{Zone: "per_ip", Key: fmt.Sprint("10.0.", i/256, ".", i%256), Policy: p, Cost: 1, ID: rand.Text()}
 	}
-	reqs := make([]Request, 1000)
+	reqs := make([]bucket.Request, 1000)
 	for j := range reqs { // loads the script on every node
 		reqs[j] = req(-1 - j)
 	}
@@ -195,12 +196,12 @@ func usedMemory(t *testing.T, nodes []*redis.Client, flush bool) (used, keys int
 //
 //	go test -run TestMemoryFootprint -v ./limiter
 func TestMemoryFootprint(t *testing.T) {
-	for _, a := range []Algorithm{TokenBucket, SlidingWindowLog} {
-		p := Policy{Algorithm: a, Rate: 10, Period: 24 * time.Hour, Burst: 10}
+	for _, a := range []bucket.Algorithm{bucket.TokenBucket, bucket.SlidingWindowLog} {
+		p := bucket.Policy{Algorithm: a, Rate: 10, Period: 24 * time.Hour, Burst: 10}
 		s := memstore.New(time.Hour)
 		before := heapAlloc()
 		take := func(i int) {
-			s.TakeAt(t0, []Request{{Zone: "per_ip", Key: "10." + strconv.Itoa(i), Policy: p, Cost: 1}})
+			s.TakeAt(t0, []bucket.Request{{Zone: "per_ip", Key: "10." + strconv.Itoa(i), Policy: p, Cost: 1}})
 		}
 		for i := range memstore.DefaultCapacity {
 			take(i)

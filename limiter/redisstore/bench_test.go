@@ -1,4 +1,4 @@
-package limiter
+package redisstore
 
 import (
 	"fmt"
@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // BenchmarkRedisTake measures one decision, a Lua script run over loopback,
@@ -33,13 +34,13 @@ func BenchmarkRedisTake(b *testing.B) {
 	}
 }
 
-func benchTake(b *testing.B, s Store, zones int) {
-	benchTakePolicy(b, s, zones, Policy{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}, 1)
+func benchTake(b *testing.B, s *Store, zones int) {
+	benchTakePolicy(b, s, zones, bucket.Policy{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}, 1)
 }
 
 // benchTakePolicy takes cost from s for zones zones of policy p, each
 // keyed by one of 1,024 keys, from 16 goroutines.
-func benchTakePolicy(b *testing.B, s Store, zones int, p Policy, cost int64) {
+func benchTakePolicy(b *testing.B, s *Store, zones int, p bucket.Policy, cost int64) {
 	keys := make([]string, 1024)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("10.0.%d.%d", i/256, i%256)
@@ -49,7 +50,7 @@ func benchTakePolicy(b *testing.B, s Store, zones int, p Policy, cost int64) {
 	names := []string{"z0", "z1", "z2"}
 	b.RunParallel(func(pb *testing.PB) {
 		i := 0
-		reqs := make([]Request, zones)
+		reqs := make([]bucket.Request, zones)
 		for pb.Next() {
 			for z := range reqs {
 				// Zone 2 is keyed by something else: another slot in a cluster.
@@ -57,7 +58,7 @@ func benchTakePolicy(b *testing.B, s Store, zones int, p Policy, cost int64) {
 				if z == 2 {
 					key = keys[(i+7)%len(keys)] + "x"
 				}
-				reqs[z] = Request{Zone: names[z], Key: key, Policy: p, Cost: cost}
+				reqs[z] = bucket.Request{Zone: names[z], Key: key, Policy: p, Cost: cost}
 			}
 			if _, err := s.Take(b.Context(), reqs); err != nil {
 				b.Fatal(err)
@@ -76,17 +77,17 @@ func benchTakePolicy(b *testing.B, s Store, zones int, p Policy, cost int64) {
 func BenchmarkRedisScript(b *testing.B) {
 	algorithms := []struct {
 		name string
-		p    Policy
+		p    bucket.Policy
 		cost int64
 	}{
-		{"token_bucket", Policy{Algorithm: TokenBucket, Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}, 1},
-		{"leaky_bucket", Policy{Algorithm: LeakyBucket, Rate: 1_000_000, Period: time.Second, Burst: 1_000_000, NoDelay: true}, 1},
-		{"fixed_window", Policy{Algorithm: FixedWindow, Rate: 1_000_000_000, Period: time.Minute}, 1},
-		{"sliding_window_counter", Policy{Algorithm: SlidingWindowCounter, Rate: 1_000_000_000, Period: time.Minute}, 1},
-		{"sliding_window_log", Policy{Algorithm: SlidingWindowLog, Rate: 1_000, Period: time.Second}, 1},
+		{"token_bucket", bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}, 1},
+		{"leaky_bucket", bucket.Policy{Algorithm: bucket.LeakyBucket, Rate: 1_000_000, Period: time.Second, Burst: 1_000_000, NoDelay: true}, 1},
+		{"fixed_window", bucket.Policy{Algorithm: bucket.FixedWindow, Rate: 1_000_000_000, Period: time.Minute}, 1},
+		{"sliding_window_counter", bucket.Policy{Algorithm: bucket.SlidingWindowCounter, Rate: 1_000_000_000, Period: time.Minute}, 1},
+		{"sliding_window_log", bucket.Policy{Algorithm: bucket.SlidingWindowLog, Rate: 1_000, Period: time.Second}, 1},
 		// one request of cost 10,000 fills a log of 10,000 (the next ones
 		// are refused until it has left the window: a second)
-		{"sliding_window_log_cost_10000", Policy{Algorithm: SlidingWindowLog, Rate: 10_000, Period: time.Second}, 10_000},
+		{"sliding_window_log_cost_10000", bucket.Policy{Algorithm: bucket.SlidingWindowLog, Rate: 10_000, Period: time.Second}, 10_000},
 	}
 	for _, a := range algorithms {
 		b.Run(a.name, func(b *testing.B) {

@@ -1,6 +1,4 @@
-package limiter
-
-// The script commands of the Redis store and their replies.
+package redisstore
 
 import (
 	"context"
@@ -11,7 +9,11 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
+
+// The script commands of the Redis store and their replies.
 
 // evalCmd is the command of sr: an EVALSHA, or an EVAL (with the script's
 // source) when sha is false, of its keys, then the time, the mode, and the
@@ -20,7 +22,7 @@ import (
 // read until it is sent: buf must not serve two commands that may be in
 // flight at once); the keys are passed as pointers into sr.keys, which
 // must not change until then either.
-func evalCmd(ctx context.Context, sr scriptRun, sha bool, now, mode string, reqs []Request, buf []any) onceCmd {
+func evalCmd(ctx context.Context, sr scriptRun, sha bool, now, mode string, reqs []bucket.Request, buf []any) onceCmd {
 	a := buf[:0]
 	if n := 5 + len(sr.keys) + argsPerKey*len(sr.idx); cap(a) < n {
 		a = make([]any, 0, n)
@@ -38,7 +40,7 @@ func evalCmd(ctx context.Context, sr scriptRun, sha bool, now, mode string, reqs
 	for j, i := range sr.idx {
 		p := reqs[i].Policy
 		period := p.Period.Microseconds()
-		if p.Algorithm == Concurrency {
+		if p.Algorithm == bucket.Concurrency {
 			period = p.Lease.Microseconds()
 		}
 		var flag any = 0
@@ -116,14 +118,14 @@ func replyInts(v any, n int) ([]int64, error) {
 
 // decode fills the decisions of the requests idx from a script reply and
 // reports whether the run allowed them all.
-func decode(list []int64, idx []int, reqs []Request, decisions []Decision) (bool, error) {
+func decode(list []int64, idx []int, reqs []bucket.Request, decisions []bucket.Decision) (bool, error) {
 	if want := 2 + replyPerKey*len(idx); len(list) != want {
 		return false, fmt.Errorf("%w: %d integers, want %d", errReply, len(list), want)
 	}
 	head := list[:2]
 	for j, i := range idx {
 		r := list[2+replyPerKey*j : 2+replyPerKey*(j+1)]
-		decisions[i] = Decision{
+		decisions[i] = bucket.Decision{
 			Allowed:    r[0] == 1,
 			Limit:      reqs[i].Policy.Limit(),
 			Remaining:  r[1],

@@ -1,6 +1,12 @@
-package limiter
+package redisstore
 
-import "encoding/base64"
+import (
+	"encoding/base64"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+)
 
 // redisDigestBytes is how much of a client key's digest (KeyHash) its
 // Redis keys carry: 12 bytes (96 bits), 16 characters of base64url. Two
@@ -15,12 +21,12 @@ const redisDigestBytes = 12
 // starts afresh instead of reading another's state. Bans add ":b" and ":r"
 // (see banKeys), which no algorithm uses.
 var keySuffixes = [...]string{
-	TokenBucket:          "",
-	FixedWindow:          ":f",
-	SlidingWindowLog:     ":l",
-	SlidingWindowCounter: ":c",
-	LeakyBucket:          ":q", // a queue
-	Concurrency:          ":m", // max_concurrent
+	bucket.TokenBucket:          "",
+	bucket.FixedWindow:          ":f",
+	bucket.SlidingWindowLog:     ":l",
+	bucket.SlidingWindowCounter: ":c",
+	bucket.LeakyBucket:          ":q", // a queue
+	bucket.Concurrency:          ":m", // max_concurrent
 }
 
 // RedisKey is the Redis key of the token bucket of a client in zone, under
@@ -43,10 +49,21 @@ func redisKey(prefix, zone string, digest [16]byte, suffix string) string {
 }
 
 // key is the Redis key of r's state (see RedisKey and keySuffixes).
-func (s *RedisStore) key(r Request) string {
+func (s *Store) key(r bucket.Request) string {
 	a := r.Policy.Algorithm
 	if int(a) < len(keySuffixes) {
 		return redisKey(s.prefix, r.Zone, r.Digest(), keySuffixes[a])
 	}
 	return redisKey(s.prefix, r.Zone, r.Digest(), ":"+a.String())
 }
+
+// Key is the Redis key of the token bucket of key in zone.
+func (s *Store) Key(zone, key string) string {
+	return RedisKey(s.prefix, zone, bucket.KeyHash(key))
+}
+
+// Client is the store's Redis client.
+func (s *Store) Client() redis.UniversalClient { return s.client }
+
+// Prefix starts every key of the store.
+func (s *Store) Prefix() string { return s.prefix }

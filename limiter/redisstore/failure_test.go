@@ -1,4 +1,4 @@
-package limiter
+package redisstore
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // cutConn passes everything through, but when armed, the connection that
@@ -59,8 +60,8 @@ func TestScriptRunsOnceInCluster(t *testing.T) {
 		},
 	})
 	s := newRedisStore(t, c)
-	p := Policy{Rate: 1, Period: time.Hour, Burst: 10}
-	req := []Request{{Zone: "z", Key: "once", Policy: p, Cost: 1}}
+	p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 10}
+	req := []bucket.Request{{Zone: "z", Key: "once", Policy: p, Cost: 1}}
 	if _, err := s.Take(t.Context(), req); err != nil { // scripts loaded, connections made
 		t.Fatal(err)
 	}
@@ -120,20 +121,20 @@ func TestUnavailable(t *testing.T) {
 func TestScriptErrorKeepsBreakerClosed(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
 	s := newRedisStore(t, c)
-	p := Policy{Rate: 1, Period: time.Hour, Burst: 10}
-	bad := Request{Zone: "z", Key: "bad", Policy: p, Cost: 1}
+	p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 10}
+	bad := bucket.Request{Zone: "z", Key: "bad", Policy: p, Cost: 1}
 	if err := c.HSet(t.Context(), s.key(bad), "not", "a bucket").Err(); err != nil {
 		t.Fatal(err)
 	}
 	for range 2 * BreakerFailures {
-		if _, err := s.Take(t.Context(), []Request{bad}); err == nil || Unavailable(err) {
+		if _, err := s.Take(t.Context(), []bucket.Request{bad}); err == nil || Unavailable(err) {
 			t.Fatalf("take of a wrong-type key: %v; want a script error", err)
 		}
 	}
 	if s.Breaker("").Open() {
 		t.Fatal("script errors opened the breaker")
 	}
-	if _, err := s.Take(t.Context(), []Request{{Zone: "z", Key: "good", Policy: p, Cost: 1}}); err != nil {
+	if _, err := s.Take(t.Context(), []bucket.Request{{Zone: "z", Key: "good", Policy: p, Cost: 1}}); err != nil {
 		t.Fatalf("another key after script errors: %v", err)
 	}
 }
@@ -148,7 +149,7 @@ func TestNodeBreakers(t *testing.T) {
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(),
 		ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond})
 	s := newRedisStore(t, c)
-	p := Policy{Rate: 1, Period: time.Hour, Burst: 1000}
+	p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 1000}
 	byNode := keysByNode(t, s, p)
 	if len(byNode) < 2 {
 		t.Fatalf("keys on %d masters; want several", len(byNode))
@@ -161,11 +162,11 @@ func TestNodeBreakers(t *testing.T) {
 	srv := cl.Server(hung)
 	srv.Pause()
 	defer srv.Resume()
-	take := func(r Request) (time.Duration, error) {
+	take := func(r bucket.Request) (time.Duration, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		_, err := s.Take(ctx, []Request{r})
+		_, err := s.Take(ctx, []bucket.Request{r})
 		return time.Since(start), err
 	}
 	for i := range 10 {
@@ -189,12 +190,12 @@ func TestNodeBreakers(t *testing.T) {
 }
 
 // keysByNode finds a request whose key lives on each master.
-func keysByNode(t *testing.T, s *RedisStore, p Policy) map[string]Request {
+func keysByNode(t *testing.T, s *Store, p bucket.Policy) map[string]bucket.Request {
 	t.Helper()
-	byNode := map[string]Request{}
+	byNode := map[string]bucket.Request{}
 	for i := 0; i < 200 && len(byNode) < 3; i++ {
-		r := Request{Zone: "z", Key: fmt.Sprintf("node-key-%d", i), Policy: p, Cost: 1}
-		nodes := s.nodes(t.Context(), s.scriptRuns([]Request{r}))
+		r := bucket.Request{Zone: "z", Key: fmt.Sprintf("node-key-%d", i), Policy: p, Cost: 1}
+		nodes := s.nodes(t.Context(), s.scriptRuns([]bucket.Request{r}))
 		if nodes[0] != "" {
 			byNode[nodes[0]] = r
 		}
@@ -209,8 +210,8 @@ func TestTimeoutRaceNeverPanics(t *testing.T) {
 	srv := redistest.NewServer(t)
 	s := newRedisStore(t, redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1}))
 	s.breakers.threshold = 1 << 30 // keep calling Redis
-	tb := Policy{Rate: 1000, Period: time.Second, Burst: 1000}
-	fw := Policy{Algorithm: FixedWindow, Rate: 1000, Period: time.Second, Burst: 1000}
+	tb := bucket.Policy{Rate: 1000, Period: time.Second, Burst: 1000}
+	fw := bucket.Policy{Algorithm: bucket.FixedWindow, Rate: 1000, Period: time.Second, Burst: 1000}
 	var wg sync.WaitGroup
 	stop := time.Now().Add(2 * time.Second)
 	for g := range 64 {
@@ -220,7 +221,7 @@ func TestTimeoutRaceNeverPanics(t *testing.T) {
 			for i := 0; time.Now().Before(stop); i++ {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Duration((g*7+i*13)%20000)*time.Microsecond)
 				k := fmt.Sprint("k", (g+i)%50)
-				_, _ = s.Take(ctx, []Request{{Zone: "a", Key: k, Policy: tb, Cost: 1}, {Zone: "b", Key: k, Policy: fw, Cost: 1}})
+				_, _ = s.Take(ctx, []bucket.Request{{Zone: "a", Key: k, Policy: tb, Cost: 1}, {Zone: "b", Key: k, Policy: fw, Cost: 1}})
 				cancel()
 			}
 		}()
@@ -232,7 +233,7 @@ func TestTimeoutRaceNeverPanics(t *testing.T) {
 // (given the probe) and a slow node B times out; A answered, so its probe
 // is settled and A's breaker closes, instead of staying open for good.
 func TestProbeOfAnAnsweringNodeSettles(t *testing.T) {
-	s, _ := NewRedisStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "")
+	s, _ := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "")
 	t0 := time.Unix(1000, 0)
 	a, b := "a:1", "b:1"
 	for range BreakerFailures {
@@ -256,7 +257,7 @@ func TestProbeOfAnAnsweringNodeSettles(t *testing.T) {
 // TestFailedReleasesDoNotDelayProbes: releases are sent whatever a breaker
 // says; their failures do not push the cool-down back.
 func TestFailedReleasesDoNotDelayProbes(t *testing.T) {
-	s, _ := NewRedisStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "")
+	s, _ := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "")
 	t0 := time.Unix(1000, 0)
 	for range BreakerFailures {
 		s.breakers.settle([]string{"a:1"}, []error{context.DeadlineExceeded}, t0, true)
@@ -274,8 +275,8 @@ func TestFailedReleasesDoNotDelayProbes(t *testing.T) {
 func TestRefundWhileBreakerOpen(t *testing.T) {
 	addr := redistest.StandaloneAddr(t)
 	s := newRedisStore(t, redis.NewClient(&redis.Options{Addr: addr}))
-	p := Policy{Rate: 1, Period: time.Hour, Burst: 5}
-	req := []Request{{Zone: "z", Key: "refund-open", Policy: p, Cost: 2}}
+	p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 5}
+	req := []bucket.Request{{Zone: "z", Key: "refund-open", Policy: p, Cost: 2}}
 	d, err := s.Take(t.Context(), req)
 	if err != nil || d[0].Remaining != 3 {
 		t.Fatalf("take: %+v, %v", d, err)
@@ -289,7 +290,7 @@ func TestRefundWhileBreakerOpen(t *testing.T) {
 	if _, err := s.Refund(t.Context(), req, d); err != nil {
 		t.Fatalf("refund while the breaker is open: %v", err)
 	}
-	other, err := NewRedisStore(redis.NewClient(&redis.Options{Addr: addr}), s.prefix) // its breaker closed
+	other, err := New(redis.NewClient(&redis.Options{Addr: addr}), s.prefix) // its breaker closed
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,14 +311,14 @@ func TestAuthErrorsAreUnavailability(t *testing.T) {
 	if err := admin.ConfigSet(t.Context(), "requirepass", "right-password").Err(); err != nil {
 		t.Fatal(err)
 	}
-	p := Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Second, Burst: 1}
+	p := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 1, Period: time.Second, Burst: 1}
 	for pw, want := range map[string]string{"": "unauthenticated", "wrong": "WRONGPASS"} {
-		s, err := NewRedisStore(redis.NewClient(&redis.Options{Addr: srv.Addr, Password: pw, MaxRetries: -1}), "auth:")
+		s, err := New(redis.NewClient(&redis.Options{Addr: srv.Addr, Password: pw, MaxRetries: -1}), "auth:")
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-		_, err = s.Take(ctx, []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1}})
+		_, err = s.Take(ctx, []bucket.Request{{Zone: "z", Key: "k", Policy: p, Cost: 1}})
 		cancel()
 		s.Close()
 		if !Unavailable(err) || !AuthFailed(err) || !strings.Contains(strings.ToLower(err.Error()), strings.ToLower(want)) {

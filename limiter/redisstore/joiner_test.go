@@ -1,4 +1,4 @@
-package limiter
+package redisstore
 
 import (
 	"context"
@@ -7,11 +7,13 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // joinItems makes the queued commands of reqs, one request each, in mode
 // modes[i] (take when empty), as a store of the given kind sends them.
-func joinItems(t *testing.T, s *RedisStore, reqs []Request, modes []string) []queued {
+func joinItems(t *testing.T, s *Store, reqs []bucket.Request, modes []string) []queued {
 	t.Helper()
 	items := make([]queued, len(reqs))
 	for i, r := range reqs {
@@ -19,7 +21,7 @@ func joinItems(t *testing.T, s *RedisStore, reqs []Request, modes []string) []qu
 		if i < len(modes) && modes[i] != "" {
 			mode = modes[i]
 		}
-		one := []Request{r}
+		one := []bucket.Request{r}
 		sr := s.scriptRuns(one)[0]
 		items[i] = queued{ctx: context.Background(), cmd: evalCmd(context.Background(), sr, true, "", mode, one, nil), i: i}
 	}
@@ -46,13 +48,13 @@ func order(us []unit) map[int]int {
 // the second take of another client joins its first; on a node, the
 // latest take call (X's).
 func TestJoinKeepsOrder(t *testing.T) {
-	p := Policy{Algorithm: Concurrency, Burst: 1, Lease: time.Minute}
+	p := bucket.Policy{Algorithm: bucket.Concurrency, Burst: 1, Lease: time.Minute}
 	for _, mode := range []joinMode{joinAny, joinByTag, joinByNode} {
-		s, err := NewRedisStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "o:")
+		s, err := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "o:")
 		if err != nil {
 			t.Fatal(err)
 		}
-		reqs := []Request{{Zone: "z", Key: "other", Policy: p, Cost: 1, ID: "a"}, {Zone: "z", Key: "X", Policy: p, Cost: 1, ID: "r1"},
+		reqs := []bucket.Request{{Zone: "z", Key: "other", Policy: p, Cost: 1, ID: "a"}, {Zone: "z", Key: "X", Policy: p, Cost: 1, ID: "r1"},
 			{Zone: "z", Key: "X", Policy: p, Cost: 1, ID: "r2"}, {Zone: "z", Key: "other", Policy: p, Cost: 1, ID: "b"}}
 		var j joiner
 		at := order(j.join(joinItems(t, s, reqs, []string{"take", "release", "take", "take"}), mode))
@@ -71,26 +73,26 @@ func TestJoinKeepsOrder(t *testing.T) {
 // single-key takes go 64 to a call; sliding-log commands weigh their
 // cost, and one heavier than the bound goes alone.
 func TestJoinBounded(t *testing.T) {
-	s, err := NewRedisStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "b:")
+	s, err := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "b:")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	var reqs []Request
+	var reqs []bucket.Request
 	for i := range 256 {
-		reqs = append(reqs, Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: Policy{Rate: 1, Period: time.Second, Burst: 1}, Cost: 1})
+		reqs = append(reqs, bucket.Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: bucket.Policy{Rate: 1, Period: time.Second, Burst: 1}, Cost: 1})
 	}
 	var j joiner
 	if us := j.join(joinItems(t, s, reqs, nil), joinAny); len(us) != 256/maxJoinWeight {
 		t.Errorf("256 takes in %d calls; want %d", len(us), 256/maxJoinWeight)
 	}
 	j.reset()
-	log := Policy{Algorithm: SlidingWindowLog, Rate: 100_000, Period: time.Second}
+	log := bucket.Policy{Algorithm: bucket.SlidingWindowLog, Rate: 100_000, Period: time.Second}
 	reqs = reqs[:0]
 	for i := range 20 {
-		reqs = append(reqs, Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: log, Cost: 10})
+		reqs = append(reqs, bucket.Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: log, Cost: 10})
 	}
-	reqs = append(reqs, Request{Zone: "z", Key: "huge", Policy: log, Cost: 10_000})
+	reqs = append(reqs, bucket.Request{Zone: "z", Key: "huge", Policy: log, Cost: 10_000})
 	us := j.join(joinItems(t, s, reqs, nil), joinAny)
 	for _, u := range us {
 		w := 0
@@ -112,14 +114,14 @@ func TestJoinBounded(t *testing.T) {
 // outside a cluster (one call), in the cluster client's queue (64 tags:
 // none joins) and in a node's (one call).
 func BenchmarkJoin(b *testing.B) {
-	s, err := NewRedisStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "j:")
+	s, err := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "j:")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	var reqs []Request
+	var reqs []bucket.Request
 	for i := range 64 {
-		reqs = append(reqs, Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: Policy{Rate: 1, Period: time.Second, Burst: 1}, Cost: 1})
+		reqs = append(reqs, bucket.Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: bucket.Policy{Rate: 1, Period: time.Second, Burst: 1}, Cost: 1})
 	}
 	t := &testing.T{}
 	items := joinItems(t, s, reqs, nil)
@@ -156,16 +158,16 @@ func TestJoinModes(t *testing.T) {
 		{redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}), joinByNode},
 		{redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}}), joinNone},
 	} {
-		s, err := NewRedisStore(c.client, "m:")
+		s, err := New(c.client, "m:")
 		if err != nil {
 			t.Fatal(err)
 		}
 		if s.batch.join != c.want {
 			t.Errorf("%T: join mode %d; want %d", c.client, s.batch.join, c.want)
 		}
-		var reqs []Request
+		var reqs []bucket.Request
 		for i := range 4 {
-			reqs = append(reqs, Request{Zone: "z", Key: "same", Policy: Policy{Rate: 1, Period: time.Second, Burst: 9}, Cost: 1, ID: fmt.Sprint(i)})
+			reqs = append(reqs, bucket.Request{Zone: "z", Key: "same", Policy: bucket.Policy{Rate: 1, Period: time.Second, Burst: 9}, Cost: 1, ID: fmt.Sprint(i)})
 		}
 		var j joiner
 		if us := j.join(joinItems(t, s, reqs, nil), s.batch.join); (len(us) == 1) != (c.want != joinNone) {

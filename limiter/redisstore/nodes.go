@@ -1,4 +1,4 @@
-package limiter
+package redisstore
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // ErrBreakerOpen is the error of a call not sent because the circuit
@@ -162,7 +164,7 @@ const forgetEvery = time.Minute
 // list yet) drops nothing in use. ForEachMaster reloads the map (or falls
 // back to the one the client has); outside a cluster, or without any map,
 // it does nothing. A cluster store calls it every forgetEvery.
-func (s *RedisStore) forgetGone(ctx context.Context) {
+func (s *Store) forgetGone(ctx context.Context) {
 	c, ok := s.client.(*redis.ClusterClient)
 	if !ok {
 		return
@@ -194,7 +196,7 @@ func (s *RedisStore) forgetGone(ctx context.Context) {
 }
 
 // forgetLoop runs forgetGone every forgetEvery until the store closes.
-func (s *RedisStore) forgetLoop(every time.Duration) {
+func (s *Store) forgetLoop(every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -283,17 +285,21 @@ var errNotSent = errors.New("not sent: the decision's time was up in the queue")
 // MayHaveRun reports whether a decision that failed with err may have run
 // its script in Redis (and so taken a concurrency slot to give back): false
 // when it was never sent (an open breaker, a full queue, its time up in the
-// queue), or a storage fleet's round that charged nothing.
+// queue), or an error that says it charged nothing (a NotRun method
+// that returns true: a storage fleet's stale round).
 func MayHaveRun(err error) bool {
-	return !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, errQueueFull) && !errors.Is(err, errNotSent) &&
-		!errors.Is(err, errStorageStale)
+	var notRun interface{ NotRun() bool }
+	if errors.As(err, &notRun) && notRun.NotRun() {
+		return false
+	}
+	return !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, errQueueFull) && !errors.Is(err, errNotSent)
 }
 
 // route sets, for each run, the node it goes to and the client of that
 // node: in a cluster, the master of the run's slot by go-redis's slot map
 // (or the cluster client, which routes, when the map has no answer);
 // outside, "" and the store's client.
-func (s *RedisStore) route(ctx context.Context, runs []scriptRun, nodes []string, clients []redis.Cmdable) {
+func (s *Store) route(ctx context.Context, runs []scriptRun, nodes []string, clients []redis.Cmdable) {
 	c, ok := s.client.(*redis.ClusterClient)
 	for i, sr := range runs {
 		clients[i] = s.client
@@ -309,14 +315,19 @@ func (s *RedisStore) route(ctx context.Context, runs []scriptRun, nodes []string
 // Node is the address of the Redis cluster master that holds req's state
 // by the client's slot map: "" outside a cluster, or when the map has no
 // answer yet.
-func (s *RedisStore) Node(ctx context.Context, req Request) string {
-	return s.nodes(ctx, s.scriptRuns([]Request{req}))[0]
+func (s *Store) Node(ctx context.Context, req bucket.Request) string {
+	return s.nodes(ctx, s.scriptRuns([]bucket.Request{req}))[0]
 }
 
 // nodes are the addresses of the cluster masters that runs go to (see
 // route); outside a cluster, "" for each.
-func (s *RedisStore) nodes(ctx context.Context, runs []scriptRun) []string {
+func (s *Store) nodes(ctx context.Context, runs []scriptRun) []string {
 	nodes := make([]string, len(runs))
 	s.route(ctx, runs, nodes, make([]redis.Cmdable, len(runs)))
 	return nodes
+}
+
+// NodesOf are the nodes reqs go to ("" outside a cluster).
+func (s *Store) NodesOf(ctx context.Context, reqs []bucket.Request) []string {
+	return s.nodes(ctx, s.scriptRuns(reqs))
 }

@@ -1,4 +1,4 @@
-package limiter
+package redisstore
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // pipelineCounter is a go-redis hook that counts the pipelines a client
@@ -44,7 +45,7 @@ func (h *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 
 // takeConcurrently runs n Takes at once, one key each, and returns their
 // errors.
-func takeConcurrently(s *RedisStore, n int, req func(i int) Request) []error {
+func takeConcurrently(s *Store, n int, req func(i int) bucket.Request) []error {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -55,7 +56,7 @@ func takeConcurrently(s *RedisStore, n int, req func(i int) Request) []error {
 			<-start
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			_, errs[i] = s.Take(ctx, []Request{req(i)})
+			_, errs[i] = s.Take(ctx, []bucket.Request{req(i)})
 		}()
 	}
 	close(start)
@@ -71,11 +72,11 @@ func TestAutoPipelining(t *testing.T) {
 	hook := &pipelineCounter{}
 	c.AddHook(hook)
 	s := newRedisStore(t, c)
-	p := Policy{Rate: 1, Period: time.Hour, Burst: 3}
+	p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 3}
 	for _, key := range []string{"warm", "lone"} { // the first connects and loads the script
 		hook.pipelines.Store(0)
 		hook.largest.Store(0)
-		if _, err := s.Take(t.Context(), []Request{{Zone: "z", Key: key, Policy: p, Cost: 1}}); err != nil {
+		if _, err := s.Take(t.Context(), []bucket.Request{{Zone: "z", Key: key, Policy: p, Cost: 1}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -83,8 +84,8 @@ func TestAutoPipelining(t *testing.T) {
 		t.Fatalf("a lone decision: %d pipelines, largest %d; want one of 1", hook.pipelines.Load(), hook.largest.Load())
 	}
 	const n = 1000
-	errs := takeConcurrently(s, n, func(i int) Request {
-		return Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: p, Cost: 1}
+	errs := takeConcurrently(s, n, func(i int) bucket.Request {
+		return bucket.Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: p, Cost: 1}
 	})
 	for i, err := range errs {
 		if err != nil {
@@ -101,7 +102,7 @@ func TestAutoPipelining(t *testing.T) {
 	}
 	// Each key was charged exactly once.
 	for _, i := range []int{0, n / 2, n - 1} {
-		d, err := s.Peek(t.Context(), Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: p})
+		d, err := s.Peek(t.Context(), bucket.Request{Zone: "z", Key: fmt.Sprint("k", i), Policy: p})
 		if err != nil || d.Remaining != 2 {
 			t.Fatalf("key k%d: remaining %d (%v); want 2", i, d.Remaining, err)
 		}
@@ -113,16 +114,16 @@ func TestAutoPipelining(t *testing.T) {
 func TestBatchFailsEachOnItsOwn(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t), PoolSize: 2})
 	s := newRedisStore(t, c)
-	p := Policy{Rate: 1, Period: time.Hour, Burst: 3}
-	bad := Request{Zone: "z", Key: "bad", Policy: p, Cost: 1}
+	p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 3}
+	bad := bucket.Request{Zone: "z", Key: "bad", Policy: p, Cost: 1}
 	if err := c.HSet(t.Context(), s.key(bad), "not", "a bucket").Err(); err != nil {
 		t.Fatal(err)
 	}
-	errs := takeConcurrently(s, 200, func(i int) Request {
+	errs := takeConcurrently(s, 200, func(i int) bucket.Request {
 		if i%50 == 0 {
 			return bad
 		}
-		return Request{Zone: "z", Key: fmt.Sprint("ok", i), Policy: p, Cost: 1}
+		return bucket.Request{Zone: "z", Key: fmt.Sprint("ok", i), Policy: p, Cost: 1}
 	})
 	for i, err := range errs {
 		switch {
@@ -143,8 +144,8 @@ func TestBatcherCallerTimesOut(t *testing.T) {
 			return (&net.Dialer{}).DialContext(ctx, network, addr)
 		}})
 	s := newRedisStore(t, c)
-	p := Policy{Rate: 1, Period: time.Hour, Burst: 3}
-	if _, err := s.Take(t.Context(), []Request{{Zone: "z", Key: "warm", Policy: p, Cost: 1}}); err != nil {
+	p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 3}
+	if _, err := s.Take(t.Context(), []bucket.Request{{Zone: "z", Key: "warm", Policy: p, Cost: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	srv.Pause()
@@ -158,7 +159,7 @@ func TestBatcherCallerTimesOut(t *testing.T) {
 				ctx = newBudget(150 * time.Millisecond)
 			}
 			start := time.Now()
-			_, err := s.Take(ctx, []Request{{Zone: "z", Key: fmt.Sprint("t", i), Policy: p, Cost: 1}})
+			_, err := s.Take(ctx, []bucket.Request{{Zone: "z", Key: fmt.Sprint("t", i), Policy: p, Cost: 1}})
 			if err == nil {
 				t.Error("a decision on a hung Redis succeeded")
 			}
@@ -236,9 +237,9 @@ func TestBatchedCalls(t *testing.T) {
 	for name, c := range clients {
 		t.Run(name, func(t *testing.T) {
 			s := newRedisStore(t, c)
-			p := Policy{Rate: 1, Period: time.Hour, Burst: 100}
+			p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 100}
 			for i := range 32 { // load the script on every node first (NOSCRIPT: each decision alone, as EVAL)
-				if _, err := s.Take(t.Context(), []Request{{Zone: "warm", Key: fmt.Sprint(i), Policy: p, Cost: 1}}); err != nil {
+				if _, err := s.Take(t.Context(), []bucket.Request{{Zone: "warm", Key: fmt.Sprint(i), Policy: p, Cost: 1}}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -252,7 +253,7 @@ func TestBatchedCalls(t *testing.T) {
 					if i%4 == 3 {
 						key = fmt.Sprint("other-", i)
 					}
-					d, err := s.Take(t.Context(), []Request{{Zone: "z", Key: key, Policy: p, Cost: 1}})
+					d, err := s.Take(t.Context(), []bucket.Request{{Zone: "z", Key: key, Policy: p, Cost: 1}})
 					errs[i] = err
 					allowed[i] = err == nil && d[0].Allowed
 				})
@@ -333,14 +334,14 @@ func TestBatchedCallNoScript(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Pause()
-	p := Policy{Rate: 1, Period: time.Hour, Burst: 1000}
+	p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 1000}
 	var wg sync.WaitGroup
 	errs := make([]error, 100)
 	for i := range 100 {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, errs[i] = s.Take(ctx, []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1}})
+			_, errs[i] = s.Take(ctx, []bucket.Request{{Zone: "z", Key: "k", Policy: p, Cost: 1}})
 		})
 	}
 	time.Sleep(200 * time.Millisecond) // the first command in flight, the others queued
@@ -351,7 +352,7 @@ func TestBatchedCallNoScript(t *testing.T) {
 			t.Fatalf("decision %d: %v", i, err)
 		}
 	}
-	d, err := s.Peek(t.Context(), Request{Zone: "z", Key: "k", Policy: p})
+	d, err := s.Peek(t.Context(), bucket.Request{Zone: "z", Key: "k", Policy: p})
 	if err != nil || d.Remaining != 900 {
 		t.Fatalf("remaining %d (%v); want 900: each decision charged once", d.Remaining, err)
 	}
@@ -383,25 +384,25 @@ func TestBatchedCallArgs(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct {
-		p     Policy
-		reqs  []Request // Key and Cost, ID, NoDelay set
-		check func(t *testing.T, i int, reply []int64, r Request)
+		p     bucket.Policy
+		reqs  []bucket.Request // Key and Cost, ID, NoDelay set
+		check func(t *testing.T, i int, reply []int64, r bucket.Request)
 	}{
-		{Policy{Rate: 1, Period: time.Hour, Burst: 10}, []Request{{Key: "a", Cost: 1}, {Key: "b", Cost: 5}, {Key: "c", Cost: 5}, {Key: "d", Cost: 2}},
-			func(t *testing.T, i int, reply []int64, r Request) {
+		{bucket.Policy{Rate: 1, Period: time.Hour, Burst: 10}, []bucket.Request{{Key: "a", Cost: 1}, {Key: "b", Cost: 5}, {Key: "c", Cost: 5}, {Key: "d", Cost: 2}},
+			func(t *testing.T, i int, reply []int64, r bucket.Request) {
 				if reply[3] != 10-r.Cost {
 					t.Errorf("token bucket, cost %d: %d remaining; want %d", r.Cost, reply[3], 10-r.Cost)
 				}
 			}},
-		{Policy{Algorithm: LeakyBucket, Rate: 1, Period: time.Hour, Burst: 10}, []Request{{Key: "a"}, {Key: "b", ID: "1"}, {Key: "c", ID: "1"}, {Key: "d"}},
-			func(t *testing.T, i int, reply []int64, r Request) {
+		{bucket.Policy{Algorithm: bucket.LeakyBucket, Rate: 1, Period: time.Hour, Burst: 10}, []bucket.Request{{Key: "a"}, {Key: "b", ID: "1"}, {Key: "c", ID: "1"}, {Key: "d"}},
+			func(t *testing.T, i int, reply []int64, r bucket.Request) {
 				if delayed := reply[6] > 0; delayed == r.Policy.NoDelay {
 					t.Errorf("leaky bucket, request %d (no delay: %v): delay %d µs", i, r.Policy.NoDelay, reply[6])
 				}
 			}},
-		{Policy{Algorithm: SlidingWindowLog, Rate: 10, Period: time.Hour}, []Request{{Key: "a", ID: "x"}, {Key: "b", ID: "y"}, {Key: "c", ID: "y"}, {Key: "d", ID: "z"}},
-			func(t *testing.T, i int, reply []int64, r Request) {
-				key := s.key(Request{Zone: "z", Key: r.Key, Policy: r.Policy})
+		{bucket.Policy{Algorithm: bucket.SlidingWindowLog, Rate: 10, Period: time.Hour}, []bucket.Request{{Key: "a", ID: "x"}, {Key: "b", ID: "y"}, {Key: "c", ID: "y"}, {Key: "d", ID: "z"}},
+			func(t *testing.T, i int, reply []int64, r bucket.Request) {
+				key := s.key(bucket.Request{Zone: "z", Key: r.Key, Policy: r.Policy})
 				if m := c.ZRange(t.Context(), key, 0, -1).Val(); len(m) != 1 || m[0] != r.ID+":1" {
 					t.Errorf("sliding log, request %d (id %s): members %v", i, r.ID, m)
 				}
@@ -412,13 +413,13 @@ func TestBatchedCallArgs(t *testing.T) {
 			r := &tc.reqs[i]
 			r.Zone, r.Policy, r.Key = "z", tc.p, fmt.Sprint(tc.p.Algorithm, "-", r.Key)
 			r.Cost = max(r.Cost, 1)
-			if tc.p.Algorithm == LeakyBucket { // a first request, so that the next one waits (or would)
-				if _, err := s.Take(t.Context(), []Request{*r}); err != nil {
+			if tc.p.Algorithm == bucket.LeakyBucket { // a first request, so that the next one waits (or would)
+				if _, err := s.Take(t.Context(), []bucket.Request{*r}); err != nil {
 					t.Fatal(err)
 				}
 				r.Policy.NoDelay, r.ID = r.ID == "1", "" // the same id: only the flag differs
 			}
-			one := []Request{*r}
+			one := []bucket.Request{*r}
 			cmds = append(cmds, evalCmd(t.Context(), s.scriptRuns(one)[0], true, "", "take", one, nil))
 		}
 		before := scriptRunCount(t, c)

@@ -1,9 +1,11 @@
-package limiter
+package redisstore
 
 import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // A decision's time budget (RedisOptions.Timeout) without a timer or a
@@ -54,3 +56,15 @@ var timers = sync.Pool{New: func() any {
 	t.Stop()
 	return t
 }}
+
+// TakeWithin is Take on a budget of d from start, from the pool: a
+// decision's time without a timer or a context of its own.
+func (s *Store) TakeWithin(start time.Time, d time.Duration, reqs []bucket.Request) ([]bucket.Decision, error) {
+	b := budgets.Get().(*budget)
+	*b = budget{start: start, deadline: start.Add(d)}
+	decisions, err := s.Take(b, reqs)
+	if err == nil { // every command answered: nothing holds b
+		budgets.Put(b)
+	}
+	return decisions, err
+}

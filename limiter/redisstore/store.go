@@ -1,4 +1,4 @@
-package limiter
+package redisstore
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 )
 
@@ -19,12 +20,12 @@ const DefaultKeyPrefix = "rl:"
 
 // scripts are the Lua scripts, by algorithm.
 var scripts = [...]*luaScript{
-	TokenBucket:          newLuaScript(luascripts.TokenBucket),
-	FixedWindow:          newLuaScript(luascripts.FixedWindow),
-	SlidingWindowLog:     newLuaScript(luascripts.SlidingWindowLog),
-	SlidingWindowCounter: newLuaScript(luascripts.SlidingWindowCounter),
-	LeakyBucket:          newLuaScript(luascripts.LeakyBucket),
-	Concurrency:          newLuaScript(luascripts.Concurrency),
+	bucket.TokenBucket:          newLuaScript(luascripts.TokenBucket),
+	bucket.FixedWindow:          newLuaScript(luascripts.FixedWindow),
+	bucket.SlidingWindowLog:     newLuaScript(luascripts.SlidingWindowLog),
+	bucket.SlidingWindowCounter: newLuaScript(luascripts.SlidingWindowCounter),
+	bucket.LeakyBucket:          newLuaScript(luascripts.LeakyBucket),
+	bucket.Concurrency:          newLuaScript(luascripts.Concurrency),
 }
 
 // Each script takes 6 arguments per key and answers 5 integers per key.
@@ -33,7 +34,7 @@ const (
 	replyPerKey = 5
 )
 
-// RedisStore keeps buckets in Redis (standalone, Sentinel or Cluster), so
+// Store keeps buckets in Redis (standalone, Sentinel or Cluster), so
 // that every Caddy instance using the same Redis enforces one limit. Each
 // decision is one Lua script run, atomic in Redis, on the server's clock.
 //
@@ -42,7 +43,7 @@ const (
 // the raw client key is not stored, keys have a bounded length, and the hash
 // tag is the digest, so a client cannot pick the hash slot, while zones keyed
 // by the same client share one slot and one script run.
-type RedisStore struct {
+type Store struct {
 	client   redis.UniversalClient
 	prefix   string
 	cluster  bool
@@ -63,9 +64,9 @@ const (
 	BreakerCooldown = 2 * time.Second
 )
 
-// NewRedisStore returns a store on client, whose keys start with prefix
+// New returns a store on client, whose keys start with prefix
 // (DefaultKeyPrefix when empty). Close closes the client.
-func NewRedisStore(client redis.UniversalClient, prefix string) (*RedisStore, error) {
+func New(client redis.UniversalClient, prefix string) (*Store, error) {
 	if prefix == "" {
 		prefix = DefaultKeyPrefix
 	}
@@ -79,7 +80,7 @@ func NewRedisStore(client redis.UniversalClient, prefix string) (*RedisStore, er
 	} else if cluster {
 		join = joinByNode
 	}
-	s := &RedisStore{client: client, prefix: prefix, cluster: cluster, now: time.Now, batch: newBatcher(join),
+	s := &Store{client: client, prefix: prefix, cluster: cluster, now: time.Now, batch: newBatcher(join),
 		breakers: &nodeBreakers{threshold: BreakerFailures, cooldown: BreakerCooldown, byNode: map[string]*Breaker{}},
 		closed:   make(chan struct{}),
 	}
@@ -91,41 +92,41 @@ func NewRedisStore(client redis.UniversalClient, prefix string) (*RedisStore, er
 
 // OnBreaker sets f to be called when the breaker of a node opens or
 // closes; node is "" outside a cluster. Call it before the store is used.
-func (s *RedisStore) OnBreaker(f func(node string, open bool)) {
+func (s *Store) OnBreaker(f func(node string, open bool)) {
 	s.breakers.changed = f
 }
 
 // OnForget sets f to be called when the store forgets a cluster node that
 // no longer serves slots, with its breaker (see forgetGone). Call it
 // before the store is used.
-func (s *RedisStore) OnForget(f func(node string)) {
+func (s *Store) OnForget(f func(node string)) {
 	s.breakers.forgotten = f
 }
 
 // Breaker is the circuit breaker of node ("" outside a cluster).
-func (s *RedisStore) Breaker(node string) *Breaker {
+func (s *Store) Breaker(node string) *Breaker {
 	return s.breakers.get(node)
 }
 
 // Available reports whether the breakers of the nodes that hold reqs'
 // keys are closed: calls to them are sent.
-func (s *RedisStore) Available(ctx context.Context, reqs []Request) bool {
+func (s *Store) Available(ctx context.Context, reqs []bucket.Request) bool {
 	return !s.breakers.anyOpen(s.nodes(ctx, s.scriptRuns(reqs)))
 }
 
 // Take charges the buckets of reqs on the Redis server's clock, all or
 // nothing (see Store.Take).
-func (s *RedisStore) Take(ctx context.Context, reqs []Request) ([]Decision, error) {
+func (s *Store) Take(ctx context.Context, reqs []bucket.Request) ([]bucket.Decision, error) {
 	return s.take(ctx, "", reqs)
 }
 
 // TakeAt is Take at an explicit time instead of the server's clock.
-func (s *RedisStore) TakeAt(ctx context.Context, now time.Time, reqs []Request) ([]Decision, error) {
+func (s *Store) TakeAt(ctx context.Context, now time.Time, reqs []bucket.Request) ([]bucket.Decision, error) {
 	return s.take(ctx, strconv.FormatInt(now.UnixMicro(), 10), reqs)
 }
 
 // Close stops the pipelining queues and closes the Redis client.
-func (s *RedisStore) Close() error {
+func (s *Store) Close() error {
 	s.close.Do(func() { close(s.closed) })
 	s.batch.close()
 	return s.client.Close()
@@ -186,7 +187,7 @@ func (e *RefundError) Unwrap() error { return e.Err }
 // at the take's time, and if that fails, returns the decisions with a
 // *RefundError. When a run fails (a cluster then reloads its slot map) or
 // a reply is malformed, take returns the error and no decisions.
-func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]Decision, error) {
+func (s *Store) take(ctx context.Context, now string, reqs []bucket.Request) ([]bucket.Decision, error) {
 	var start time.Time // a budget knows its own
 	if _, ok := ctx.(*budget); !ok {
 		start = time.Now()
@@ -203,7 +204,7 @@ func (s *RedisStore) take(ctx context.Context, now string, reqs []Request) ([]De
 		}
 		return nil, err
 	}
-	decisions := make([]Decision, len(reqs))
+	decisions := make([]bucket.Decision, len(reqs))
 	allowed := true
 	for i, sr := range runs {
 		ok, err := decode(runs[i].reply, sr.idx, reqs, decisions)
@@ -242,7 +243,7 @@ func refundContext(ctx context.Context, start time.Time) (context.Context, conte
 // network error: a failed master's replica may have taken over its slots,
 // and go-redis would otherwise keep calling the dead node until its next
 // periodic reload. Reloads are asynchronous and coalesced by go-redis.
-func (s *RedisStore) reloadTopology(err error) {
+func (s *Store) reloadTopology(err error) {
 	c, ok := s.client.(*redis.ClusterClient)
 	var replyErr redis.Error
 	if ok && !errors.As(err, &replyErr) {
@@ -258,7 +259,7 @@ var firstIndex = []int{0}
 // run per algorithm and hash tag (the client key's digest: see RedisKey),
 // so that a run's keys share a slot. A request may carry its digest alone
 // (a sync round's), so runs are told apart by the digest, never by Key.
-func (s *RedisStore) scriptRuns(reqs []Request) []scriptRun {
+func (s *Store) scriptRuns(reqs []bucket.Request) []scriptRun {
 	if len(reqs) == 1 { // the common case, without the grouping
 		r, one := reqs[0], oneRuns.Get().(*oneRun)
 		one.key[0] = s.key(r)
@@ -267,7 +268,7 @@ func (s *RedisStore) scriptRuns(reqs []Request) []scriptRun {
 		return one.run[:]
 	}
 	type group struct {
-		a   Algorithm
+		a   bucket.Algorithm
 		tag [redisDigestBytes]byte
 	}
 	var runs []scriptRun
@@ -298,7 +299,7 @@ func (s *RedisStore) scriptRuns(reqs []Request) []scriptRun {
 // No script is sent twice (see onceCmd). Calls to a node whose breaker is
 // open are not sent, but releases always are; the outcome of every call
 // is recorded by its node's breaker. An error is a *NodeError.
-func (s *RedisStore) run(ctx context.Context, runs []scriptRun, now, mode string, reqs []Request) error {
+func (s *Store) run(ctx context.Context, runs []scriptRun, now, mode string, reqs []bucket.Request) error {
 	// One run (the common case) needs no slices on the heap.
 	var nodesOne [1]string
 	var clientsOne [1]redis.Cmdable
@@ -356,7 +357,7 @@ func givesBack(mode string) bool { return mode == "release" || mode == "refund" 
 // outcome of each node: its reply's for the nodes that answered, a failure
 // for the others (for a release, only the successes count). It returns the
 // error of the first node that did not answer.
-func (s *RedisStore) timedOut(nodes []string, cmds []onceCmd, answered []bool, err error, mode string) error {
+func (s *Store) timedOut(nodes []string, cmds []onceCmd, answered []bool, err error, mode string) error {
 	errs := make([]error, len(nodes))
 	silent := ""
 	for i, node := range nodes {
@@ -376,7 +377,7 @@ func (s *RedisStore) timedOut(nodes []string, cmds []onceCmd, answered []bool, e
 // ASK: its slot moved; or errBatchElsewhere, the same in a batched call),
 // or one that found no script cached (NOSCRIPT: then as EVAL, with the
 // script's source).
-func (s *RedisStore) resend(ctx context.Context, sr scriptRun, cmd onceCmd, now, mode string, reqs []Request) onceCmd {
+func (s *Store) resend(ctx context.Context, sr scriptRun, cmd onceCmd, now, mode string, reqs []bucket.Request) onceCmd {
 	sha := !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT")
 	cmd = evalCmd(ctx, sr, sha, now, mode, reqs, nil)
 	_ = s.client.Process(ctx, cmd)
@@ -400,7 +401,7 @@ func isRedirect(err error) bool {
 // (its reply's time and reset: see takenFlag). At the take's time a
 // charge has not begun to drain: it is given back whole, exactly. Runs of
 // one time share a round trip.
-func (s *RedisStore) refund(ctx context.Context, now string, runs []scriptRun, reqs []Request) error {
+func (s *Store) refund(ctx context.Context, now string, runs []scriptRun, reqs []bucket.Request) error {
 	var times []string
 	charged := map[string][]scriptRun{}
 	for _, sr := range runs {
@@ -430,27 +431,26 @@ func (s *RedisStore) refund(ctx context.Context, now string, runs []scriptRun, r
 }
 
 // Interface guard.
-var _ Store = (*RedisStore)(nil)
 
 // Release gives back the concurrency slots that reqs took; requests of
 // other algorithms are left alone.
-func (s *RedisStore) Release(ctx context.Context, reqs []Request) error {
+func (s *Store) Release(ctx context.Context, reqs []bucket.Request) error {
 	return s.leases(ctx, "release", reqs)
 }
 
 // Renew extends the concurrency leases that reqs hold to a full lease from
 // now, as long as they are held: a lease that expired or was reset is not
 // made again. Requests of other algorithms are left alone.
-func (s *RedisStore) Renew(ctx context.Context, reqs []Request) error {
+func (s *Store) Renew(ctx context.Context, reqs []bucket.Request) error {
 	return s.leases(ctx, "renew", reqs)
 }
 
 // leases runs the concurrency script in mode for the requests of reqs
 // that hold slots.
-func (s *RedisStore) leases(ctx context.Context, mode string, reqs []Request) error {
-	held := make([]Request, 0, len(reqs))
+func (s *Store) leases(ctx context.Context, mode string, reqs []bucket.Request) error {
+	held := make([]bucket.Request, 0, len(reqs))
 	for _, r := range reqs {
-		if r.Policy.Algorithm == Concurrency {
+		if r.Policy.Algorithm == bucket.Concurrency {
 			held = append(held, r)
 		}
 	}
@@ -462,25 +462,25 @@ func (s *RedisStore) leases(ctx context.Context, mode string, reqs []Request) er
 
 // Peek tells the state of req's bucket (see Store.Peek): its script runs
 // with no cost, and for a concurrency limit, takes no slot.
-func (s *RedisStore) Peek(ctx context.Context, req Request) (Decision, error) {
+func (s *Store) Peek(ctx context.Context, req bucket.Request) (bucket.Decision, error) {
 	req.Cost, req.ID = 0, ""
-	reqs := []Request{req}
+	reqs := []bucket.Request{req}
 	runs := s.scriptRuns(reqs)
 	if err := s.run(ctx, runs, "", "peek", reqs); err != nil {
-		return Decision{}, err
+		return bucket.Decision{}, err
 	}
-	decisions := make([]Decision, 1)
+	decisions := make([]bucket.Decision, 1)
 	_, err := decode(runs[0].reply, runs[0].idx, reqs, decisions)
 	return decisions[0], err
 }
 
 // Reset drops req's bucket (see Store.Reset).
-func (s *RedisStore) Reset(ctx context.Context, req Request) error {
+func (s *Store) Reset(ctx context.Context, req bucket.Request) error {
 	return s.client.Del(ctx, append([]string{s.key(req)}, s.banKeys(req)...)...).Err()
 }
 
 // Ping checks that Redis answers (every master, in a cluster).
-func (s *RedisStore) Ping(ctx context.Context) error {
+func (s *Store) Ping(ctx context.Context) error {
 	if c, ok := s.client.(*redis.ClusterClient); ok {
 		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
 			return n.Ping(ctx).Err()
@@ -488,3 +488,7 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 	}
 	return s.client.Ping(ctx).Err()
 }
+
+// Client is the go-redis client a Store speaks through: a standalone
+// Redis, a Cluster or a failover client.
+type Client = redis.UniversalClient

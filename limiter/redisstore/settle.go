@@ -1,35 +1,32 @@
-package limiter
+package redisstore
 
 import (
 	"context"
 	"strconv"
 	"time"
-)
 
-// Settling a charge after the response (Store.Refund and Store.Charge):
-// a request may be checked and charged before it goes on (Take), then
-// given back part of its charge (a refund: the response did not count),
-// or charged more (a charge: the response said what it cost).
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+)
 
 // Refund gives back on the server's clock what the takes of reqs, which
 // decided taken, still hold back (see Store.Refund), in one round trip.
-func (s *RedisStore) Refund(ctx context.Context, reqs []Request, taken []Decision) ([]Decision, error) {
+func (s *Store) Refund(ctx context.Context, reqs []bucket.Request, taken []bucket.Decision) ([]bucket.Decision, error) {
 	return s.refundAt(ctx, "", reqs, taken)
 }
 
 // RefundAt is Refund at an explicit time instead of the server's clock.
-func (s *RedisStore) RefundAt(ctx context.Context, now time.Time, reqs []Request, taken []Decision) ([]Decision, error) {
+func (s *Store) RefundAt(ctx context.Context, now time.Time, reqs []bucket.Request, taken []bucket.Decision) ([]bucket.Decision, error) {
 	return s.refundAt(ctx, strconv.FormatInt(now.UnixMicro(), 10), reqs, taken)
 }
 
 // refundAt refunds reqs at now (Unix µs in decimal; "" for the server's
 // clock). Each key's flag is its take's (see takenFlag).
-func (s *RedisStore) refundAt(ctx context.Context, now string, reqs []Request, taken []Decision) ([]Decision, error) {
-	decisions := make([]Decision, len(reqs))
+func (s *Store) refundAt(ctx context.Context, now string, reqs []bucket.Request, taken []bucket.Decision) ([]bucket.Decision, error) {
+	decisions := make([]bucket.Decision, len(reqs))
 	var idx []int
 	flags := make([]string, len(reqs))
 	for i, r := range reqs {
-		if r.Policy.Algorithm == Concurrency || r.Cost <= 0 || !taken[i].Allowed {
+		if r.Policy.Algorithm == bucket.Concurrency || r.Cost <= 0 || !taken[i].Allowed {
 			continue
 		}
 		idx = append(idx, i)
@@ -50,17 +47,17 @@ func takenFlag(at, end int64) string {
 }
 
 // Charge charges reqs on the server's clock (see Store.Charge).
-func (s *RedisStore) Charge(ctx context.Context, reqs []Request) ([]Decision, error) {
+func (s *Store) Charge(ctx context.Context, reqs []bucket.Request) ([]bucket.Decision, error) {
 	return s.charge(ctx, "", reqs)
 }
 
 // ChargeAt is Charge at an explicit time instead of the server's clock.
-func (s *RedisStore) ChargeAt(ctx context.Context, now time.Time, reqs []Request) ([]Decision, error) {
+func (s *Store) ChargeAt(ctx context.Context, now time.Time, reqs []bucket.Request) ([]bucket.Decision, error) {
 	return s.charge(ctx, strconv.FormatInt(now.UnixMicro(), 10), reqs)
 }
 
-func (s *RedisStore) charge(ctx context.Context, now string, reqs []Request) ([]Decision, error) {
-	decisions := make([]Decision, len(reqs))
+func (s *Store) charge(ctx context.Context, now string, reqs []bucket.Request) ([]bucket.Decision, error) {
+	decisions := make([]bucket.Decision, len(reqs))
 	var idx []int
 	for i, r := range reqs {
 		if r.Policy.Algorithm.Debt() && r.Cost > 0 {
@@ -76,8 +73,8 @@ func (s *RedisStore) charge(ctx context.Context, now string, reqs []Request) ([]
 // settle runs the scripts in mode ("refund", "charge") at now for the
 // requests idx of reqs, with the flags of reqs (refunds; nil: the
 // requests' own), and fills their decisions.
-func (s *RedisStore) settle(ctx context.Context, now, mode string, reqs []Request, idx []int, flags []string, decisions []Decision) error {
-	sub := make([]Request, len(idx))
+func (s *Store) settle(ctx context.Context, now, mode string, reqs []bucket.Request, idx []int, flags []string, decisions []bucket.Decision) error {
+	sub := make([]bucket.Request, len(idx))
 	for j, i := range idx {
 		sub[j] = reqs[i]
 	}
@@ -94,7 +91,7 @@ func (s *RedisStore) settle(ctx context.Context, now, mode string, reqs []Reques
 		s.reloadTopology(err)
 		return err
 	}
-	d := make([]Decision, len(sub))
+	d := make([]bucket.Decision, len(sub))
 	for i, sr := range runs {
 		if _, err := decode(runs[i].reply, sr.idx, sub, d); err != nil {
 			return err

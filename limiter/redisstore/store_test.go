@@ -1,4 +1,4 @@
-package limiter
+package redisstore
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 func clusterClient(t testing.TB, addrs []string) *redis.ClusterClient {
@@ -35,11 +36,11 @@ func flushScripts(t *testing.T, c *redis.ClusterClient) {
 func TestRedisScriptFlush(t *testing.T) {
 	c := clusterClient(t, redistest.ClusterAddrs(t))
 	s := newRedisStore(t, c)
-	p := Policy{Rate: 1, Period: time.Hour, Burst: 100}
-	oneSlot := []Request{{Zone: "a", Key: "k", Policy: p, Cost: 1}, {Zone: "b", Key: "k", Policy: p, Cost: 1}}
-	slots := []Request{{Zone: "a", Key: "x", Policy: p, Cost: 1}, {Zone: "a", Key: "y", Policy: p, Cost: 1}, {Zone: "a", Key: "z", Policy: p, Cost: 1}}
+	p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 100}
+	oneSlot := []bucket.Request{{Zone: "a", Key: "k", Policy: p, Cost: 1}, {Zone: "b", Key: "k", Policy: p, Cost: 1}}
+	slots := []bucket.Request{{Zone: "a", Key: "x", Policy: p, Cost: 1}, {Zone: "a", Key: "y", Policy: p, Cost: 1}, {Zone: "a", Key: "z", Policy: p, Cost: 1}}
 	for i := range 3 {
-		for _, reqs := range [][]Request{oneSlot, slots} {
+		for _, reqs := range [][]bucket.Request{oneSlot, slots} {
 			d, err := s.Take(t.Context(), reqs)
 			if err != nil {
 				t.Fatalf("round %d after SCRIPT FLUSH: %v", i, err)
@@ -55,7 +56,7 @@ func TestRedisScriptFlush(t *testing.T) {
 func TestRedisKeysHashed(t *testing.T) {
 	c := clusterClient(t, redistest.ClusterAddrs(t))
 	s := newRedisStore(t, c)
-	p := Policy{Rate: 1, Period: time.Second, Burst: 5}
+	p := bucket.Policy{Rate: 1, Period: time.Second, Burst: 5}
 	odd := []string{"", "{", "}", "{}", "{a}", "{a}b", "x{a}", "héllo, 世界 🚦", strings.Repeat("k", 10<<10), "\x00\xff", "a:b:c"}
 	want := len(s.Key("zone", ""))
 	slots := map[int64]bool{}
@@ -64,7 +65,7 @@ func TestRedisKeysHashed(t *testing.T) {
 		if len(key) != want {
 			t.Errorf("key of %.20q has length %d; want %d", k, len(key), want)
 		}
-		if d, err := s.Take(t.Context(), []Request{{Zone: "zone", Key: k, Policy: p, Cost: 1}}); err != nil || d[0].Remaining != 4 {
+		if d, err := s.Take(t.Context(), []bucket.Request{{Zone: "zone", Key: k, Policy: p, Cost: 1}}); err != nil || d[0].Remaining != 4 {
 			t.Fatalf("key %.20q: %+v, %v", k, d, err)
 		}
 		slot, err := c.ClusterKeySlot(t.Context(), key).Result()
@@ -90,9 +91,9 @@ func TestRedisKeysHashed(t *testing.T) {
 func TestRedisTTL(t *testing.T) {
 	c := clusterClient(t, redistest.ClusterAddrs(t))
 	s := newRedisStore(t, c)
-	p := Policy{Rate: 1, Period: time.Second, Burst: 10}
+	p := bucket.Policy{Rate: 1, Period: time.Second, Burst: 10}
 	raw := fmt.Sprintf("raw-client-key-%x", rand.Uint64()) // no other test's key holds it
-	if _, err := s.Take(t.Context(), []Request{{Zone: "z", Key: raw, Policy: p, Cost: 3}}); err != nil {
+	if _, err := s.Take(t.Context(), []bucket.Request{{Zone: "z", Key: raw, Policy: p, Cost: 3}}); err != nil {
 		t.Fatal(err)
 	}
 	ttl, err := c.PTTL(t.Context(), s.Key("z", raw)).Result()
@@ -121,14 +122,14 @@ func TestRedisTTL(t *testing.T) {
 func TestRedisConcurrentExact(t *testing.T) {
 	addrs := redistest.ClusterAddrs(t)
 	prefix := newRedisStore(t, clusterClient(t, addrs)).prefix
-	var stores []*RedisStore
+	var stores []*Store
 	for range 4 {
-		s, _ := NewRedisStore(clusterClient(t, addrs), prefix)
+		s, _ := New(clusterClient(t, addrs), prefix)
 		t.Cleanup(func() { s.Close() })
 		stores = append(stores, s)
 	}
-	hot := Policy{Rate: 1, Period: time.Hour, Burst: 100}
-	each := Policy{Rate: 1, Period: time.Hour, Burst: 10}
+	hot := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 100}
+	each := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 10}
 	var hotAllowed atomic.Int64
 	var perKey [50]atomic.Int64
 	var wg sync.WaitGroup
@@ -138,12 +139,12 @@ func TestRedisConcurrentExact(t *testing.T) {
 			defer wg.Done()
 			s := stores[g%len(stores)]
 			for i := range 25 {
-				d, err := s.Take(context.Background(), []Request{{Zone: "hot", Key: "one", Policy: hot, Cost: 1}})
+				d, err := s.Take(context.Background(), []bucket.Request{{Zone: "hot", Key: "one", Policy: hot, Cost: 1}})
 				if err == nil && d[0].Allowed {
 					hotAllowed.Add(1)
 				}
 				k := (g*25 + i) % 50
-				d, err = s.Take(context.Background(), []Request{{Zone: "many", Key: fmt.Sprint(k), Policy: each, Cost: 1}})
+				d, err = s.Take(context.Background(), []bucket.Request{{Zone: "many", Key: fmt.Sprint(k), Policy: each, Cost: 1}})
 				if err == nil && d[0].Allowed {
 					perKey[k].Add(1)
 				}
@@ -168,8 +169,8 @@ func TestRedisClusterFailover(t *testing.T) {
 	cl := redistest.NewCluster(t)
 	c := clusterClient(t, cl.Addrs())
 	s := newRedisStore(t, c)
-	p := Policy{Rate: 1, Period: time.Hour, Burst: 1000}
-	req := []Request{{Zone: "z", Key: "failover", Policy: p, Cost: 1}}
+	p := bucket.Policy{Rate: 1, Period: time.Hour, Burst: 1000}
+	req := []bucket.Request{{Zone: "z", Key: "failover", Policy: p, Cost: 1}}
 	if _, err := s.Take(t.Context(), req); err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +215,7 @@ func TestRedisClusterFailover(t *testing.T) {
 // checkForgotten: once two slot maps in a row no longer have dead, the
 // store forgets its queue and breaker (and says so), and keeps those of
 // alive.
-func checkForgotten(t *testing.T, s *RedisStore, dead, alive string) {
+func checkForgotten(t *testing.T, s *Store, dead, alive string) {
 	t.Helper()
 	var forgotten []string
 	s.OnForget(func(node string) { forgotten = append(forgotten, node) })
@@ -253,15 +254,15 @@ func checkForgotten(t *testing.T, s *RedisStore, dead, alive string) {
 func TestRedisRefundKeepsNewerState(t *testing.T) {
 	windows := []refundClient{{500 * ms, 1500 * ms, 2}, {1500 * ms, 1600 * ms, 2}}
 	cases := []struct {
-		p       Policy
+		p       bucket.Policy
 		clients []refundClient
 	}{
-		{Policy{Algorithm: FixedWindow, Rate: 5, Period: time.Second, Burst: 5}, windows},
-		{Policy{Algorithm: SlidingWindowCounter, Rate: 5, Period: time.Second, Burst: 5}, windows},
+		{bucket.Policy{Algorithm: bucket.FixedWindow, Rate: 5, Period: time.Second, Burst: 5}, windows},
+		{bucket.Policy{Algorithm: bucket.SlidingWindowCounter, Rate: 5, Period: time.Second, Burst: 5}, windows},
 		// 10 tokens, one back every 100ms; charges of 3 and 2, then 1.
-		{Policy{Algorithm: TokenBucket, Rate: 10, Period: time.Second, Burst: 10}, []refundClient{{500 * ms, 550 * ms, 7}, {1500 * ms, 1550 * ms, 7}}},
+		{bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 10, Period: time.Second, Burst: 10}, []refundClient{{500 * ms, 550 * ms, 7}, {1500 * ms, 1550 * ms, 7}}},
 		// One leaves every 100ms, 5 more queue (nodelay).
-		{Policy{Algorithm: LeakyBucket, Rate: 10, Period: time.Second, Burst: 5, NoDelay: true}, []refundClient{{500 * ms, 550 * ms, 3}, {1500 * ms, 1550 * ms, 3}}},
+		{bucket.Policy{Algorithm: bucket.LeakyBucket, Rate: 10, Period: time.Second, Burst: 5, NoDelay: true}, []refundClient{{500 * ms, 550 * ms, 3}, {1500 * ms, 1550 * ms, 3}}},
 	}
 	stores := map[string]func(t *testing.T) redis.UniversalClient{
 		"redis": func(t *testing.T) redis.UniversalClient {
@@ -284,12 +285,12 @@ type refundClient struct {
 	want          int64         // remaining for a request of cost 1 at other, after the refund
 }
 
-func testRefundKeepsNewerState(t *testing.T, s *RedisStore, p Policy, clients []refundClient) {
+func testRefundKeepsNewerState(t *testing.T, s *Store, p bucket.Policy, clients []refundClient) {
 	ctx := t.Context()
-	var reqs []Request
+	var reqs []bucket.Request
 	var runs []scriptRun
 	for i, c := range clients {
-		r := Request{Zone: "z", Key: fmt.Sprint("client-", i), Policy: p, Cost: 3}
+		r := bucket.Request{Zone: "z", Key: fmt.Sprint("client-", i), Policy: p, Cost: 3}
 		reqs = append(reqs, r)
 		sr := []scriptRun{{script: scripts[p.Algorithm], idx: []int{i}, keys: []string{s.key(r)}}}
 		if err := s.run(ctx, sr, fmt.Sprint(t0.Add(c.charge).UnixMicro()), "take", reqs); err != nil {
@@ -297,7 +298,7 @@ func testRefundKeepsNewerState(t *testing.T, s *RedisStore, p Policy, clients []
 		}
 		runs = append(runs, sr[0])
 		r.Cost = 2
-		if d, err := s.TakeAt(ctx, t0.Add(c.other), []Request{r}); err != nil || !d[0].Allowed {
+		if d, err := s.TakeAt(ctx, t0.Add(c.other), []bucket.Request{r}); err != nil || !d[0].Allowed {
 			t.Fatalf("client %d: the request after the charge: %+v, %v", i, d, err)
 		}
 	}
@@ -307,7 +308,7 @@ func testRefundKeepsNewerState(t *testing.T, s *RedisStore, p Policy, clients []
 	for i, c := range clients {
 		r := reqs[i]
 		r.Cost = 1
-		d, err := s.TakeAt(ctx, t0.Add(c.other), []Request{r})
+		d, err := s.TakeAt(ctx, t0.Add(c.other), []bucket.Request{r})
 		if err != nil || !d[0].Allowed || d[0].Remaining != c.want {
 			t.Errorf("client %d, after the refund: %+v, %v; want %d remaining", i, d, err, c.want)
 		}
@@ -320,19 +321,19 @@ func testRefundKeepsNewerState(t *testing.T, s *RedisStore, p Policy, clients []
 func TestRedisRefundHugeCost(t *testing.T) {
 	srv := redistest.NewServer(t) // of its own: the old script kept it busy
 	s := newRedisStore(t, redis.NewClient(&redis.Options{Addr: srv.Addr}))
-	p := Policy{Algorithm: SlidingWindowLog, Rate: 5, Period: time.Second, Burst: 5}
-	r := Request{Zone: "z", Key: "k", Policy: p, Cost: 2, ID: "a"}
-	if d, err := s.TakeAt(t.Context(), t0, []Request{r}); err != nil || d[0].Remaining != 3 {
+	p := bucket.Policy{Algorithm: bucket.SlidingWindowLog, Rate: 5, Period: time.Second, Burst: 5}
+	r := bucket.Request{Zone: "z", Key: "k", Policy: p, Cost: 2, ID: "a"}
+	if d, err := s.TakeAt(t.Context(), t0, []bucket.Request{r}); err != nil || d[0].Remaining != 3 {
 		t.Fatal(d, err)
 	}
 	r.Cost = math.MaxInt64
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer cancel()
-	if err := s.run(ctx, s.scriptRuns([]Request{r}), fmt.Sprint(t0.UnixMicro()), "refund", []Request{r}); err != nil {
+	if err := s.run(ctx, s.scriptRuns([]bucket.Request{r}), fmt.Sprint(t0.UnixMicro()), "refund", []bucket.Request{r}); err != nil {
 		t.Fatalf("refund of cost %d: %v", r.Cost, err)
 	}
 	r.Cost, r.ID = 1, "b"
-	if d, err := s.TakeAt(t.Context(), t0, []Request{r}); err != nil || d[0].Remaining != 4 {
+	if d, err := s.TakeAt(t.Context(), t0, []bucket.Request{r}); err != nil || d[0].Remaining != 4 {
 		t.Fatalf("after the refund: %+v, %v; want 4 remaining", d, err)
 	}
 }
