@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/fleetsync"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
@@ -206,7 +207,7 @@ func (h *Handler) provisionStorage() error {
 	return h.loadStore(h.storagePoolKey(), func() (caddy.Destructor, error) {
 		s := newSharedStore("")
 		s.namespace = label
-		s.Limiter = limiter.NewStorageLimiter(fleetStorage(st), limiter.StorageOptions{WriteEvery: write, ReadEvery: read,
+		s.Limiter = limiter.NewStorageLimiter(fleetStorage(st), fleetsync.StorageOptions{WriteEvery: write, ReadEvery: read,
 			PurgeAge: time.Duration(h.Distributed.PurgeAge), Events: storageEvents{s}, Read: countSync})
 		s.Limiter.OnSync(s)
 		s.overrides = overrides.NewMemory(overrideEvents{s})
@@ -215,12 +216,12 @@ func (h *Handler) provisionStorage() error {
 }
 
 // fleetStorage is st as the fleet reads it: telling its files' sizes
-// (limiter.Sizer), so that none too large is read, and, when st is a file
-// system (file_system), its files' paths (limiter.FileSystem), so that the
+// (fleetsync.Sizer), so that none too large is read, and, when st is a file
+// system (file_system), its files' paths (fleetsync.FileSystem), so that the
 // fleet reads only regular files, each with a byte limit, and follows a
 // symlinked directory.
-func fleetStorage(st certmagic.Storage) limiter.Storage {
-	if fsys, ok := st.(limiter.FileSystem); ok {
+func fleetStorage(st certmagic.Storage) fleetsync.Storage {
+	if fsys, ok := st.(fleetsync.FileSystem); ok {
 		return fileSystemStorage{sizedStorage{st}, fsys}
 	}
 	return sizedStorage{st}
@@ -232,7 +233,7 @@ type sizedStorage struct{ certmagic.Storage }
 // fileSystemStorage is a Caddy storage of the file system.
 type fileSystemStorage struct {
 	sizedStorage
-	limiter.FileSystem
+	fleetsync.FileSystem
 }
 
 func (s sizedStorage) Size(ctx context.Context, key string) (int64, error) {
@@ -269,7 +270,7 @@ func syncHint(z *Zone) string {
 	return ""
 }
 
-// storageEvents logs the storage's failures (limiter.StorageEvents).
+// storageEvents logs the storage's failures (fleetsync.StorageEvents).
 type storageEvents struct{ s *sharedStore }
 
 // label is the store's, in the logs: its namespace (s.Limiter is not set

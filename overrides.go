@@ -185,7 +185,7 @@ func (h *Handler) logBounds(n int) {
 }
 
 // InstancesChanged logs the bounds of the zones that sync again, for the
-// n instances counted now (limiter.SyncEvents).
+// n instances counted now (fleetsync.Events).
 func (s *sharedStore) InstancesChanged(n int) {
 	s.capacityMu.Lock()
 	hs := slices.Collect(maps.Keys(s.syncing))
@@ -229,7 +229,7 @@ func syncBound(p limiter.Policy, interval time.Duration, n int) int64 {
 }
 
 // Synced counts a round of the zones that sync, and logs when rounds
-// start failing and when they work again (limiter.SyncEvents).
+// start failing and when they work again (fleetsync.Events).
 func (s *sharedStore) Synced(keys int, took time.Duration, err error) {
 	countSync(keys, took, err)
 	if err != nil {

@@ -164,7 +164,7 @@ func (l *Limiter) takeSynced(ctx context.Context, now time.Time, reqs []Request,
 	}
 	if allSync(reqs) { // the common case: no copies of the requests and their decisions
 		start := time.Now()
-		sd, toRedis, undo := l.sync.take(now, reqs, c.Fallback.Instances)
+		sd, toRedis, undo := l.sync.Take(now, reqs, c.Fallback.Instances)
 		call.Store, call.Took = "sync", time.Since(start)
 		if undo == nil || len(toRedis) == 0 {
 			return sd, nil
@@ -184,7 +184,7 @@ func (l *Limiter) takeSynced(ctx context.Context, now time.Time, reqs []Request,
 		}
 	}
 	start := time.Now()
-	sd, toRedis, undo := l.sync.take(now, pick(reqs, synced), c.Fallback.Instances)
+	sd, toRedis, undo := l.sync.Take(now, pick(reqs, synced), c.Fallback.Instances)
 	call.Store, call.Took = "sync", time.Since(start)
 	return l.takeRest(ctx, now, reqs, synced, exact, sd, toRedis, undo, c, call)
 }
@@ -247,7 +247,7 @@ func (l *Limiter) seed(reqs []Request, synced, toRedis []int, d []Decision, call
 		if call.Failure == NoFailure {
 			dec = d[i]
 		}
-		l.sync.seed(reqs[i], dec, time.Time{}, c.Fallback.Instances)
+		l.sync.Seed(reqs[i], dec, time.Time{}, c.Fallback.Instances)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/fleetsync"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
@@ -28,9 +29,9 @@ import (
 // refused clients and of bans; Redis decides on its server's clock. Safe for
 // concurrent use; one Limiter serves every handler that shares its store.
 type Limiter struct {
-	redis   *redisstore.Store // nil: the memory store decides
-	sync    *syncer           // the zones that sync; nil with memory alone
-	fleet   *storageFleet     // the storage the zones that sync share; nil but for NewStorageLimiter
+	redis   *redisstore.Store       // nil: the memory store decides
+	sync    *fleetsync.Syncer       // the zones that sync; nil with memory alone
+	fleet   *fleetsync.StorageFleet // the storage the zones that sync share; nil but for NewStorageLimiter
 	memory  *memstore.Store
 	refused *DenyCache      // clients Redis refused; nil without Redis
 	retries *releaseRetries // releases of slots to try again; nil without Redis
@@ -117,7 +118,7 @@ func NewRedisLimiter(client redisstore.Client, o RedisOptions, nodes NodeEvents)
 	l := &Limiter{redis: store, memory: memstore.New(0), timeout: cmp.Or(o.Timeout, time.Second),
 		refused: NewDenyCache(o.LocalCache, o.LocalCacheMaxAge)}
 	l.retries = newReleaseRetries(store, max(l.timeout, time.Second))
-	l.sync = newSyncer(store, l.memory, max(l.timeout, time.Second))
+	l.sync = fleetsync.NewSyncer(store, l.memory, max(l.timeout, time.Second))
 	store.OnBreaker(nodes.BreakerChanged)
 	store.OnForget(func(node string) {
 		if _, was := l.failing.LoadAndDelete(node); was { // no request will tell its recovery
@@ -132,11 +133,11 @@ func NewRedisLimiter(client redisstore.Client, o RedisOptions, nodes NodeEvents)
 // counts with the instances that write to st (see storagefleet.go); the
 // others decide in this process's memory. It reads the others' counts and
 // writes its own before it returns (each within o.Timeout).
-func NewStorageLimiter(st Storage, o StorageOptions) *Limiter {
-	f := newStorageFleet(st, o)
+func NewStorageLimiter(st fleetsync.Storage, o fleetsync.StorageOptions) *Limiter {
+	f := fleetsync.NewStorageFleet(st, o)
 	l := &Limiter{memory: memstore.New(0), timeout: time.Second, fleet: f}
-	l.sync = newSyncer(f, l.memory, l.timeout)
-	f.start()
+	l.sync = fleetsync.NewSyncer(f, l.memory, l.timeout)
+	f.Start()
 	return l
 }
 
@@ -146,10 +147,10 @@ func (l *Limiter) Close() error {
 		l.retries.stop()
 	}
 	if l.sync != nil {
-		l.sync.close()
+		l.sync.Close()
 	}
 	if l.fleet != nil {
-		l.fleet.close() // after the syncer's last round: its last write has it all
+		l.fleet.Close() // after the syncer's last round: its last write has it all
 	}
 	err := l.memory.Close()
 	if l.redis != nil {

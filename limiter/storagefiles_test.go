@@ -13,12 +13,14 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/fleetsync"
 )
 
 // filesFleet is n Limiters sharing Caddy's file system storage at dir
 // (telling sizes, as the handler's storage does), with o, each having read
 // the others' first files.
-func filesFleet(t *testing.T, dir string, n int, o StorageOptions) []*Limiter {
+func filesFleet(t *testing.T, dir string, n int, o fleetsync.StorageOptions) []*Limiter {
 	t.Helper()
 	var fleet []*Limiter
 	for range n {
@@ -27,7 +29,7 @@ func filesFleet(t *testing.T, dir string, n int, o StorageOptions) []*Limiter {
 		fleet = append(fleet, l)
 	}
 	for _, l := range fleet {
-		l.fleet.read(time.Second)
+		l.fleet.Read(time.Second)
 		l.CountSync(context.Background(), o.ReadEvery)
 	}
 	return fleet
@@ -47,11 +49,11 @@ func syncDir(t *testing.T, dir string) string {
 // was written at at, until until, with buckets buckets of another zone.
 func writeInstance(t *testing.T, sub, name string, at, until time.Time, buckets int) {
 	t.Helper()
-	file := storageFile{Version: 1, Instance: name, At: at.UnixNano(), Until: until.UnixNano()}
+	file := fleetsync.StorageFile{Version: 1, Instance: name, At: at.UnixNano(), Until: until.UnixNano()}
 	for range buckets {
 		var h [16]byte
 		_, _ = rand.Read(h[:])
-		file.Buckets = append(file.Buckets, storageCounts{Zone: "other", Algo: "fixed_window", Digest: hex.EncodeToString(h[:]),
+		file.Buckets = append(file.Buckets, fleetsync.StorageCounts{Zone: "other", Algo: "fixed_window", Digest: hex.EncodeToString(h[:]),
 			Period: int64(time.Hour), Start: at.Truncate(time.Hour).UnixNano(), Curr: 1})
 	}
 	b, err := json.Marshal(file)
@@ -89,7 +91,7 @@ func seesAll(t *testing.T, fleet []*Limiter, req Request, admitted int64, wait t
 	t.Helper()
 	time.Sleep(wait)
 	for i, l := range fleet {
-		if left := l.fleet.left(req); left != req.Policy.Rate-admitted {
+		if left := l.fleet.Left(req); left != req.Policy.Rate-admitted {
 			t.Errorf("instance %d sees %d left of %d, after %d admitted", i, left, req.Policy.Rate, admitted)
 		}
 	}
@@ -121,12 +123,12 @@ func TestStorageFilesDevices(t *testing.T) {
 	}
 	ev := &recordedStorage{}
 	start := time.Now()
-	fleet := filesFleet(t, dir, 2, StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond, Timeout: time.Second, Events: ev})
+	fleet := filesFleet(t, dir, 2, fleetsync.StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond, Timeout: time.Second, Events: ev})
 	if took := time.Since(start); took > 2*time.Second {
 		t.Errorf("two instances took %s to start", took)
 	}
 	time.Sleep(300 * time.Millisecond)
-	if n := fleet[0].fleet.registered(); n != 2 {
+	if n := fleet[0].fleet.Registered(); n != 2 {
 		t.Errorf("an instance counts %d instances, want 2", n)
 	}
 	for _, name := range []string{"00000000000000aa.json", "00000000000000bb.json"} {
@@ -148,8 +150,8 @@ func TestStorageFilesLinkedDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	const every = 50 * time.Millisecond
-	fleet := filesFleet(t, dir, 2, StorageOptions{WriteEvery: every, ReadEvery: every})
-	if n := fleet[0].fleet.registered(); n != 2 {
+	fleet := filesFleet(t, dir, 2, fleetsync.StorageOptions{WriteEvery: every, ReadEvery: every})
+	if n := fleet[0].fleet.Registered(); n != 2 {
 		t.Errorf("an instance counts %d instances, want 2", n)
 	}
 	admitted := turns(fleet, hourOf100, 600*time.Millisecond, time.Millisecond)
@@ -173,7 +175,7 @@ func TestStorageFilesManyInstances(t *testing.T) {
 		name   string
 		format string
 		want   int64
-	}{{"fleet names", "%016x", maxStorageInstances}, {"other names", "x%d", 2}} {
+	}{{"fleet names", "%016x", fleetsync.MaxStorageInstances}, {"other names", "x%d", 2}} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
 			sub := syncDir(t, dir)
@@ -181,8 +183,8 @@ func TestStorageFilesManyInstances(t *testing.T) {
 				writeInstance(t, sub, fmt.Sprintf(c.format, i+1), time.Now(), time.Now(), 0)
 			}
 			ev := &recordedStorage{}
-			fleet := filesFleet(t, dir, 2, StorageOptions{WriteEvery: every, ReadEvery: every, Events: ev})
-			if n := fleet[0].fleet.registered(); n != c.want {
+			fleet := filesFleet(t, dir, 2, fleetsync.StorageOptions{WriteEvery: every, ReadEvery: every, Events: ev})
+			if n := fleet[0].fleet.Registered(); n != c.want {
 				t.Errorf("an instance counts %d instances, want %d", n, c.want)
 			}
 			admitted := turns(fleet, hourOf100, 600*time.Millisecond, time.Millisecond)
@@ -190,7 +192,7 @@ func TestStorageFilesManyInstances(t *testing.T) {
 			if admitted == 0 || admitted > 150 {
 				t.Errorf("two instances admitted %d of a window of 100", admitted)
 			}
-			if n := ev.skips("rate_limit/sync"); c.want == maxStorageInstances && n != 2 {
+			if n := ev.skips("rate_limit/sync"); c.want == fleetsync.MaxStorageInstances && n != 2 {
 				t.Errorf("the surplus of instances reported %d times, want once per instance", n)
 			}
 		})
@@ -207,13 +209,13 @@ func TestStorageFilesOversized(t *testing.T) {
 	writeInstance(t, sub, "0000000000000000", time.Now().Add(-time.Hour), time.Now().Add(time.Hour), 1000)
 	ev := &recordedStorage{}
 	const every = 50 * time.Millisecond
-	fleet := filesFleet(t, dir, 2, StorageOptions{WriteEvery: every, ReadEvery: every, Events: ev, maxEntries: 1000})
+	fleet := filesFleet(t, dir, 2, fleetsync.StorageOptions{WriteEvery: every, ReadEvery: every, Events: ev, MaxEntries: 1000})
 	admitted := turns(fleet, hourOf100, 600*time.Millisecond, time.Millisecond)
 	if admitted > 150 || admitted < 50 {
 		t.Errorf("two instances admitted %d of a window of 100", admitted)
 	}
 	seesAll(t, fleet, hourOf100, admitted, 8*every)
-	if n := fleet[0].fleet.registered(); n != 2 {
+	if n := fleet[0].fleet.Registered(); n != 2 {
 		t.Errorf("an instance counts %d instances, want 2", n)
 	}
 	if n := ev.skips("0000000000000000.json"); n != 2 {
@@ -235,7 +237,7 @@ func TestStorageFilesSwapped(t *testing.T) {
 	}
 	for _, p := range []string{fifo, link} {
 		done := make(chan error, 1)
-		go func() { _, err := readRegular(p, 1<<20); done <- err }()
+		go func() { _, err := fleetsync.ReadRegular(p, 1<<20); done <- err }()
 		select {
 		case err := <-done:
 			if err == nil {
@@ -260,14 +262,14 @@ func TestStorageFilesAhead(t *testing.T) {
 		if err := os.Chtimes(filepath.Join(sub, name+".json"), future, future); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Truncate(filepath.Join(sub, name+".json"), maxFileSize+1); err != nil { // sparse: skipped for its size, counted by its time
+		if err := os.Truncate(filepath.Join(sub, name+".json"), fleetsync.MaxFileSize+1); err != nil { // sparse: skipped for its size, counted by its time
 			t.Fatal(err)
 		}
 		if err := os.Chtimes(filepath.Join(sub, name+".json"), future, future); err != nil {
 			t.Fatal(err)
 		}
 	}
-	fleet := filesFleet(t, dir, 1, StorageOptions{WriteEvery: time.Second, ReadEvery: time.Second})
+	fleet := filesFleet(t, dir, 1, fleetsync.StorageOptions{WriteEvery: time.Second, ReadEvery: time.Second})
 	if n := fleet[0].Instances(); n != 1 {
 		t.Fatalf("an instance alone with 3 files dated 2099 counts %d instances, want 1", n)
 	}
@@ -282,10 +284,10 @@ func TestStorageFilesTooLargeCounted(t *testing.T) {
 	sub := syncDir(t, dir)
 	name := fmt.Sprintf("%016x", 0xbeef)
 	writeInstance(t, sub, name, time.Now(), time.Now().Add(time.Hour), 1)
-	if err := os.Truncate(filepath.Join(sub, name+".json"), maxFileSize+1); err != nil { // sparse
+	if err := os.Truncate(filepath.Join(sub, name+".json"), fleetsync.MaxFileSize+1); err != nil { // sparse
 		t.Fatal(err)
 	}
-	fleet := filesFleet(t, dir, 1, StorageOptions{WriteEvery: time.Second, ReadEvery: time.Second})
+	fleet := filesFleet(t, dir, 1, fleetsync.StorageOptions{WriteEvery: time.Second, ReadEvery: time.Second})
 	if n := fleet[0].Instances(); n != 2 {
 		t.Fatalf("an instance beside another whose file is too large to read counts %d instances, want 2", n)
 	}
@@ -296,10 +298,10 @@ func TestStorageFilesTooLargeCounted(t *testing.T) {
 // handler logs the bound again).
 func TestStorageFleetTellsInstances(t *testing.T) {
 	dir := t.TempDir()
-	fleet := filesFleet(t, dir, 1, StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond})
+	fleet := filesFleet(t, dir, 1, fleetsync.StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond})
 	told := &syncRounds{}
 	fleet[0].OnSync(told)
-	fleet = append(fleet, filesFleet(t, dir, 1, StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond})...)
+	fleet = append(fleet, filesFleet(t, dir, 1, fleetsync.StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond})...)
 	p := Policy{Algorithm: FixedWindow, Rate: 100, Period: time.Minute, Burst: 100}
 	req := Request{Zone: "told", Key: "k", Policy: p, Cost: 1, Sync: 100 * time.Millisecond}.WithDigest(nil)
 	var v Verdict

@@ -14,20 +14,22 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/fleetsync"
 )
 
 // storageFleetOf is n Limiters sharing one directory through Caddy's file
 // system storage, writing and reading every every.
-func storageFleetOf(t *testing.T, dir string, n int, every time.Duration, ev StorageEvents) []*Limiter {
+func storageFleetOf(t *testing.T, dir string, n int, every time.Duration, ev fleetsync.StorageEvents) []*Limiter {
 	t.Helper()
 	var fleet []*Limiter
 	for range n {
-		l := NewStorageLimiter(&certmagic.FileStorage{Path: dir}, StorageOptions{WriteEvery: every, ReadEvery: every, Events: ev})
+		l := NewStorageLimiter(&certmagic.FileStorage{Path: dir}, fleetsync.StorageOptions{WriteEvery: every, ReadEvery: every, Events: ev})
 		t.Cleanup(func() { l.Close() })
 		fleet = append(fleet, l)
 	}
 	for _, l := range fleet { // each sees the others' first files
-		l.fleet.read(time.Second)
+		l.fleet.Read(time.Second)
 		l.CountSync(context.Background(), every)
 	}
 	// On a loaded machine a read may miss a file (its budget spent): read
@@ -35,9 +37,9 @@ func storageFleetOf(t *testing.T, dir string, n int, every time.Duration, ev Sto
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		all := true
 		for _, l := range fleet {
-			if l.fleet.registered() < int64(n) {
+			if l.fleet.Registered() < int64(n) {
 				all = false
-				l.fleet.read(time.Second)
+				l.fleet.Read(time.Second)
 				l.CountSync(context.Background(), every)
 			}
 		}
@@ -260,22 +262,22 @@ func TestStorageFleetHostileFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = big.Truncate(maxFileSize + 1)
+	_ = big.Truncate(fleetsync.MaxFileSize + 1)
 	big.Close()
-	ahead, _ := json.Marshal(storageFile{Version: 1, Instance: "a0a0a0a0a0a0a0a0", At: time.Now().Add(time.Hour).UnixNano()})
+	ahead, _ := json.Marshal(fleetsync.StorageFile{Version: 1, Instance: "a0a0a0a0a0a0a0a0", At: time.Now().Add(time.Hour).UnixNano()})
 	if err := os.WriteFile(filepath.Join(sub, "a0a0a0a0a0a0a0a0.json"), ahead, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ev := &recordedStorage{}
 	st := sizedFileStorage{&certmagic.FileStorage{Path: dir}}
-	o := StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond, Timeout: 200 * time.Millisecond, Events: ev}
+	o := fleetsync.StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond, Timeout: 200 * time.Millisecond, Events: ev}
 	start := time.Now()
 	a, b := NewStorageLimiter(st, o), NewStorageLimiter(st, o)
 	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("two instances took %s to start", took)
 	}
 	time.Sleep(3 * time.Second) // each FIFO costs a read a timeout once, then is skipped at once
-	if n := a.fleet.registered(); n != 3 {
+	if n := a.fleet.Registered(); n != 3 {
 		t.Errorf("an instance counts %d instances, want 3 (the FIFOs and the file from the future left out; the file too large to read, written lately, counts blind)", n)
 	}
 	start = time.Now()
@@ -288,7 +290,7 @@ func TestStorageFleetHostileFiles(t *testing.T) {
 	defer ev.mu.Unlock()
 	var skipped []string // the instances' own files may be skipped too, when a read of one is slow
 	for _, name := range ev.skipped {
-		if name != a.fleet.id+".json" && name != b.fleet.id+".json" {
+		if name != a.fleet.ID()+".json" && name != b.fleet.ID()+".json" {
 			skipped = append(skipped, name)
 		}
 	}
@@ -310,7 +312,7 @@ func TestStorageFleetWriteFails(t *testing.T) {
 	dir := t.TempDir()
 	const every = 50 * time.Millisecond
 	fleet := storageFleetOf(t, dir, 2, every, nil)
-	own := filepath.Join(dir, "rate_limit", "sync", fleet[0].fleet.id+".json")
+	own := filepath.Join(dir, "rate_limit", "sync", fleet[0].fleet.ID()+".json")
 	if err := os.Remove(own); err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +340,7 @@ func TestStorageFleetStopped(t *testing.T) {
 	}
 	fleet[2].Close()
 	time.Sleep(4 * every)
-	if n := fleet[0].fleet.registered(); n != 2 {
+	if n := fleet[0].fleet.Registered(); n != 2 {
 		t.Errorf("after one of three stopped, an instance counts %d instances, want 2", n)
 	}
 	if got := turns(fleet[:2], req, 4*every, time.Millisecond); got != 20 {

@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/fleetsync"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // Store keeps the state of every bucket.
@@ -78,3 +80,5 @@ const (
 )
 
 var _ Store = (*memstore.Store)(nil)
+
+var _ fleetsync.Fleet = (*redisstore.Store)(nil)

@@ -24,7 +24,7 @@ func syncFleet(t *testing.T, c redis.UniversalClient, n int) []*Limiter {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { l.sync.close() })
+		t.Cleanup(func() { l.sync.Close() })
 		fleet = append(fleet, l)
 	}
 	return fleet
@@ -35,12 +35,12 @@ func syncFleet(t *testing.T, c redis.UniversalClient, n int) []*Limiter {
 func registerAll(fleet []*Limiter, interval time.Duration) {
 	for _, l := range fleet {
 		l.CountSync(context.Background(), interval)
-		l.sync.start(nil)
+		l.sync.Start(nil)
 	}
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		ready := true
 		for _, l := range fleet {
-			ready = ready && l.sync.warm.Load() && l.Instances() == len(fleet)
+			ready = ready && l.sync.Ready() && l.Instances() == len(fleet)
 		}
 		if ready {
 			return
@@ -144,12 +144,12 @@ func TestSyncRestartReadsRedis(t *testing.T) {
 	if admitted, _, _ := floodSync([]*Limiter{first}, req, 300*time.Millisecond); admitted != 10 {
 		t.Fatalf("one instance admitted %d of a burst of 10", admitted)
 	}
-	first.sync.close() // a restart: what it admitted is charged as it stops
+	first.sync.Close() // a restart: what it admitted is charged as it stops
 	second, err := NewRedisLimiter(c, RedisOptions{KeyPrefix: prefix, Timeout: 2 * time.Second}, nopNodeEvents{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer second.sync.close()
+	defer second.sync.Close()
 	if admitted, _, _ := floodSync([]*Limiter{second}, req, 300*time.Millisecond); admitted != 0 {
 		t.Fatalf("after the restart, %d admitted from a bucket spent before it", admitted)
 	}

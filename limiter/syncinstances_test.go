@@ -8,7 +8,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // TestSyncFloorInRounds: an instance alone, with on_store_error local's
@@ -33,14 +32,12 @@ func TestSyncFloorInRounds(t *testing.T) {
 		v.Release()
 	}
 	time.Sleep(500 * time.Millisecond) // the refused bucket's round: it charges and reads
-	l.sync.mu.Lock()
-	e := l.sync.entries[bucket.IDOf(req)]
-	l.sync.mu.Unlock()
-	if e == nil {
+	_, granted, ok := l.sync.Share(req)
+	if !ok {
 		t.Fatal("no entry for the bucket")
 	}
-	if most := (90-int64(admitted))/3 + 1; e.granted > most {
-		t.Fatalf("after %d admitted, a round granted %d of the %d left: more than a third (%d)", admitted, e.granted, 90-admitted, most)
+	if most := (90-int64(admitted))/3 + 1; granted > most {
+		t.Fatalf("after %d admitted, a round granted %d of the %d left: more than a third (%d)", admitted, granted, 90-admitted, most)
 	}
 }
 
@@ -89,7 +86,7 @@ func TestSyncRegistrationFailureReported(t *testing.T) {
 			t.Fatal("a registration that fails is not told as a failed round")
 		}
 	}
-	if fleet[0].sync.warm.Load() {
+	if fleet[0].sync.Ready() {
 		t.Fatal("an instance that cannot register hands out shares")
 	}
 }
@@ -110,10 +107,8 @@ func TestSyncShareShrinksAsFleetGrows(t *testing.T) {
 	l.Decide(context.Background(), time.Time{}, []Request{req}, Caller{Fallback: Fallback{Mode: FallbackDeny}}, &v)
 	v.Release()
 	allowance := func() int64 {
-		l.sync.mu.Lock()
-		defer l.sync.mu.Unlock()
-		if e := l.sync.entries[bucket.IDOf(req)]; e != nil {
-			return e.allowance
+		if allowance, _, ok := l.sync.Share(req); ok {
+			return allowance
 		}
 		return -1
 	}

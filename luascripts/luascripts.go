@@ -41,7 +41,7 @@ var (
 	Ban string
 )
 
-// OverridesWrite is the overrides' script (see limiter/overridesync.go):
+// OverridesWrite is the overrides' script (see limiter/overrides):
 // it writes or deletes an override, drops the expired ones, moves the
 // version on and announces the change.
 //
@@ -59,3 +59,12 @@ var OverridesRead string
 //
 //go:embed overrides_restore.lua
 var OverridesRestore string
+
+// SyncCount counts the instances that sync, registering nothing; SyncRegister
+// registers one and counts them (see limiter/redisstore's package doc).
+var (
+	//go:embed sync_count.lua
+	SyncCount string
+	//go:embed sync_register.lua
+	SyncRegister string
+)

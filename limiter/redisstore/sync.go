@@ -7,6 +7,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 )
 
 // ChargeAll charges every request its cost (0: a reading), on the
@@ -65,24 +66,8 @@ func (s *Store) CountSync(ctx context.Context, id string, window time.Duration) 
 
 // countScript counts the members of the sorted set KEYS[1] scored within
 // ARGV[2] ms of Redis's time, ARGV[1] counted once whether it is or not.
-var countScript = redis.NewScript(`
-local t = redis.call('TIME')
-local since = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[2])
-local n = redis.call('ZCOUNT', KEYS[1], since, '+inf')
-local mine = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '-1')
-if mine < since then
-  n = n + 1
-end
-return n
-`)
+var countScript = redis.NewScript(luascripts.SyncCount)
 
 // registerScript registers ARGV[1] in the sorted set KEYS[1] at Redis's
 // time, drops those older than ARGV[2] ms, and returns how many remain.
-var registerScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
-redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
-return redis.call('ZCARD', KEYS[1])
-`)
+var registerScript = redis.NewScript(luascripts.SyncRegister)

@@ -1,4 +1,4 @@
-package limiter
+package fleetsync
 
 // The storage fleet's calls of its storage (see storagefleet.go): each
 // within a timeout, even when the storage does not honour its context,
@@ -29,7 +29,7 @@ type StorageEvents interface {
 // storage may not honour its context (a hung network mount, a FIFO where a
 // file should be). While an op on key runs past its timeout, no other is
 // started on that key: the call fails at once.
-func (f *storageFleet) call(key string, timeout time.Duration, op func(ctx context.Context) error) error {
+func (f *StorageFleet) call(key string, timeout time.Duration, op func(ctx context.Context) error) error {
 	f.busyMu.Lock()
 	if f.busy[key] {
 		f.busyMu.Unlock()
@@ -68,7 +68,7 @@ const (
 
 // reported tells the events of a failure (err) or a recovery (nil) of op,
 // once each: a recovery when neither fails any more.
-func (f *storageFleet) reported(op int, err error) {
+func (f *StorageFleet) reported(op int, err error) {
 	f.mu.Lock()
 	was := f.failing[0] || f.failing[1]
 	f.failing[op] = err != nil

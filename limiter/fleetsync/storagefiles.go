@@ -1,4 +1,4 @@
-package limiter
+package fleetsync
 
 // Reading the others' files of a storage fleet (see storagefleet.go for
 // the model). The directory is shared, and anything may lie in it: its
@@ -60,17 +60,17 @@ type FileSystem interface {
 }
 
 // bytesPerBucket is what a bucket may take in a file (about 100 bytes, a
-// long zone name more), and maxFileSize bounds an instance's file, and
+// long zone name more), and MaxFileSize bounds an instance's file, and
 // the bytes read of all the others' files at a read: maxSyncEntries
 // buckets.
 const (
 	bytesPerBucket = 160
-	maxFileSize    = maxSyncEntries * bytesPerBucket
+	MaxFileSize    = maxSyncEntries * bytesPerBucket
 )
 
-// maxStorageInstances bounds the instances a fleet counts, this one
+// MaxStorageInstances bounds the instances a fleet counts, this one
 // included.
-const maxStorageInstances = 64
+const MaxStorageInstances = 64
 
 // listed is a file of the fleet's directory, as listed.
 type listed struct {
@@ -91,7 +91,7 @@ type skipMark struct {
 
 // reading is what a read gathers of the others' files.
 type reading struct {
-	others  map[bucket.ID][]storageCounts
+	others  map[bucket.ID][]StorageCounts
 	n       int64    // instances counted
 	ids     []string // their names
 	oldest  int64    // the oldest write of theirs read (Unix ns)
@@ -105,7 +105,7 @@ type reading struct {
 // loaded is a file read.
 type loaded struct {
 	l    listed
-	file storageFile
+	file StorageFile
 }
 
 // seen is an instance that wrote lately, at at (Unix ns).
@@ -118,15 +118,15 @@ type seen struct {
 // contentError is a file's content at fault (not its reading).
 type contentError struct{ error }
 
-// read reads the others' files (see the model), deleting those to purge,
+// Read reads the others' files (see the model), deleting those to purge,
 // within budget in all (a file whose call still runs past its timeout is
-// skipped at once the next time): a read cut short changes nothing.
-func (f *storageFleet) read(budget time.Duration) {
+// skipped at once the next time): a Read cut short changes nothing.
+func (f *StorageFleet) Read(budget time.Duration) {
 	f.readMu.Lock()
 	defer f.readMu.Unlock()
 	now, start := f.now(), time.Now()
-	rd := reading{others: map[bucket.ID][]storageCounts{}, n: 1, ids: []string{f.id}, oldest: now.UnixNano(),
-		bytes: int64(f.o.maxEntries) * bytesPerBucket}
+	rd := reading{others: map[bucket.ID][]StorageCounts{}, n: 1, ids: []string{f.id}, oldest: now.UnixNano(),
+		bytes: int64(f.o.MaxEntries) * bytesPerBucket}
 	err := f.gather(now, start.Add(budget), budget, &rd)
 	if f.o.Read != nil {
 		entries := rd.entries
@@ -145,7 +145,7 @@ func (f *storageFleet) read(budget time.Duration) {
 
 // gather lists the fleet's directory and reads the files into rd, the
 // smallest first, before deadline.
-func (f *storageFleet) gather(now, deadline time.Time, budget time.Duration, rd *reading) error {
+func (f *StorageFleet) gather(now, deadline time.Time, budget time.Duration, rd *reading) error {
 	timeout := func() time.Duration { return max(min(f.o.Timeout, time.Until(deadline)), time.Millisecond) }
 	var files []listed
 	err := f.call(f.o.Dir, timeout(), func(ctx context.Context) (err error) {
@@ -178,7 +178,7 @@ func (f *storageFleet) gather(now, deadline time.Time, budget time.Duration, rd 
 
 // readFile reads the file l into rd, or skips it (and reports why), or
 // deletes it when it is to purge.
-func (f *storageFleet) readFile(now time.Time, l listed, timeout time.Duration, rd *reading) {
+func (f *StorageFleet) readFile(now time.Time, l listed, timeout time.Duration, rd *reading) {
 	inst := strings.TrimSuffix(l.name, ".json")
 	if inst == f.id {
 		return
@@ -189,7 +189,7 @@ func (f *storageFleet) readFile(now time.Time, l listed, timeout time.Duration, 
 		}
 		return
 	}
-	limit := min(rd.bytes, maxFileSize)
+	limit := min(rd.bytes, MaxFileSize)
 	switch {
 	case l.bad != nil:
 		f.skip(l, l.bad, skipMark{})
@@ -197,8 +197,8 @@ func (f *storageFleet) readFile(now time.Time, l listed, timeout time.Duration, 
 	case !instanceName(inst):
 		f.skip(l, errors.New("not an instance's file: its name is not 16 hex digits"), skipMark{})
 		return
-	case l.size > maxFileSize: // its instance, if it wrote lately, counts blind
-		f.skip(l, fmt.Errorf("%d bytes: more than the %d an instance's counts take", l.size, maxFileSize), skipMark{})
+	case l.size > MaxFileSize: // its instance, if it wrote lately, counts blind
+		f.skip(l, fmt.Errorf("%d bytes: more than the %d an instance's counts take", l.size, MaxFileSize), skipMark{})
 		f.unread(now, inst, l, rd)
 		return
 	case l.size > limit:
@@ -227,14 +227,14 @@ func instanceName(s string) bool {
 }
 
 // live reports whether an instance that wrote at at (Unix ns) counts.
-func (f *storageFleet) live(now time.Time, at int64) bool {
+func (f *StorageFleet) live(now time.Time, at int64) bool {
 	t := time.Unix(0, at)
-	return now.Sub(t) <= max(instancesWindow, 3*f.o.WriteEvery) && !t.After(now.Add(maxAhead)) // no file from the future
+	return now.Sub(t) <= max(InstancesWindow, 3*f.o.WriteEvery) && !t.After(now.Add(maxAhead)) // no file from the future
 }
 
 // unread notes in rd an instance whose file l was skipped for the read's
 // budget: when it wrote lately, it counts, blind.
-func (f *storageFleet) unread(now time.Time, inst string, l listed, rd *reading) {
+func (f *StorageFleet) unread(now time.Time, inst string, l listed, rd *reading) {
 	if !l.mod.IsZero() && f.live(now, l.mod.UnixNano()) {
 		rd.live = append(rd.live, seen{name: inst, at: l.mod.UnixNano(), blind: true})
 	}
@@ -243,14 +243,14 @@ func (f *storageFleet) unread(now time.Time, inst string, l listed, rd *reading)
 // keep puts the counts of the files read in rd, the files of the fewest
 // buckets first, up to maxEntries buckets in all: a file past them is
 // skipped, its instance blind.
-func (f *storageFleet) keep(now time.Time, rd *reading) {
+func (f *StorageFleet) keep(now time.Time, rd *reading) {
 	slices.SortStableFunc(rd.files, func(a, b loaded) int { return cmp.Compare(len(a.file.Buckets), len(b.file.Buckets)) })
 	for _, fl := range rd.files {
 		file := fl.file
 		live := !file.Stopped && f.live(now, file.At)
-		if rd.entries+len(file.Buckets) > f.o.maxEntries {
+		if rd.entries+len(file.Buckets) > f.o.MaxEntries {
 			f.skip(fl.l, fmt.Errorf("%d buckets: more than the %d left of the %d kept of all the others' files (the largest are skipped first)",
-				len(file.Buckets), f.o.maxEntries-rd.entries, f.o.maxEntries), skipMark{sticky: true, blind: live})
+				len(file.Buckets), f.o.MaxEntries-rd.entries, f.o.MaxEntries), skipMark{sticky: true, blind: live})
 			if live {
 				rd.live = append(rd.live, seen{name: file.Instance, at: file.At, blind: true})
 			}
@@ -272,16 +272,16 @@ func (f *storageFleet) keep(now time.Time, rd *reading) {
 // count counts in rd the instances that wrote lately, up to
 // maxStorageInstances with this one: those that wrote last. A surplus is
 // reported once, until there is none.
-func (f *storageFleet) count(rd *reading) {
+func (f *StorageFleet) count(rd *reading) {
 	slices.SortFunc(rd.live, func(a, b seen) int { return cmp.Or(cmp.Compare(b.at, a.at), strings.Compare(a.name, b.name)) })
-	surplus := len(rd.live) - (maxStorageInstances - 1)
+	surplus := len(rd.live) - (MaxStorageInstances - 1)
 	if surplus > 0 && !f.surplus && f.o.Events != nil {
 		f.o.Events.FileSkipped(f.o.Dir, fmt.Errorf("%d files of instances written lately: more than the %d instances counted; "+
-			"the %d written last are counted with this one (files not written by this fleet?)", len(rd.live), maxStorageInstances, maxStorageInstances-1))
+			"the %d written last are counted with this one (files not written by this fleet?)", len(rd.live), MaxStorageInstances, MaxStorageInstances-1))
 	}
 	f.surplus = surplus > 0
 	if surplus > 0 {
-		rd.live = rd.live[:maxStorageInstances-1]
+		rd.live = rd.live[:MaxStorageInstances-1]
 	}
 	for _, s := range rd.live {
 		rd.n++
@@ -300,7 +300,7 @@ func (f *storageFleet) count(rd *reading) {
 // write's temporary file, renamed) fails the whole listing as not
 // existing: it is listed again. The directory is missing only until this
 // instance's first write.
-func (f *storageFleet) list(ctx context.Context) ([]listed, error) {
+func (f *StorageFleet) list(ctx context.Context) ([]listed, error) {
 	if fsys, ok := f.st.(FileSystem); ok {
 		files, err := f.listDir(fsys.Filename(f.o.Dir))
 		if errors.Is(err, fs.ErrNotExist) && !f.wrote.Load() {
@@ -329,7 +329,7 @@ func (f *storageFleet) list(ctx context.Context) ([]listed, error) {
 }
 
 // listDir lists the ".json" files of dir, a directory of the file system.
-func (f *storageFleet) listDir(dir string) ([]listed, error) {
+func (f *StorageFleet) listDir(dir string) ([]listed, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -375,7 +375,7 @@ func notRegular(m fs.FileMode) error {
 
 // load reads, at most limit bytes, and checks the file key of instance
 // inst; n is the bytes read.
-func (f *storageFleet) load(key, inst string, limit int64, timeout time.Duration) (file storageFile, n int64, err error) {
+func (f *StorageFleet) load(key, inst string, limit int64, timeout time.Duration) (file StorageFile, n int64, err error) {
 	var b []byte
 	err = f.call(key, timeout, func(ctx context.Context) (err error) {
 		b, err = f.loadBytes(ctx, key, limit)
@@ -389,9 +389,9 @@ func (f *storageFleet) load(key, inst string, limit int64, timeout time.Duration
 }
 
 // loadBytes reads the value of key, failing past limit bytes.
-func (f *storageFleet) loadBytes(ctx context.Context, key string, limit int64) ([]byte, error) {
+func (f *StorageFleet) loadBytes(ctx context.Context, key string, limit int64) ([]byte, error) {
 	if fsys, ok := f.st.(FileSystem); ok {
-		return readRegular(fsys.Filename(key), limit)
+		return ReadRegular(fsys.Filename(key), limit)
 	}
 	if s, ok := f.st.(Sizer); ok {
 		size, err := s.Size(ctx, key)
@@ -409,8 +409,8 @@ func (f *storageFleet) loadBytes(ctx context.Context, key string, limit int64) (
 	return b, err
 }
 
-// readRegular reads the regular file p, failing past limit bytes.
-func readRegular(p string, limit int64) ([]byte, error) {
+// ReadRegular reads the regular file p, failing past limit bytes.
+func ReadRegular(p string, limit int64) ([]byte, error) {
 	// Neither a symlink followed nor a FIFO's open waited for: the file may
 	// have been replaced since it was listed.
 	file, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
@@ -436,8 +436,8 @@ func readRegular(p string, limit int64) ([]byte, error) {
 }
 
 // parseFile parses and checks b, the file of instance inst.
-func parseFile(b []byte, inst string) (storageFile, error) {
-	var file storageFile
+func parseFile(b []byte, inst string) (StorageFile, error) {
+	var file StorageFile
 	if err := json.Unmarshal(b, &file); err != nil {
 		return file, contentError{errors.New(jsonerr.Describe(err))}
 	}
@@ -456,7 +456,7 @@ func parseFile(b []byte, inst string) (storageFile, error) {
 }
 
 // bucketID is the bucket c counts, false when c does not name one.
-func (c storageCounts) bucketID() (bucket.ID, bool) {
+func (c StorageCounts) bucketID() (bucket.ID, bool) {
 	algo, err := bucket.ParseAlgorithm(c.Algo)
 	h, herr := hex.DecodeString(c.Digest)
 	if err != nil || herr != nil || len(h) != 16 || c.Zone == "" {
@@ -466,17 +466,17 @@ func (c storageCounts) bucketID() (bucket.ID, bool) {
 }
 
 // purge reports whether file is to be deleted at now.
-func (f *storageFleet) purge(now time.Time, file storageFile) bool {
+func (f *StorageFleet) purge(now time.Time, file StorageFile) bool {
 	written := now.Sub(time.Unix(0, file.At))
 	if f.o.PurgeAge > 0 {
 		return written > f.o.PurgeAge
 	}
-	return written > max(instancesWindow, 3*f.o.WriteEvery) && now.UnixNano() > file.Until
+	return written > max(InstancesWindow, 3*f.o.WriteEvery) && now.UnixNano() > file.Until
 }
 
 // skip reports a file that could not be used, once until it reads well,
 // remembering mark of it (its size and time are l's).
-func (f *storageFleet) skip(l listed, err error, mark skipMark) {
+func (f *StorageFleet) skip(l listed, err error, mark skipMark) {
 	_, was := f.skipped[l.name]
 	mark.size, mark.mod = l.size, l.mod
 	f.skipped[l.name] = mark

@@ -1,4 +1,4 @@
-package limiter
+package fleetsync
 
 // Zones that sync through a storage (caddy-ratelimit's distributed mode
 // without Redis): the fleet is the instances that write their counts to
@@ -97,7 +97,7 @@ type StorageOptions struct {
 	// buckets read, how long it took, and its error.
 	Read func(buckets int, took time.Duration, err error)
 
-	maxEntries int // the buckets kept of all the others' files; default maxSyncEntries (tests set fewer)
+	MaxEntries int // the buckets kept of all the others' files; default maxSyncEntries (tests set fewer)
 }
 
 // DefaultStorageDir is where the fleet's files are, in the storage.
@@ -119,8 +119,8 @@ func (staleError) Error() string {
 // NotRun reports that nothing was charged.
 func (staleError) NotRun() bool { return true }
 
-// storageFleet is the fleet of the instances that share a storage.
-type storageFleet struct {
+// StorageFleet is the fleet of the instances that share a storage.
+type StorageFleet struct {
 	st      Storage
 	o       StorageOptions
 	id      string
@@ -129,8 +129,8 @@ type storageFleet struct {
 	writeMu sync.Mutex // one write at a time
 
 	mu        sync.Mutex
-	own       map[bucket.ID]*storageCounts  // what this instance admitted
-	others    map[bucket.ID][]storageCounts // the others', as last read
+	own       map[bucket.ID]*StorageCounts  // what this instance admitted
+	others    map[bucket.ID][]StorageCounts // the others', as last read
 	n         int64                         // instances counted at the last read
 	ids       []string                      // their names, sorted, this one's included
 	epoch     int                           // reads so far (see storageCounts.epochs)
@@ -159,7 +159,7 @@ const maxEpochs = 8
 // are not in its view, and unseen is their estimate (an instance's share
 // of a fleet's traffic is alike). Counted by epoch: the current one, and
 // each before it that ended after that write. The caller holds mu.
-func (f *storageFleet) unseen(c *storageCounts) int64 {
+func (f *StorageFleet) unseen(c *StorageCounts) int64 {
 	sum := c.epochs[f.epoch%maxEpochs]
 	for k := 1; k < maxEpochs && f.epochAt[(f.epoch-k+1+maxEpochs)%maxEpochs] > f.oldest; k++ {
 		sum += c.epochs[(f.epoch-k+maxEpochs)%maxEpochs]
@@ -167,9 +167,9 @@ func (f *storageFleet) unseen(c *storageCounts) int64 {
 	return sum
 }
 
-// storageCounts are one instance's counts of a bucket: of the window of
+// StorageCounts are one instance's counts of a bucket: of the window of
 // Period that starts at Start (Unix ns), and of the one before.
-type storageCounts struct {
+type StorageCounts struct {
 	Zone   string `json:"z"`
 	Algo   string `json:"a"`
 	Digest string `json:"k"` // hex
@@ -184,7 +184,7 @@ type storageCounts struct {
 }
 
 // at is c taken at now's window: its count and the previous one's.
-func (c storageCounts) at(now int64) (curr, prev int64) {
+func (c StorageCounts) at(now int64) (curr, prev int64) {
 	start := now - now%c.Period
 	switch c.Start {
 	case start:
@@ -198,16 +198,16 @@ func (c storageCounts) at(now int64) (curr, prev int64) {
 // weighed is what c counts against a limit of algo at now: a fixed
 // window's count, a sliding counter's with the previous one's part still
 // in the sliding window.
-func (c storageCounts) weighed(algo Algorithm, now int64) float64 {
+func (c StorageCounts) weighed(algo bucket.Algorithm, now int64) float64 {
 	curr, prev := c.at(now)
-	if algo == SlidingWindowCounter {
+	if algo == bucket.SlidingWindowCounter {
 		return float64(prev)*(1-float64(now%c.Period)/float64(c.Period)) + float64(curr)
 	}
 	return float64(curr)
 }
 
-// storageFile is an instance's file.
-type storageFile struct {
+// StorageFile is an instance's file.
+type StorageFile struct {
 	Version  int    `json:"v"`
 	Instance string `json:"instance"`
 	At       int64  `json:"at"`    // when written, Unix ns
@@ -215,28 +215,28 @@ type storageFile struct {
 	// Stopped: the instance's last write, as it stopped: its counts hold,
 	// it is no instance any more.
 	Stopped bool            `json:"stopped,omitempty"`
-	Buckets []storageCounts `json:"buckets"`
+	Buckets []StorageCounts `json:"buckets"`
 }
 
-func newStorageFleet(st Storage, o StorageOptions) *storageFleet {
+func NewStorageFleet(st Storage, o StorageOptions) *StorageFleet {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	o.Dir = strings.Trim(cmp.Or(o.Dir, DefaultStorageDir), "/")
 	o.WriteEvery, o.ReadEvery = max(cmp.Or(o.WriteEvery, 5*time.Second), 10*time.Millisecond), max(cmp.Or(o.ReadEvery, 5*time.Second), 10*time.Millisecond)
 	o.Timeout = cmp.Or(o.Timeout, 5*time.Second)
-	o.maxEntries = cmp.Or(o.maxEntries, maxSyncEntries)
-	return &storageFleet{st: st, o: o, id: hex.EncodeToString(b[:]), now: time.Now, n: 1,
-		own: map[bucket.ID]*storageCounts{}, others: map[bucket.ID][]storageCounts{}, skipped: map[string]skipMark{}, busy: map[string]bool{},
+	o.MaxEntries = cmp.Or(o.MaxEntries, maxSyncEntries)
+	return &StorageFleet{st: st, o: o, id: hex.EncodeToString(b[:]), now: time.Now, n: 1,
+		own: map[bucket.ID]*StorageCounts{}, others: map[bucket.ID][]StorageCounts{}, skipped: map[string]skipMark{}, busy: map[string]bool{},
 		stop: make(chan struct{}), done: make(chan struct{})}
 }
 
 // generation changes at every read of the others' files.
-func (f *storageFleet) generation() uint64 { return f.gen.Load() }
+func (f *StorageFleet) generation() uint64 { return f.gen.Load() }
 
 // give takes back what ChargeAll charged reqs, from the windows that hold
 // now (a charge of a window that has ended is left: nothing counts it
 // any more but the sliding counter's fading previous count).
-func (f *storageFleet) give(reqs []Request) {
+func (f *StorageFleet) give(reqs []bucket.Request) {
 	ns := f.now().UnixNano()
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -257,7 +257,7 @@ func (f *storageFleet) give(reqs []Request) {
 // cost more than a share, on the whole of what the fleet left. The owner
 // moves on with each window, so that a client whose requests all reach
 // one instance gets a window in N.
-func (f *storageFleet) owns(r Request) bool {
+func (f *StorageFleet) owns(r bucket.Request) bool {
 	h := r.Digest()
 	turn := uint64(0)
 	if p := int64(r.Policy.Period); p > 0 {
@@ -271,9 +271,9 @@ func (f *storageFleet) owns(r Request) bool {
 	return f.ids[(binary.BigEndian.Uint64(h[:8])+turn)%uint64(len(f.ids))] == f.id
 }
 
-// left is what r's bucket holds as the fleet counts it now: its limit
+// Left is what r's bucket holds as the fleet counts it now: its limit
 // less every instance's counts (not the epoch's share: see ChargeAll).
-func (f *storageFleet) left(r Request) int64 {
+func (f *StorageFleet) Left(r bucket.Request) int64 {
 	ns := f.now().UnixNano()
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -287,7 +287,7 @@ func (f *storageFleet) left(r Request) int64 {
 
 // othersWeighed is what the others count of bucket id, of policy p, at ns:
 // their counts read, and the blind instances' shares. The caller holds mu.
-func (f *storageFleet) othersWeighed(id bucket.ID, p Policy, ns int64) float64 {
+func (f *StorageFleet) othersWeighed(id bucket.ID, p bucket.Policy, ns int64) float64 {
 	total := f.blindShare(p)
 	for _, o := range f.others[id] {
 		if o.Period == int64(p.Period) {
@@ -304,7 +304,7 @@ func (f *storageFleet) othersWeighed(id bucket.ID, p Policy, ns int64) float64 {
 // could admit up to twice the limit; taken as spent, what they admit is
 // already off the others' allowance (as when every instance takes its
 // share), and the bound holds. The caller holds mu.
-func (f *storageFleet) blindShare(p Policy) float64 {
+func (f *StorageFleet) blindShare(p bucket.Policy) float64 {
 	if f.blind == 0 || f.n == 0 {
 		return 0
 	}
@@ -312,7 +312,7 @@ func (f *storageFleet) blindShare(p Policy) float64 {
 }
 
 // groups: one group, the round is made in memory.
-func (f *storageFleet) Groups(_ context.Context, reqs []Request) [][]int {
+func (f *StorageFleet) Groups(_ context.Context, reqs []bucket.Request) [][]int {
 	all := make([]int, len(reqs))
 	for i := range all {
 		all[i] = i
@@ -322,19 +322,19 @@ func (f *storageFleet) Groups(_ context.Context, reqs []Request) [][]int {
 
 // RegisterSync counts the instances whose files were fresh at the last
 // read, this one included (its own file is written every WriteEvery).
-func (f *storageFleet) RegisterSync(context.Context, string, time.Duration) (int64, error) {
+func (f *StorageFleet) RegisterSync(context.Context, string, time.Duration) (int64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.n, nil
 }
 
 // CountSync is RegisterSync: an instance is counted by its file.
-func (f *storageFleet) CountSync(ctx context.Context, id string, window time.Duration) (int64, error) {
+func (f *StorageFleet) CountSync(ctx context.Context, id string, window time.Duration) (int64, error) {
 	return f.RegisterSync(ctx, id, window)
 }
 
-// registered is the instances counted at the last read.
-func (f *storageFleet) registered() int64 {
+// Registered is the instances counted at the last read.
+func (f *StorageFleet) Registered() int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.n
@@ -342,31 +342,31 @@ func (f *storageFleet) registered() int64 {
 
 // stale is how long the others' counts may go unread before the rounds
 // fail.
-func (f *storageFleet) stale() time.Duration { return 3 * f.o.ReadEvery }
+func (f *StorageFleet) stale() time.Duration { return 3 * f.o.ReadEvery }
 
 // ChargeAll adds each request's cost to this instance's counts and tells
 // its bucket as the fleet counts it: its limit less every instance's
 // counts, negative past it. A request of an algorithm that does not count
 // in windows gets a zero decision. Fails, charging nothing, while the
 // others' counts are stale.
-func (f *storageFleet) ChargeAll(_ context.Context, reqs []Request) ([]Decision, error) {
+func (f *StorageFleet) ChargeAll(_ context.Context, reqs []bucket.Request) ([]bucket.Decision, error) {
 	now := f.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if now.Sub(f.lastRead) > f.stale() || now.Sub(f.lastWrite) > 3*f.o.WriteEvery { // the others' view of this one is stale too
 		return nil, errStorageStale
 	}
-	d := make([]Decision, len(reqs))
+	d := make([]bucket.Decision, len(reqs))
 	ns := now.UnixNano()
 	for i, r := range reqs {
 		p := r.Policy
-		if p.Algorithm != FixedWindow && p.Algorithm != SlidingWindowCounter || p.Period <= 0 {
+		if p.Algorithm != bucket.FixedWindow && p.Algorithm != bucket.SlidingWindowCounter || p.Period <= 0 {
 			continue
 		}
 		id := bucket.IDOf(r)
 		c := f.own[id]
 		if c == nil || c.Period != int64(p.Period) {
-			c = &storageCounts{Zone: r.Zone, Algo: p.Algorithm.String(), Digest: hex.EncodeToString(id.Hash[:]), Period: int64(p.Period)}
+			c = &StorageCounts{Zone: r.Zone, Algo: p.Algorithm.String(), Digest: hex.EncodeToString(id.Hash[:]), Period: int64(p.Period)}
 			f.own[id] = c
 		}
 		c.Curr, c.Prev = c.at(ns)
@@ -378,20 +378,20 @@ func (f *storageFleet) ChargeAll(_ context.Context, reqs []Request) ([]Decision,
 		c.Curr, *e = min(c.Curr+cost, bucket.MaxCost), min(*e+cost, bucket.MaxCost)
 		total := c.weighed(p.Algorithm, ns) + f.othersWeighed(id, p, ns)
 		reset := c.Start + c.Period
-		if p.Algorithm == SlidingWindowCounter && total > 0 {
+		if p.Algorithm == bucket.SlidingWindowCounter && total > 0 {
 			reset += c.Period
 		}
 		left := int64(math.Floor(float64(p.Rate)-total+1e-9)) - (f.n-1)*f.unseen(c) // see the epochs
-		d[i] = Decision{Allowed: true, Limit: p.Limit(), Remaining: max(left, -bucket.MaxCost), Reset: time.Unix(0, reset), At: now}
+		d[i] = bucket.Decision{Allowed: true, Limit: p.Limit(), Remaining: max(left, -bucket.MaxCost), Reset: time.Unix(0, reset), At: now}
 	}
 	return d, nil
 }
 
-// start reads the others' files and writes this instance's, within the
+// Start reads the others' files and writes this instance's, within the
 // timeout, then keeps doing so in the background until close.
-func (f *storageFleet) start() {
+func (f *StorageFleet) Start() {
 	first := min(f.o.Timeout, 2*time.Second) // the config waits for these, each at most so long
-	f.read(first)
+	f.Read(first)
 	f.write(first, false)
 	go f.run()
 }
@@ -399,7 +399,7 @@ func (f *storageFleet) start() {
 // run writes every WriteEvery and reads every ReadEvery, each in a
 // goroutine of its own (a long read does not hold the writes), until
 // close; then a last write.
-func (f *storageFleet) run() {
+func (f *StorageFleet) run() {
 	defer close(f.done)
 	reads := make(chan struct{})
 	go func() {
@@ -411,7 +411,7 @@ func (f *storageFleet) run() {
 			case <-f.stop:
 				return
 			case <-r.C:
-				f.read(f.o.Timeout)
+				f.Read(f.o.Timeout)
 			}
 		}
 	}()
@@ -429,9 +429,9 @@ func (f *storageFleet) run() {
 	}
 }
 
-// close stops the reads and writes, after a last write. Safe to call more
+// Close stops the reads and writes, after a last write. Safe to call more
 // than once.
-func (f *storageFleet) close() {
+func (f *StorageFleet) Close() {
 	f.closing.Do(func() {
 		close(f.stop)
 		<-f.done
@@ -439,16 +439,16 @@ func (f *storageFleet) close() {
 }
 
 // file is the name of an instance's file.
-func (f *storageFleet) file(instance string) string { return path.Join(f.o.Dir, instance+".json") }
+func (f *StorageFleet) file(instance string) string { return path.Join(f.o.Dir, instance+".json") }
 
 // write writes this instance's counts that have not faded, and forgets
 // those that have, within timeout; final, with none, it deletes the file.
-func (f *storageFleet) write(timeout time.Duration, final bool) {
+func (f *StorageFleet) write(timeout time.Duration, final bool) {
 	f.writeMu.Lock()
 	defer f.writeMu.Unlock()
 	now := f.now()
 	ns := now.UnixNano()
-	file := storageFile{Version: 1, Instance: f.id, At: ns, Until: ns, Stopped: final}
+	file := StorageFile{Version: 1, Instance: f.id, At: ns, Until: ns, Stopped: final}
 	f.mu.Lock()
 	for id, c := range f.own {
 		curr, prev := c.at(ns)
@@ -483,7 +483,7 @@ func (f *storageFleet) write(timeout time.Duration, final bool) {
 
 // newEpoch puts a read in force at now: the others' counts, the
 // instances, and a new epoch (see unseen).
-func (f *storageFleet) newEpoch(now time.Time, rd reading) {
+func (f *StorageFleet) newEpoch(now time.Time, rd reading) {
 	slices.Sort(rd.ids)
 	f.mu.Lock()
 	f.others, f.n, f.ids, f.blind, f.lastRead = rd.others, rd.n, rd.ids, rd.blind, now
@@ -495,3 +495,6 @@ func (f *storageFleet) newEpoch(now time.Time, rd reading) {
 	f.mu.Unlock()
 	f.gen.Add(1)
 }
+
+// ID names this instance's file (<ID>.json).
+func (f *StorageFleet) ID() string { return f.id }

@@ -1,4 +1,4 @@
-package limiter
+package fleetsync
 
 // The instances of a fleet that syncs, as each instance counts them (N in
 // the doc of sync.go).
@@ -23,55 +23,28 @@ package limiter
 //     then it decides in Redis, exactly (TestSyncFleetStartsTogether).
 //   - When N grows, the allowances held shrink in proportion at once, not
 //     at each bucket's next round (TestSyncShareShrinksAsFleetGrows).
-//   - A registration that fails is a failed round (SyncEvents.Synced), so
+//   - A registration that fails is a failed round (Events.Synced), so
 //     that an instance that cannot register, and so decides everything in
 //     Redis, says so (TestSyncRegistrationFailureReported).
 
 import (
 	"context"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // registerEvery is how often an instance registers (with rounds or not),
-// and instancesWindow how long a registration counts.
+// and InstancesWindow how long a registration counts.
 const (
 	registerEvery   = time.Second
-	instancesWindow = 10 * time.Second
+	InstancesWindow = 10 * time.Second
 )
-
-// Instances is the number of instances syncing with this one's Redis,
-// this one included, as last counted.
-func (l *Limiter) Instances() int {
-	if l.sync == nil {
-		return 1
-	}
-	return int(l.sync.n.Load())
-}
-
-// SyncReady reports whether the instance hands out shares of the zones
-// that sync (it is warm: see above); false without such zones.
-func (l *Limiter) SyncReady() bool { return l.sync != nil && l.sync.warm.Load() }
-
-// CountSync counts the instances syncing with this one's Redis (or
-// storage), this one included, as a config with zones that sync of
-// interval every loads. It registers nothing: the instance registers from
-// its first request of such a zone.
-func (l *Limiter) CountSync(ctx context.Context, every time.Duration) int {
-	if l.sync == nil {
-		return 1
-	}
-	l.sync.atMost(every)
-	n, err := l.sync.fleet.CountSync(ctx, l.sync.id, instancesWindow)
-	if err == nil && !l.sync.warm.Load() {
-		l.sync.n.Store(max(n, 1))
-	}
-	return int(max(n, l.sync.n.Load(), 1))
-}
 
 // register marks this instance as syncing and counts the instances (see
 // the invariants above): at most every registerEvery, unless force. It
 // returns the registration's error; nil when it made none.
-func (s *syncer) register(ctx context.Context, now time.Time, force bool) error {
+func (s *Syncer) register(ctx context.Context, now time.Time, force bool) error {
 	s.regMu.Lock()
 	if !force && now.Sub(s.lastSeen) < registerEvery {
 		s.regMu.Unlock()
@@ -80,7 +53,7 @@ func (s *syncer) register(ctx context.Context, now time.Time, force bool) error 
 	s.lastSeen = now
 	s.regMu.Unlock()
 	start := time.Now()
-	n, err := s.fleet.RegisterSync(ctx, s.id, instancesWindow)
+	n, err := s.fleet.RegisterSync(ctx, s.id, InstancesWindow)
 	if err != nil {
 		if ev := s.ev.Load(); ev != nil {
 			(*ev).Synced(0, time.Since(start), err)
@@ -92,9 +65,9 @@ func (s *syncer) register(ctx context.Context, now time.Time, force bool) error 
 }
 
 // counted takes n, the instances a registration at now counted.
-func (s *syncer) counted(now time.Time, n int64) {
+func (s *Syncer) counted(now time.Time, n int64) {
 	s.regMu.Lock()
-	if s.lastOK.IsZero() || now.Sub(s.lastOK) > instancesWindow { // the first, or after a gap: warm again
+	if s.lastOK.IsZero() || now.Sub(s.lastOK) > InstancesWindow { // the first, or after a gap: warm again
 		s.firstReg = now
 		s.warm.Store(false)
 	}
@@ -103,7 +76,7 @@ func (s *syncer) counted(now time.Time, n int64) {
 	cur := s.n.Load()
 	if n >= cur || s.highAt.IsZero() {
 		s.highAt = now
-	} else if now.Sub(s.highAt) < instancesWindow {
+	} else if now.Sub(s.highAt) < InstancesWindow {
 		n = cur // fewer: taken once it lasts instancesWindow
 	}
 	s.regMu.Unlock()
@@ -123,11 +96,53 @@ func (s *syncer) counted(now time.Time, n int64) {
 
 // shrink cuts every allowance held from a share of old instances to a
 // share of n.
-func (s *syncer) shrink(old, n int64) {
+func (s *Syncer) shrink(old, n int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range s.entries {
 		e.allowance = e.allowance * old / n
 		e.granted = min(e.granted, e.allowance)
 	}
+}
+
+// OnEvents sets who is told of the rounds.
+func (s *Syncer) OnEvents(ev Events) { s.ev.Store(&ev) }
+
+// Instances is the number of instances syncing, this one included, as
+// last counted.
+func (s *Syncer) Instances() int { return int(s.n.Load()) }
+
+// Ready reports whether the instance hands out shares (it is warm).
+func (s *Syncer) Ready() bool { return s.warm.Load() }
+
+// Count counts the instances syncing, this one included, as a config
+// with zones that sync of interval every loads. It registers nothing:
+// the instance registers from its first request of such a zone.
+func (s *Syncer) Count(ctx context.Context, every time.Duration) int {
+	s.atMost(every)
+	n, err := s.fleet.CountSync(ctx, s.id, InstancesWindow)
+	if err == nil && !s.warm.Load() {
+		s.n.Store(max(n, 1))
+	}
+	return int(max(n, s.n.Load(), 1))
+}
+
+// Entries is how many buckets the syncer holds a local view of.
+func (s *Syncer) Entries() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.entries)
+}
+
+// Share is what this instance holds of r's bucket: its allowance until
+// the next round, and the allowance as the last round granted it; ok is
+// false when it holds no view of the bucket.
+func (s *Syncer) Share(r bucket.Request) (allowance, granted int64, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entries[bucket.IDOf(r)]
+	if e == nil {
+		return 0, 0, false
+	}
+	return e.allowance, e.granted, true
 }
