@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
@@ -382,76 +380,6 @@ func (z *Zone) staticRate() (int64, time.Duration, error) {
 	return parseRate(rate)
 }
 
-// Bounds of Zone.Sync.
-const (
-	minSync = 10 * time.Millisecond
-	maxSync = time.Hour
-)
-
-// checkSync checks sync against the zone's other options.
-func (z *Zone) checkSync() error {
-	w := z.window()
-	if z.Sync == 0 && z.distributed > 0 && z.syncRefusal() == nil {
-		d := z.distributed
-		if w > 0 && !z.viaStorage {
-			d = min(d, w/2)
-		}
-		if d >= minSync { // else exact
-			z.Sync = caddy.Duration(d)
-		}
-	}
-	d := time.Duration(z.Sync)
-	switch {
-	case d == 0:
-		return nil
-	case d < minSync || d > maxSync:
-		return about(fmt.Errorf("sync %s: want an interval from %s to %s", d, minSync, maxSync), "sync")
-	case w > 0 && d > w/2 && !z.viaStorage:
-		return about(fmt.Errorf("sync %s on a window of %s: at most half the window (%s), since each instance reads "+
-			"what the window has left once per sync", d, w, w/2), "sync", "rate", "window")
-	}
-	return z.syncRefusal()
-}
-
-// window is the length of the zone's window, 0 for an algorithm without.
-func (z *Zone) window() time.Duration { return windowOf(z.policy) }
-
-// windowOf is the length of p's window, 0 for an algorithm without.
-func windowOf(p limiter.Policy) time.Duration {
-	if a := p.Algorithm; a == limiter.FixedWindow || a == limiter.SlidingWindowCounter || a == limiter.SlidingWindowLog {
-		return p.Period
-	}
-	return 0
-}
-
-// syncFits reports whether p, the zone's policy under an override, keeps
-// within what the zone's sync allows: a window at least twice the sync
-// (see checkSync).
-func (z *Zone) syncFits(p limiter.Policy) error {
-	d, w := time.Duration(z.Sync), windowOf(p)
-	if d > 0 && w > 0 && d > w/2 && !z.viaStorage {
-		return fmt.Errorf("the zone syncs every %s: a window of %s is too short (at most half the window between syncs); give a window of at least %s", d, w, 2*d)
-	}
-	return nil
-}
-
-// syncRefusal is why the zone cannot sync, nil when it can.
-func (z *Zone) syncRefusal() error {
-	switch {
-	case z.policy.Algorithm == limiter.SlidingWindowLog:
-		return about(fmt.Errorf("sync counts with counters, and sliding_window_log keeps one entry per request: "+
-			"use algorithm sliding_window_counter (close to it), or leave sync out"), "sync", "algorithm", "events")
-	case !z.policy.Algorithm.Syncs():
-		return about(fmt.Errorf("sync applies to token_bucket, fixed_window and sliding_window_counter zones: "+
-			"%s counts exactly in Redis (leave sync out, or use one of them)", z.policy.Algorithm), "sync", "algorithm", "events")
-	case z.Ban != nil:
-		return about(fmt.Errorf("sync and ban: a ban is looked up in Redis on every request; leave one out"), "sync", "ban")
-	case z.settles():
-		return about(fmt.Errorf("sync does not apply with count_status or cost_from_response, which settle in Redis after each response"), "sync", "count_status", "cost_from_response")
-	}
-	return nil
-}
-
 // checkAlgorithmLimits refuses policies that would hold requests or
 // memory without bound.
 func checkAlgorithmLimits(p limiter.Policy) error {
@@ -499,93 +427,6 @@ func (z *Zone) checkConcurrency() error {
 	z.policy = limiter.Policy{Algorithm: limiter.Concurrency, Burst: z.MaxConcurrent,
 		Lease: cmp.Or(time.Duration(z.Lease), defaultLease)}
 	return z.policy.Validate()
-}
-
-// staticCount is a burst or cost as configured: v's literal value; for a
-// template (or nothing), the zone's default_<field>, configured, or else
-// builtin, the module's default.
-func staticCount(field string, v caddyhttp.WeakString, configured, builtin int64) (int64, error) {
-	if configured < 0 {
-		return 0, fmt.Errorf("default_%s %d: want at least 1", field, configured)
-	}
-	if v == "" || hasPlaceholder(string(v)) {
-		return cmp.Or(configured, builtin), nil
-	}
-	n, err := strconv.ParseInt(string(v), 10, 64)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("%s %q: want a whole number of at least 1", field, v)
-	}
-	return n, nil
-}
-
-// dynamicField names a value that a zone may take from placeholders, for
-// its warnings: each is logged once per zone.
-type dynamicField int
-
-const (
-	fieldRate         dynamicField = iota
-	fieldBurst                     // a burst template
-	fieldCost                      // a cost template
-	fieldPolicy                    // rate and burst together (e.g. a leaky bucket's wait)
-	fieldResponseCost              // cost_from_response's header
-	fieldKey                       // a placeholder of the key unknown for a request
-	fieldOverride                  // an override that gives no valid policy
-	numDynamicFields
-)
-
-func (f dynamicField) String() string {
-	return [...]string{"rate", "burst", "cost", "rate and burst", "cost_from_response", "key", "override"}[f]
-}
-
-// limits are the zone's policy and cost for one request: the static ones,
-// or those its placeholders give, falling back to the defaults (with one
-// warning per zone and field) when a value is not valid.
-func (z *Zone) limits(repl *caddy.Replacer, logger *zap.Logger) (limiter.Policy, int64) {
-	if z.static {
-		return z.policy, z.cost
-	}
-	p := z.policy
-	if hasPlaceholder(z.Rate) {
-		if n, period, err := parseRate(repl.ReplaceAll(z.Rate, "")); err == nil {
-			p.Rate, p.Period = n, period
-		} else {
-			z.warn(fieldRate, logger, err)
-		}
-		if z.Burst == "" { // the default burst of the rate in force
-			p.Burst = defaultBurst(p.Algorithm, p.Rate)
-		}
-	}
-	if hasPlaceholder(string(z.Burst)) {
-		p.Burst = z.dynamicCount(fieldBurst, logger, z.Burst, repl, cmp.Or(z.DefaultBurst, defaultBurst(p.Algorithm, p.Rate)))
-	}
-	cost := z.dynamicCount(fieldCost, logger, z.Cost, repl, z.cost)
-	if err := cmp.Or(p.Validate(), checkAlgorithmLimits(p)); err != nil {
-		z.warn(fieldPolicy, logger, err)
-		p = z.policy
-	}
-	return p, cost
-}
-
-// dynamicCount resolves a burst or cost template, or keeps def.
-func (z *Zone) dynamicCount(f dynamicField, logger *zap.Logger, v caddyhttp.WeakString, repl *caddy.Replacer, def int64) int64 {
-	if !hasPlaceholder(string(v)) {
-		return def
-	}
-	s := repl.ReplaceAll(string(v), "")
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 1 {
-		z.warn(f, logger, fmt.Errorf("%q is not a whole number of at least 1", s))
-		return def
-	}
-	return n
-}
-
-// warn logs, once per zone and field, that a template gave no valid value.
-func (z *Zone) warn(f dynamicField, logger *zap.Logger, err error) {
-	if z.warned[f].CompareAndSwap(false, true) {
-		logger.Warn("placeholder gave no valid value; using the zone's default (logged once)",
-			zap.String("zone", z.name), zap.String("field", f.String()), zap.Error(err))
-	}
 }
 
 // BanConfig bans a zone's repeat offenders.

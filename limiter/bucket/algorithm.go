@@ -31,11 +31,38 @@ const (
 	Concurrency
 )
 
-var algorithmNames = []string{"token_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter", "leaky_bucket", "concurrency"}
+// spec is what sets an algorithm apart, in one place. Its arithmetic is
+// Policy.Take's case for it (and Refund's, Charge's), its Redis script
+// luascripts/<name>.lua (registered in limiter/redisstore's scripts).
+type spec struct {
+	name     string
+	windowed bool // counts Rate per Period in windows, with no separate burst
+	syncs    bool // a zone of it may sync: its admissions can be charged at once
+	debt     bool // a charge may put it into debt (GCRA: its TAT moves on)
+	named    bool // a zone may name it (concurrency is set by max_in_flight)
+}
+
+// specs are the algorithms' specs, by Algorithm.
+var specs = [...]spec{
+	TokenBucket:          {name: "token_bucket", syncs: true, debt: true, named: true},
+	FixedWindow:          {name: "fixed_window", windowed: true, syncs: true, named: true},
+	SlidingWindowLog:     {name: "sliding_window_log", windowed: true, named: true},
+	SlidingWindowCounter: {name: "sliding_window_counter", windowed: true, syncs: true, named: true},
+	LeakyBucket:          {name: "leaky_bucket", debt: true, named: true},
+	Concurrency:          {name: "concurrency"},
+}
+
+// specOf is a's spec; the zero spec for an unknown a.
+func specOf(a Algorithm) spec {
+	if int(a) < len(specs) {
+		return specs[a]
+	}
+	return spec{}
+}
 
 func (a Algorithm) String() string {
-	if int(a) < len(algorithmNames) {
-		return algorithmNames[a]
+	if n := specOf(a).name; n != "" {
+		return n
 	}
 	return fmt.Sprintf("algorithm(%d)", a)
 }
@@ -45,8 +72,10 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 	if s == "" {
 		return TokenBucket, nil
 	}
-	if i := slices.Index(algorithmNames, s); i >= 0 && Algorithm(i) != Concurrency {
-		return Algorithm(i), nil
+	for a, sp := range specs {
+		if sp.name == s && sp.named {
+			return Algorithm(a), nil
+		}
 	}
 	return 0, fmt.Errorf("unknown algorithm %q (want token_bucket, fixed_window, sliding_window_log, sliding_window_counter or leaky_bucket)", s)
 }
@@ -54,7 +83,7 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 // Windowed reports whether the algorithm counts in windows (Rate per
 // Period, no separate burst).
 func (a Algorithm) Windowed() bool {
-	return a == FixedWindow || a == SlidingWindowLog || a == SlidingWindowCounter
+	return specOf(a).windowed
 }
 
 // Take decides one request of cost at now on bucket b (known is false for
@@ -252,5 +281,5 @@ func (p Policy) Release(b State, now int64, id string) State {
 // bucket, and the windows kept as counters (a log of every request's time
 // cannot take an instance's admissions in one charge).
 func (a Algorithm) Syncs() bool {
-	return a == TokenBucket || a == FixedWindow || a == SlidingWindowCounter
+	return specOf(a).syncs
 }

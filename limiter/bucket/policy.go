@@ -1,6 +1,3 @@
-// Package limiter decides whether a request may pass a rate limit. It knows
-// nothing of Caddy: a Policy describes a limit, a Store keeps the state of
-// every bucket and answers Take with one Decision per bucket.
 package bucket
 
 import (

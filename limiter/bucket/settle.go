@@ -8,7 +8,7 @@ import (
 
 // Debt reports whether the algorithm can go into debt: whether Charge
 // charges it.
-func (a Algorithm) Debt() bool { return a == TokenBucket || a == LeakyBucket }
+func (a Algorithm) Debt() bool { return specOf(a).debt }
 
 // Refund gives back at now what cost of the charge of a take still holds
 // back (see Store.Refund): the take decided at at, and its charge ended at

@@ -1,0 +1,100 @@
+package ratelimit
+
+import (
+	"cmp"
+	"fmt"
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+)
+
+// staticCount is a burst or cost as configured: v's literal value; for a
+// template (or nothing), the zone's default_<field>, configured, or else
+// builtin, the module's default.
+func staticCount(field string, v caddyhttp.WeakString, configured, builtin int64) (int64, error) {
+	if configured < 0 {
+		return 0, fmt.Errorf("default_%s %d: want at least 1", field, configured)
+	}
+	if v == "" || hasPlaceholder(string(v)) {
+		return cmp.Or(configured, builtin), nil
+	}
+	n, err := strconv.ParseInt(string(v), 10, 64)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%s %q: want a whole number of at least 1", field, v)
+	}
+	return n, nil
+}
+
+// dynamicField names a value that a zone may take from placeholders, for
+// its warnings: each is logged once per zone.
+type dynamicField int
+
+func (f dynamicField) String() string {
+	return [...]string{"rate", "burst", "cost", "rate and burst", "cost_from_response", "key", "override"}[f]
+}
+
+// limits are the zone's policy and cost for one request: the static ones,
+// or those its placeholders give, falling back to the defaults (with one
+// warning per zone and field) when a value is not valid.
+func (z *Zone) limits(repl *caddy.Replacer, logger *zap.Logger) (limiter.Policy, int64) {
+	if z.static {
+		return z.policy, z.cost
+	}
+	p := z.policy
+	if hasPlaceholder(z.Rate) {
+		if n, period, err := parseRate(repl.ReplaceAll(z.Rate, "")); err == nil {
+			p.Rate, p.Period = n, period
+		} else {
+			z.warn(fieldRate, logger, err)
+		}
+		if z.Burst == "" { // the default burst of the rate in force
+			p.Burst = defaultBurst(p.Algorithm, p.Rate)
+		}
+	}
+	if hasPlaceholder(string(z.Burst)) {
+		p.Burst = z.dynamicCount(fieldBurst, logger, z.Burst, repl, cmp.Or(z.DefaultBurst, defaultBurst(p.Algorithm, p.Rate)))
+	}
+	cost := z.dynamicCount(fieldCost, logger, z.Cost, repl, z.cost)
+	if err := cmp.Or(p.Validate(), checkAlgorithmLimits(p)); err != nil {
+		z.warn(fieldPolicy, logger, err)
+		p = z.policy
+	}
+	return p, cost
+}
+
+// dynamicCount resolves a burst or cost template, or keeps def.
+func (z *Zone) dynamicCount(f dynamicField, logger *zap.Logger, v caddyhttp.WeakString, repl *caddy.Replacer, def int64) int64 {
+	if !hasPlaceholder(string(v)) {
+		return def
+	}
+	s := repl.ReplaceAll(string(v), "")
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 1 {
+		z.warn(f, logger, fmt.Errorf("%q is not a whole number of at least 1", s))
+		return def
+	}
+	return n
+}
+
+// warn logs, once per zone and field, that a template gave no valid value.
+func (z *Zone) warn(f dynamicField, logger *zap.Logger, err error) {
+	if z.warned[f].CompareAndSwap(false, true) {
+		logger.Warn("placeholder gave no valid value; using the zone's default (logged once)",
+			zap.String("zone", z.name), zap.String("field", f.String()), zap.Error(err))
+	}
+}
+
+const (
+	fieldRate         dynamicField = iota
+	fieldBurst                     // a burst template
+	fieldCost                      // a cost template
+	fieldPolicy                    // rate and burst together (e.g. a leaky bucket's wait)
+	fieldResponseCost              // cost_from_response's header
+	fieldKey                       // a placeholder of the key unknown for a request
+	fieldOverride                  // an override that gives no valid policy
+	numDynamicFields
+)
