@@ -392,7 +392,7 @@ func (f *StorageFleet) ChargeAll(_ context.Context, reqs []bucket.Request) ([]bu
 func (f *StorageFleet) Start() {
 	first := min(f.o.Timeout, 2*time.Second) // the config waits for these, each at most so long
 	f.Read(first)
-	f.write(first, false)
+	f.Write(first, false)
 	go f.run()
 }
 
@@ -420,11 +420,11 @@ func (f *StorageFleet) run() {
 	for {
 		select {
 		case <-f.stop:
-			f.write(f.o.Timeout, true) // what it counted last, for the others
+			f.Write(f.o.Timeout, true) // what it counted last, for the others
 			<-reads
 			return
 		case <-w.C:
-			f.write(f.o.Timeout, false)
+			f.Write(f.o.Timeout, false)
 		}
 	}
 }
@@ -438,12 +438,12 @@ func (f *StorageFleet) Close() {
 	})
 }
 
-// file is the name of an instance's file.
-func (f *StorageFleet) file(instance string) string { return path.Join(f.o.Dir, instance+".json") }
+// File is the name of an instance's File.
+func (f *StorageFleet) File(instance string) string { return path.Join(f.o.Dir, instance+".json") }
 
-// write writes this instance's counts that have not faded, and forgets
+// Write writes this instance's counts that have not faded, and forgets
 // those that have, within timeout; final, with none, it deletes the file.
-func (f *StorageFleet) write(timeout time.Duration, final bool) {
+func (f *StorageFleet) Write(timeout time.Duration, final bool) {
 	f.writeMu.Lock()
 	defer f.writeMu.Unlock()
 	now := f.now()
@@ -460,7 +460,7 @@ func (f *StorageFleet) write(timeout time.Duration, final bool) {
 		file.Until = max(file.Until, c.Start+2*c.Period)
 	}
 	f.mu.Unlock()
-	name := f.file(f.id)
+	name := f.File(f.id)
 	b, err := json.Marshal(file)
 	if err == nil && final && len(file.Buckets) == 0 { // nothing to tell the others (caddy validate, an idle instance)
 		err = f.call(name, timeout, func(ctx context.Context) error { return f.st.Delete(ctx, name) })
@@ -481,14 +481,17 @@ func (f *StorageFleet) write(timeout time.Duration, final bool) {
 	f.reported(opWrite, err)
 }
 
-// newEpoch puts a read in force at now: the others' counts, the
-// instances, and a new epoch (see unseen).
+// newEpoch puts in force a read begun at now: the others' counts, the
+// instances, and a new epoch (see unseen). The epoch that ends ends now,
+// as it is put in force, not when the read began: what this instance
+// charged while the read ran may be later than the others' files it
+// read, and unseen counts it.
 func (f *StorageFleet) newEpoch(now time.Time, rd reading) {
 	slices.Sort(rd.ids)
 	f.mu.Lock()
 	f.others, f.n, f.ids, f.blind, f.lastRead = rd.others, rd.n, rd.ids, rd.blind, now
 	f.epoch++
-	f.epochAt[f.epoch%maxEpochs], f.oldest = now.UnixNano(), rd.oldest
+	f.epochAt[f.epoch%maxEpochs], f.oldest = f.now().UnixNano(), rd.oldest
 	for _, c := range f.own {
 		c.epochs[f.epoch%maxEpochs] = 0
 	}
