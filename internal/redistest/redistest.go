@@ -28,6 +28,7 @@ type Server struct {
 	args []string
 	cmd  *exec.Cmd
 	done chan struct{}
+	up   time.Time // see Up
 }
 
 // freePorts finds a port p such that p and p+10000 (a cluster node's bus
@@ -92,13 +93,20 @@ func (s *Server) waitPing() error {
 			return fmt.Errorf("redis-server on %s exited:\n%s", s.Addr, log)
 		default:
 		}
+		sent := time.Now()
 		if c.Ping(context.Background()).Err() == nil {
+			s.up = sent
 			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("redis-server on %s did not answer within 10s", s.Addr)
 }
+
+// Up is when the server last came back, to within the 20ms between
+// PINGs: when the first PING it answered after its last Start was sent (a
+// server still starting up holds it; Start returns after the answer).
+func (s *Server) Up() time.Time { return s.up }
 
 // Stop ends the server with SIGTERM (SIGKILL after 5s) and waits for it.
 func (s *Server) Stop() { s.signal(syscall.SIGTERM) }
