@@ -1,0 +1,143 @@
+// Package fleetsync decides the zones that sync: in this process, from a share
+// of what the fleet's bucket has left, reconciled with the fleet at most every
+// interval (Request.Sync).
+//
+// A Syncer keeps, for each bucket it has seen, an allowance: the tokens this
+// instance may admit on its own until its next round. A round charges the
+// fleet's bucket what the instance admitted since the last one (into debt if
+// need be), reads what the bucket holds after it, R, and makes the new
+// allowance the instance's share of it and of what the bucket refills until
+// the next round: max(0, R + rate × interval) / N, less what the instance
+// admitted while the round was in flight. N is the number of instances
+// counted. A Fleet is where the buckets are shared: Redis
+// (limiter/redisstore's Store), or a StorageFleet, the instances that write
+// their counts to one storage (a directory). Over any period the fleet admits
+// at most what the exact limit admits, plus rate × interval + (N − 1)/N ×
+// (burst + rate × interval), assuming N right; the overshoot is charged (the
+// bucket goes into debt), so over a long period the rate is exact.
+//
+// # Deciding
+//
+// Take decides the synced requests of one HTTP request from their allowances,
+// all or nothing among them, and lists those it leaves to the exact store: in
+// Redis, a bucket without an entry (its first request here, or any past
+// maxSyncEntries, 2^20), a cost over the share, and every request while the
+// instance is not warm (a storage fleet reads a new bucket at once, and
+// decides one past maxSyncEntries by the local share). The limiter decides
+// those exactly, and a refusal there gives the allowances back (undo). Seed
+// takes their answers: the entry of a bucket's first requests in flight is
+// made when the last is answered, from the answer read last in the fleet (the
+// latest At; of one batched call, the least remaining), which counts the
+// others' charges. What a bucket holds (held) is its limit less the tokens it
+// lacks until full, negative in debt; a window's remaining, negative past its
+// limit. A policy that changes (a reload, an override) caps the allowance at
+// the new share and asks for a reading.
+//
+// # Rounds
+//
+// The rounds run every shortest interval of the buckets seen. A bucket is
+// charged and read when it was refused for want of allowance, spent half of
+// it, or its admissions waited staleAfter (ten intervals, ten seconds at
+// least, also how long an idle full bucket is kept). Between two walks of
+// every entry (every walkEvery, a second) a round looks only at the entries
+// flagged as they were refused or spent half. Fleet.Groups splits the charges
+// into parts (by node, at most 500, in Redis), each applied on its own
+// (settled): a part certainly not sent is charged at the next round; one that
+// may have run (redisstore.MayHaveRun) is counted charged, and read next time:
+// nothing is sent twice. Close makes a last round that charges what is left.
+//
+// The windows (fixed, sliding counter) sync as the token bucket does: the
+// window's limit is the burst, an allowance has no refill, and a bucket is
+// read again as its window turns. A charge counts past the limit, and what
+// went over carries into the next window (see luascripts/common.lua), so the
+// fleet admits the limit of each window it touches and the bound once. The
+// sliding log, the leaky bucket, concurrency, bans and zones that settle do
+// not sync: the root package refuses them at config time.
+//
+// # Instances
+//
+// An instance registers every second (registerEvery) from its first request of
+// a zone that syncs, and counts those registered within InstancesWindow (ten
+// seconds): in Redis a sorted set on Redis's clock, in a storage the files
+// written lately. N is never below on_store_error local's instances; a lower
+// count is taken only once no registration has counted N or more for
+// InstancesWindow; when N grows, every allowance shrinks in proportion at
+// once. An instance hands out no share until it is warm (registered twice, a
+// second apart, with no gap of InstancesWindow): until then it decides in the
+// fleet, exactly. A failed registration is reported as a failed round
+// (Events.Synced). Count counts as a config loads, registering nothing.
+//
+// # Failure
+//
+// While rounds fail, an instance admits, beyond its allowance, its share of
+// the limit in memory (bucket.LocalPolicy(policy, N) on a memstore.Store), and
+// keeps what it admitted to charge, at most a burst, when the fleet answers
+// again.
+//
+// # Through a storage
+//
+// A StorageFleet counts, per bucket, what this instance admitted by window
+// (StorageCounts: the window's start, its count and the previous one's), only
+// for the windows, whose counts add up across instances. It writes them to
+// <Dir>/<instance>.json (DefaultStorageDir) every WriteEvery and reads the
+// others' every ReadEvery; a bucket as the fleet counts it is the sum of every
+// instance's counts at now's window. Its readings are made in memory, so the
+// Syncer charges admissions as they are made and reads a bucket whenever the
+// fleet read the others' files since (generation) or its window turned. A
+// reading is the limit less every count, less (N − 1) times what this instance
+// charged since the oldest file it read was written (unseen, kept by epoch, up
+// to maxEpochs): the others' admissions since their writes, which the view
+// lacks. A cost over the share is decided by the bucket's owner alone (owns:
+// the digest and the window's index over the instances' sorted names, so that
+// the owner moves on each window), on what the fleet left (Left).
+//
+// Instances are those whose file was written within InstancesWindow (three
+// WriteEvery at least) and is not marked stopped, at most MaxStorageInstances,
+// this one included; one whose file the read's budget skipped counts blind,
+// its share taken as spent (blindShare). Every storage call runs in a
+// goroutine of its own within Timeout, one at a time per key (call): a storage
+// need not honour its context. The directory is untrusted input
+// (storagefiles.go): only files named as an instance names its own are read,
+// regular files only on a FileSystem, within a byte and bucket budget
+// (MaxFileSize; smallest first); a file written more than 30 s ahead is not
+// counted; a file skipped is reported once (StorageEvents.FileSkipped). A
+// reader deletes files not written for PurgeAge, or else faded and not written
+// lately; an instance that stops deletes its own file when it holds nothing.
+// While the others' files cannot be read for three ReadEvery, or this one's
+// written for three WriteEvery, ChargeAll fails with errStorageStale (charging
+// nothing), and the Syncer admits by the local share; StorageEvents hear each
+// failure and recovery once. Files hold digests, never a client key.
+//
+// # Invariants
+//
+//   - A synced zone stays within its bound: TestSyncOvershootBounded,
+//     TestSyncWindowsBounded, TestSyncWindowsPaced, TestStorageFleetBounded,
+//     TestStorageFleetShortWindows; end to end TestSyncOvershootEndToEnd
+//     (internal/e2e).
+//   - A cost over the share is decided exactly: TestSyncCostOverShare,
+//     TestStorageFleetCostOverShare, TestStorageFleetOwnerTurns.
+//   - What was admitted stays counted across a restart:
+//     TestSyncRestartReadsRedis, TestStorageFleetStopped.
+//   - N as stated above: TestSyncFloorInRounds, TestSyncCountAfterEmptyRedis,
+//     TestSyncFleetStartsTogether, TestSyncShareShrinksAsFleetGrows,
+//     TestSyncRegistrationFailureReported, TestStorageFleetTellsInstances.
+//   - A failing fleet means the local share, then no more than the bound:
+//     TestStorageFleetFailing, TestStorageFleetWriteFails.
+//   - Rounds charge buckets of any slot in a cluster: TestSyncManyKeysCluster.
+//   - What lies in the directory costs a timeout at most, once, and no raw
+//     key is written: TestStorageFleetHostileFiles, TestStorageFleetFiles,
+//     TestStorageFilesDevices, TestStorageFilesLinkedDir,
+//     TestStorageFilesManyInstances, TestStorageFilesOversized,
+//     TestStorageFilesSwapped, TestStorageFilesAhead,
+//     TestStorageFilesTooLargeCounted, TestCompatDistributed (internal/e2e).
+//
+// The tests are in package limiter, through Limiters.
+//
+// # Imports
+//
+// limiter/bucket (requests, policies, LocalPolicy), limiter/memstore (the
+// local share), limiter/redisstore (MayHaveRun, to tell a part that charged
+// nothing), internal/jsonerr (errors of another instance's file) and the
+// standard library; no go-redis: Redis is a Fleet the limiter hands it. The
+// limiter package imports it.
+package fleetsync
