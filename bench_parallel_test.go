@@ -42,7 +42,7 @@ func BenchmarkServeHTTPParallel(b *testing.B) {
 			b.Fatal(err)
 		}
 		h.logger = infoLogger()
-		serve(h, keyRequest("warm")) // the syncer decides in Redis until it is warm (a second)
+		serve(h, keyRequest("warm")) // the Syncer decides in Redis until it is warm (a second)
 		for deadline := time.Now().Add(10 * time.Second); !h.store.SyncReady(); time.Sleep(10 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				b.Fatal("the syncer did not warm up in 10s")

@@ -29,7 +29,7 @@ import (
 // one (every zone that can sync does, every interval of the two; the
 // others stay exact), else through the storage (Handler.Storage, or
 // Caddy's), where each instance writes its counts to a file of its own
-// and reads the others' (limiter/storagefleet.go). A zone in
+// and reads the others' (limiter/fleetsync/storage.go). A zone in
 // caddy-ratelimit's spelling (events in a window, the sliding log) counts
 // with the sliding window counter, which can sync.
 

@@ -219,8 +219,8 @@ func (h *Handler) syncedThrough() string {
 }
 
 // syncBound is the most a fleet of n instances syncing every interval may
-// admit beyond policy's exact limit over a period (see limiter/sync.go),
-// rounded up.
+// admit beyond policy's exact limit over a period (see
+// limiter/fleetsync/doc.go), rounded up.
 func syncBound(p limiter.Policy, interval time.Duration, n int) int64 {
 	n = max(n, 1)
 	refill := float64(p.Rate) * interval.Seconds() / p.Period.Seconds()
@@ -327,7 +327,7 @@ func (s *sharedStore) holdPoll(h *Handler, d time.Duration) {
 }
 
 // overrideEvents logs and counts what happens to a store's overrides
-// (overrides.OverrideEvents).
+// (overrides.Events).
 type overrideEvents struct{ s *sharedStore }
 
 // OverridesLoaded counts the overrides now in force, and logs those that

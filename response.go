@@ -68,7 +68,7 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp
 	if err := wait(r.Context(), v.MaxDelay()); err != nil {
 		return caddyhttp.Error(499, fmt.Errorf("client left while its request waited its turn: %w", err))
 	}
-	if s := h.settlement(zones, v, repl, dry); s != nil { // settle.go: count_status, cost_from_response
+	if s := h.settlement(zones, v, repl, dry); s != nil { // responsecount.go: count_status, cost_from_response
 		return s.serve(w, r, next)
 	}
 	return next.ServeHTTP(w, r)

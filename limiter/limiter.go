@@ -130,7 +130,7 @@ func NewRedisLimiter(client redisstore.Client, o RedisOptions, nodes NodeEvents)
 }
 
 // NewStorageLimiter returns a Limiter whose zones that sync share their
-// counts with the instances that write to st (see storagefleet.go); the
+// counts with the instances that write to st (see fleetsync.StorageFleet); the
 // others decide in this process's memory. It reads the others' counts and
 // writes its own before it returns (each within o.Timeout).
 func NewStorageLimiter(st fleetsync.Storage, o fleetsync.StorageOptions) *Limiter {
@@ -150,7 +150,7 @@ func (l *Limiter) Close() error {
 		l.sync.Close()
 	}
 	if l.fleet != nil {
-		l.fleet.Close() // after the syncer's last round: its last write has it all
+		l.fleet.Close() // after the Syncer's last round: its last write has it all
 	}
 	err := l.memory.Close()
 	if l.redis != nil {

@@ -177,9 +177,9 @@ func TestStorageFilesLinkedDir(t *testing.T) {
 
 // TestStorageFilesManyInstances: 300 small files that look like instances'
 // (named as the fleet names them, written now) are counted up to
-// maxStorageInstances, the surplus reported once by each instance: shares
-// do not shrink to nothing, some requests are admitted. Files not named as
-// the fleet names them are no instances at all.
+// fleetsync.MaxStorageInstances, the surplus reported once by each
+// instance: shares do not shrink to nothing, some requests are admitted.
+// Files not named as the fleet names them are no instances at all.
 func TestStorageFilesManyInstances(t *testing.T) {
 	const every = 50 * time.Millisecond
 	for _, c := range []struct {

@@ -196,7 +196,7 @@ func floodWindows(t *testing.T, fleet []*Limiter, algo Algorithm, sync, lag time
 	}
 }
 
-// syncRounds counts a syncer's rounds by outcome, keeping the first error,
+// syncRounds counts a Syncer's rounds by outcome, keeping the first error,
 // and the instances last told.
 type syncRounds struct {
 	ok, failed atomic.Int64

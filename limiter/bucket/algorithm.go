@@ -39,7 +39,7 @@ type spec struct {
 	windowed bool // counts Rate per Period in windows, with no separate burst
 	syncs    bool // a zone of it may sync: its admissions can be charged at once
 	debt     bool // a charge may put it into debt (GCRA: its TAT moves on)
-	named    bool // a zone may name it (concurrency is set by max_in_flight)
+	named    bool // a zone may name it (concurrency is set by max_concurrent)
 }
 
 // specs are the algorithms' specs, by Algorithm.
@@ -91,7 +91,7 @@ func (a Algorithm) Windowed() bool {
 // A bucket idle at now is a fresh one, as a Redis key that expired (a
 // token bucket full under the policy that wrote it is full under any).
 // It never changes b's log or slots in place, so b stays valid for a
-// rollback. cost is at most MaxCost + 1 (see boundedCost): the algorithms
+// rollback. cost is at most MaxCost + 1 (see BoundedCost): the algorithms
 // compare it with what is left (cost <= limit - count), which cannot
 // overflow whatever the count.
 func (p Policy) Take(b State, known bool, now, cost int64) (State, Decision) {

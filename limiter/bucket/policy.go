@@ -63,7 +63,7 @@ var units = map[byte]time.Duration{
 // exact in a float64 (and in Lua, whose numbers are doubles).
 const MaxRate = 1 << 40
 
-// MaxCost bounds the cost of a request, as maxRate bounds a policy's
+// MaxCost bounds the cost of a request, as MaxRate bounds a policy's
 // numbers: it is the largest limit a valid policy has (a leaky bucket's
 // Burst + 1). A cost from a placeholder may be anything up to
 // math.MaxInt64; the stores count a cost above MaxCost as MaxCost + 1,
@@ -203,7 +203,7 @@ func parsePeriod(s string) (time.Duration, error) {
 	return time.Duration(mult) * unit, nil
 }
 
-// parsePositive parses a decimal integer in [1, maxRate].
+// parsePositive parses a decimal integer in [1, MaxRate].
 func parsePositive(s string) (int64, error) {
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil {

@@ -36,9 +36,10 @@ type Request struct {
 	// state WouldRefuse). Stores ignore it.
 	DryRun bool
 	// Sync, when positive, decides the request in this process and
-	// reconciles its bucket with Redis at most every Sync (see sync.go):
-	// a token bucket's zone that trades exactness for cost, within a
-	// stated bound. Zero: exact, in Redis. The memory store ignores it.
+	// reconciles its bucket with Redis at most every Sync (see package
+	// fleetsync): a token bucket's zone that trades exactness for cost,
+	// within a stated bound. Zero: exact, in Redis. The memory store
+	// ignores it.
 	Sync time.Duration
 	// Block, when positive, refuses the request at once, for that long,
 	// whatever its bucket holds, and charges nothing: an operator's block
@@ -65,7 +66,7 @@ func (r Request) Digest() [16]byte {
 // ID identifies a client's bucket in this process: its zone, its
 // algorithm (each keeps its state in its own way, so a zone whose algorithm
 // changes starts afresh) and the digest of its client key. It keys a
-// MemoryStore's buckets and bans, and a DenyCache's entries.
+// memstore.Store's buckets and bans, and a DenyCache's entries.
 type ID struct {
 	Zone string
 	Algo Algorithm

@@ -9,8 +9,8 @@ import (
 // that 2.9999999999 counts as 3.
 const epsilon = 1e-9
 
-// State is the state of one State, whatever its algorithm, and when it
-// may be dropped (a dropped State is a fresh one). Times are Unix ns.
+// State is the state of one bucket, whatever its algorithm, and when it
+// may be dropped (a dropped bucket is a fresh one). Times are Unix ns.
 type State struct {
 	// tokens: the count of the current window (fixed window, sliding
 	// counter); the requests in flight (concurrency).

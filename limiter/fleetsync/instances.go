@@ -1,7 +1,7 @@
 package fleetsync
 
 // The instances of a fleet that syncs, as each instance counts them (N in
-// the doc of sync.go).
+// the package doc, doc.go).
 //
 // An instance registers in the fleet (Redis's sorted set
 // <prefix>{sync}:instances, on Redis's clock; a storage fleet counts the
@@ -127,7 +127,7 @@ func (s *Syncer) Count(ctx context.Context, every time.Duration) int {
 	return int(max(n, s.n.Load(), 1))
 }
 
-// Entries is how many buckets the syncer holds a local view of.
+// Entries is how many buckets the Syncer holds a local view of.
 func (s *Syncer) Entries() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()

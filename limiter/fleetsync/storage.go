@@ -10,16 +10,16 @@ package fleetsync
 // WriteEvery, and reads the others' files every ReadEvery. A bucket as the
 // fleet counts it is the sum of every instance's counts, each taken at
 // now's window (a count of a window that has ended is the previous
-// window's, then nothing). The syncer decides on it as it does on Redis's
+// window's, then nothing). The Syncer decides on it as it does on Redis's
 // bucket: each instance admits its share of what the fleet left, and
 // charges its admissions to its own counts at every round. Readings cost
 // no I/O (a round is a pass over memory); what the others admitted reaches
 // an instance within WriteEvery + ReadEvery, which is the interval the
-// bound of the syncer counts in.
+// bound of the Syncer counts in.
 //
 // An instance learns what the others admitted only at its reads, so its
 // share is of what the fleet left at its last read, for the whole epoch
-// until the next: a bucket shows, to the syncer, what it held at the read
+// until the next: a bucket shows, to the Syncer, what it held at the read
 // less N times what this instance charged since (N - 1 times more than
 // its own charges), so that the allowance, share of it, is the epoch's
 // share less what this instance admitted since the read. Without it, an
@@ -37,12 +37,12 @@ package fleetsync
 // else files whose counts have all faded and that were not written for
 // instancesWindow. An instance counts the instances whose file was written
 // within instancesWindow (three WriteEvery at least), itself included, up
-// to maxStorageInstances; one whose file is past the read's budget counts
+// to MaxStorageInstances; one whose file is past the read's budget counts
 // as having spent its share (blindShare).
 //
 // Failure. While the others' files cannot be read for three ReadEvery, the
 // fleet's view is stale: rounds fail (nothing charged, kept to charge),
-// and the syncer admits by the local share, as with Redis.
+// and the Syncer admits by the local share, as with Redis.
 
 import (
 	"cmp"
@@ -145,7 +145,7 @@ type StorageFleet struct {
 	failing   [2]bool             // the last read, write failed
 	blind     int64               // instances counted at the last read whose counts were not read (see blindShare)
 	skipped   map[string]skipMark // files reported skipped (the reads' own)
-	surplus   bool                // more instances than maxStorageInstances, reported (the reads' own)
+	surplus   bool                // more instances than MaxStorageInstances, reported (the reads' own)
 	stop      chan struct{}
 	done      chan struct{}
 	closing   sync.Once

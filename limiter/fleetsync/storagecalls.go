@@ -1,6 +1,6 @@
 package fleetsync
 
-// The storage fleet's calls of its storage (see storagefleet.go): each
+// The storage fleet's calls of its storage (see storage.go): each
 // within a timeout, even when the storage does not honour its context,
 // and their failures told to StorageEvents once each.
 

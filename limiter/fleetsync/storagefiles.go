@@ -1,6 +1,6 @@
 package fleetsync
 
-// Reading the others' files of a storage fleet (see storagefleet.go for
+// Reading the others' files of a storage fleet (see storage.go for
 // the model). The directory is shared, and anything may lie in it: its
 // files are read as untrusted input.
 //
@@ -18,7 +18,7 @@ package fleetsync
 //     never the others because of one. An instance whose file is skipped so
 //     and that wrote lately is blind: it counts in N, and its share of every
 //     bucket is taken as spent (see blindShare).
-//   - At most maxStorageInstances instances are counted, this one included:
+//   - At most MaxStorageInstances instances are counted, this one included:
 //     those that wrote last; the surplus is reported once (their counts
 //     still count).
 //
@@ -270,7 +270,7 @@ func (f *StorageFleet) keep(now time.Time, rd *reading) {
 }
 
 // count counts in rd the instances that wrote lately, up to
-// maxStorageInstances with this one: those that wrote last. A surplus is
+// MaxStorageInstances with this one: those that wrote last. A surplus is
 // reported once, until there is none.
 func (f *StorageFleet) count(rd *reading) {
 	slices.SortFunc(rd.live, func(a, b seen) int { return cmp.Or(cmp.Compare(b.at, a.at), strings.Compare(a.name, b.name)) })

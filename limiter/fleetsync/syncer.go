@@ -84,8 +84,8 @@ import (
 const maxSyncEntries = 1 << 20
 
 // Fleet is where the instances of zones that sync share their buckets:
-// Redis (RedisStore), or a storage each instance writes its counts to
-// (storageFleet).
+// Redis (redisstore.Store), or a storage each instance writes its counts to
+// (StorageFleet).
 type Fleet interface {
 	// ChargeAll charges every request its cost (0: a reading) and tells
 	// its bucket after, as the fleet counts it; an error that is not
@@ -102,7 +102,7 @@ type Fleet interface {
 }
 
 // localFleet is a fleet whose ChargeAll is made in this process (the
-// storage fleet): readings cost nothing, so the syncer reads a bucket
+// storage fleet): readings cost nothing, so the Syncer reads a bucket
 // whenever the fleet has news of it, and charges admissions as they are
 // made.
 type localFleet interface {
@@ -141,9 +141,9 @@ type Syncer struct {
 	ev        atomic.Pointer[Events]
 	now       func() time.Time
 	floor     atomic.Int64 // on_store_error local's instances, as the last take gave it
-	regMu     sync.Mutex   // guards the registrations' times (syncinstances.go)
+	regMu     sync.Mutex   // guards the registrations' times (instances.go)
 	lastSeen  time.Time    // the last registration made
-	firstReg  time.Time    // the first that succeeded since a gap (warm: see syncinstances.go)
+	firstReg  time.Time    // the first that succeeded since a gap (warm: see instances.go)
 	lastOK    time.Time    // the last that succeeded
 	highAt    time.Time    // the last that counted N or more
 }
@@ -158,7 +158,7 @@ type syncEntry struct {
 	remaining int64          // the bucket's, as last read (after this instance's charge)
 	reset     time.Time      // when the bucket was full again, as last read
 	wants     bool           // refused for want of allowance: wants a reading
-	queued    bool           // in the syncer's queue
+	queued    bool           // in the Syncer's queue
 	gen       uint64         // a local fleet's generation at the last reading
 	turns     time.Time      // when the window of the last reading ends (windows); a local fleet reads again then
 	used      time.Time      // last request
@@ -341,7 +341,7 @@ func (s *Syncer) chargeNow(reqs []bucket.Request, es []*syncEntry) bool {
 	return err == nil
 }
 
-// shareOnly decides r, of a bucket the syncer keeps no entry of (past
+// shareOnly decides r, of a bucket the Syncer keeps no entry of (past
 // maxSyncEntries), by the instance's share of its limit, in memory.
 func (s *Syncer) shareOnly(now time.Time, r bucket.Request, n int) (bucket.Decision, bool) {
 	p, err := bucket.LocalPolicy(r.Policy, int(s.instances(n)))

@@ -8,7 +8,7 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
-// memBans are the bans of a MemoryStore.
+// memBans are the bans of a Store.
 type memBans struct {
 	mu      sync.Mutex
 	clients map[bucket.ID]banState

@@ -11,13 +11,13 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
-// memShards is the number of independently locked parts of a MemoryStore.
+// memShards is the number of independently locked parts of a Store.
 const memShards = 64
 
-// DefaultSweepInterval is how often a MemoryStore drops idle buckets.
+// DefaultSweepInterval is how often a Store drops idle buckets.
 const DefaultSweepInterval = 30 * time.Second
 
-// DefaultCapacity is how many buckets a MemoryStore keeps unless
+// DefaultCapacity is how many buckets a Store keeps unless
 // SetCapacity says otherwise: at most about 92 MB of heap for token
 // buckets (184 B each, maps included; TestMemoryFootprint), 100 MB for
 // sliding logs of one request (200 B, plus 8 B per further request).
@@ -61,7 +61,7 @@ type memShard struct {
 	_      [32]byte
 }
 
-// New returns a store of DefaultMemoryCapacity whose sweeper
+// New returns a store of DefaultCapacity whose sweeper
 // runs every sweepEvery (DefaultSweepInterval when zero or negative)
 // until Close.
 func New(sweepEvery time.Duration) *Store {
@@ -79,7 +79,7 @@ func New(sweepEvery time.Duration) *Store {
 }
 
 // SetCapacity sets how many buckets s keeps, across zones: n, at least
-// MinMemoryCapacity (0 or less: DefaultMemoryCapacity). Each shard keeps
+// MinCapacity (0 or less: DefaultCapacity). Each shard keeps
 // its part of n. When a new bucket finds its shard full, it evicts
 // another (see evictOne): one that holds nothing back (full again, the
 // same as a fresh bucket), else one of its own zone. A store over a
@@ -185,10 +185,10 @@ type savedBucket struct {
 // of them back, in reverse order, from before, if one is refused; if none
 // is, it names the concurrency slots taken after their requests, and
 // makes room for the buckets it added (see makeRoom), returning how many
-// it evicted. Costs are bounded (see boundedCost). All of it happens under
-// the shards' locks: no other take comes between a charge and its
-// rollback, which restores exactly the state before (a refused take adds
-// no bucket, so it evicts none).
+// it evicted. Costs are bounded (see bucket.BoundedCost). All of it
+// happens under the shards' locks: no other take comes between a charge
+// and its rollback, which restores exactly the state before (a refused
+// take adds no bucket, so it evicts none).
 func (s *Store) takeLocked(now int64, reqs []bucket.Request, keys []bucket.ID, decisions []bucket.Decision, before []savedBucket) int {
 	allowed := true
 	for i, r := range reqs {
@@ -353,5 +353,3 @@ func (s *Store) Close() error {
 	<-s.done
 	return nil
 }
-
-// Interface guard.

@@ -63,5 +63,3 @@ func (m *memoryOverrides) write(_ context.Context, zone string, digest *[16]byte
 func (m *memoryOverrides) watch(stop <-chan struct{}, _ func(delta), _ func(string), _ Events) {
 	<-stop
 }
-
-// NewRedisOverrides returns the overrides kept in the Redis of client,

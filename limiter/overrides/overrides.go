@@ -23,7 +23,7 @@ package overrides
 // the version that must agree), at most once every wholeReadGap, and
 // after a gap of at least wholeReadSpan times the last one's length: whole
 // reads take at most a tenth of a core. What it reads is bounded
-// (overrideread.go). It also reads the version
+// (read.go). It also reads the version
 // every poll interval, so that a missed message (a dropped subscription, a
 // restart, a partition) heals on its own. The instance that makes a change
 // applies it from the script's reply, without a read.
@@ -31,7 +31,7 @@ package overrides
 // An instance that finds the version gone, or at a number below the one it
 // holds, while it was told of no such change (Redis restarted or failed
 // over and lost the overrides, or their last changes), writes back what it
-// holds (overriderestore.go).
+// holds (restore.go).
 //
 // Reads are serialised (one at a time); messages queue (a bounded number)
 // and are read together; while Redis cannot be read the last snapshot
@@ -92,7 +92,7 @@ type Events interface {
 	// and wrote back the n it held that had not expired.
 	OverridesRestored(n int, why string)
 	// OverridesOverLimit: the store holds held entries, more than
-	// MaxOverrideEntries; read were read, the rest left out. Told once,
+	// MaxEntries; read were read, the rest left out. Told once,
 	// until the entries fit again.
 	OverridesOverLimit(held, read int)
 }

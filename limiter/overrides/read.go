@@ -2,13 +2,13 @@ package overrides
 
 // Reading the overrides from Redis, as untrusted input: anyone who can
 // write Redis can write the hash or publish on the channel. Whatever they
-// hold, an instance reads at most MaxOverrideEntries entries, each with a
+// hold, an instance reads at most MaxEntries entries, each with a
 // name of at most maxOverrideName bytes and a value of at most
 // maxOverrideValue: a script (overrides_read.lua) leaves the longer ones
 // in Redis and names them, so that no reply grows with what was written;
 // the rest is skipped and reported once, and the instance serves with what
 // it read. A whole read parses page by page; whole reads are spaced
-// (wholeReadGap, wholeReadSpan in overridesync.go), so that version bumps
+// (wholeReadGap, wholeReadSpan in overrides.go), so that version bumps
 // cannot keep an instance reading.
 
 import (
@@ -90,8 +90,7 @@ func (r *redisOverrides) load(ctx context.Context, skipped func(string, string, 
 	}
 }
 
-// scanAll reads the pages of the hash into a set, up to
-// MaxOverrideEntries entries.
+// scanAll reads the pages of the hash into a set, up to MaxEntries entries.
 func (r *redisOverrides) scanAll(ctx context.Context, skipped func(string, string, error)) (*setBuilder, error) {
 	b := newSetBuilder(skipped)
 	count := cmp.Or(r.scanCount, 1000)

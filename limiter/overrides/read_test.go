@@ -31,7 +31,7 @@ func fillOverrides(t *testing.T, c redis.UniversalClient, hash string, n int) {
 }
 
 // TestRedisOverridesEntriesCapped: anyone who can write the overrides'
-// hash cannot make an instance hold more than MaxOverrideEntries of them:
+// hash cannot make an instance hold more than MaxEntries of them:
 // the rest is skipped, reported once, and the instance keeps serving with
 // what it read.
 func TestRedisOverridesEntriesCapped(t *testing.T) {

@@ -1,9 +1,9 @@
 package overrides
 
-// The overrides kept in Redis (see overridesync.go): the keys, a change's
+// The overrides kept in Redis (see overrides.go): the keys, a change's
 // write, and the subscription to the changes announced. Reading them, with
-// the bounds on what Redis can hand an instance, is in overrideread.go;
-// writing them back when Redis lost them, in overriderestore.go.
+// the bounds on what Redis can hand an instance, is in read.go; writing
+// them back when Redis lost them, in restore.go.
 
 import (
 	"cmp"
@@ -21,8 +21,8 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 )
 
-// under prefix (the store's key prefix), in database db: see the top of
-// this file.
+// NewRedis returns the overrides kept in the Redis of client, under prefix
+// (the store's key prefix), in database db: see the top of this file.
 func NewRedis(client redis.UniversalClient, prefix string, db int, ev Events) *Overrides {
 	base := prefix + "{overrides}"
 	r := &redisOverrides{client: client, hash: base, versionKey: base + ":version", expiry: base + ":expiry",

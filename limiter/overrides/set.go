@@ -3,8 +3,8 @@ package overrides
 // Overrides change limits at run time, without a config change. An
 // override is of a zone (its rate and burst, its dry run, the whole zone
 // disabled) or of one client key in a zone (a limit of its own, a block,
-// an exemption), each in force until an optional expiry. An OverrideSet is
-// one immutable snapshot of them; Overrides (overridesync.go) holds the
+// an exemption), each in force until an optional expiry. A Set is
+// one immutable snapshot of them; Overrides (overrides.go) holds the
 // snapshot in force and keeps it current from where the overrides live:
 // this process's memory, or a Redis that a fleet shares.
 //
@@ -141,7 +141,7 @@ type Set struct {
 	zones   map[string]Override
 	keys    map[string]*zoneKeys // by zone
 	skipped int                  // entries not read (malformed)
-	over    int                  // entries left out past MaxOverrideEntries
+	over    int                  // entries left out past MaxEntries
 }
 
 // zoneKeys are the key overrides of a zone, in 256 maps by their digest's

@@ -84,8 +84,7 @@ func (s *Set) size() int {
 	return n
 }
 
-// leftOut is how many entries were left out of s past
-// MaxOverrideEntries.
+// leftOut is how many entries were left out of s past MaxEntries.
 func (s *Set) leftOut() int {
 	if s == nil {
 		return 0

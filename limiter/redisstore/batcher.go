@@ -49,7 +49,7 @@ type batcher struct {
 	mu     sync.Mutex
 	queues map[string]*nodeQueue // by node address; "" outside a cluster
 	closed bool
-	join   joinMode // which commands batched calls may join (see merge.go)
+	join   joinMode // which commands batched calls may join (see joiner.go)
 }
 
 // call is one decision's commands, which may go to several nodes; done
@@ -99,7 +99,7 @@ type nodeQueue struct {
 }
 
 // newBatcher returns the batcher of a store, whose batched calls join
-// commands as join says (see merge.go).
+// commands as join says (see joiner.go).
 func newBatcher(join joinMode) *batcher {
 	return &batcher{queues: map[string]*nodeQueue{}, join: join}
 }
@@ -251,7 +251,7 @@ func (q *nodeQueue) take(batch []queued) []queued {
 
 // send runs one batch as a pipeline, leaving out the commands whose caller
 // gave up, the others joined into batched calls where they can (see
-// merge.go), and completes every call. The pipeline runs under the latest
+// joiner.go), and completes every call. The pipeline runs under the latest
 // deadline of the batch, and no caller's cancellation: one leaving caller
 // does not fail the others.
 func (q *nodeQueue) send(s *sender, batch []queued) {

@@ -221,7 +221,7 @@ func TestEnqueueAfterForget(t *testing.T) {
 }
 
 // TestBatchedCalls: concurrent decisions of one node leave as few script
-// calls (see merge.go), and stay exact: requests for the same bucket in
+// calls (see joiner.go), and stay exact: requests for the same bucket in
 // one call are decided in turn, each seeing what the previous took, so
 // that of 300 concurrent requests for a bucket of 100, exactly 100 pass;
 // other clients' decisions in the same calls are theirs. In a cluster,

@@ -71,7 +71,7 @@ func benchTakePolicy(b *testing.B, s *Store, zones int, p bucket.Policy, cost in
 // BenchmarkRedisScript measures what a decision costs Redis: the time of
 // the script calls, by algorithm, from the server's INFO commandstats (the
 // EVALSHA line's usec), per decision (redis-µs/op), and how many decisions
-// a call took on average (decisions/call: batched calls, see merge.go).
+// a call took on average (decisions/call: batched calls, see joiner.go).
 // The store takes from 16 goroutines on 1,024 keys of a standalone Redis,
 // so the decisions come in pipelines, as under load.
 func BenchmarkRedisScript(b *testing.B) {

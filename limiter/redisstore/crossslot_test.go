@@ -14,7 +14,7 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
-// Batched calls across the slots of a cluster node (see merge.go): a
+// Batched calls across the slots of a cluster node (see joiner.go): a
 // call of several clients' decisions declares no keys.
 
 // loadScripts caches every script on every node of c, replicas too.

@@ -23,7 +23,7 @@ import (
 // The table of commands per decision in BENCHMARKS.md comes from its
 // output:
 //
-//	go test -run TestRedisFootprint -v ./limiter
+//	go test -run TestRedisFootprint -v ./limiter/redisstore
 func TestRedisFootprint(t *testing.T) {
 	srv := redistest.NewServer(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
@@ -91,7 +91,7 @@ const memoryKeys = 100_000
 // tables of Redis memory per active key (docs/redis.md, BENCHMARKS.md)
 // come from its output:
 //
-//	go test -run TestRedisMemoryPerKey -v ./limiter
+//	go test -run TestRedisMemoryPerKey -v ./limiter/redisstore
 func TestRedisMemoryPerKey(t *testing.T) {
 	srv := redistest.NewServer(t)
 	standalone := []*redis.Client{redis.NewClient(&redis.Options{Addr: srv.Addr})}
@@ -185,8 +185,8 @@ func usedMemory(t *testing.T, nodes []*redis.Client, flush bool) (used, keys int
 	return used, keys
 }
 
-// TestMemoryFootprint measures the heap a MemoryStore of the default
-// capacity takes once full: DefaultMemoryCapacity buckets of distinct
+// TestMemoryFootprint measures the heap a memstore.Store of the default
+// capacity takes once full: memstore.DefaultCapacity buckets of distinct
 // keys, then as many again, which evict them (a flood of new keys), for a
 // token bucket and a sliding log of one request (a 10r/d limit: nothing
 // is full again for hours). It holds the store to the bound its default
@@ -194,7 +194,7 @@ func usedMemory(t *testing.T, nodes []*redis.Client, flush bool) (used, keys int
 // Go's maps grow in steps). The memory figures of ARCHITECTURE.md and
 // BENCHMARKS.md come from its output:
 //
-//	go test -run TestMemoryFootprint -v ./limiter
+//	go test -run TestMemoryFootprint -v ./limiter/redisstore
 func TestMemoryFootprint(t *testing.T) {
 	for _, a := range []bucket.Algorithm{bucket.TokenBucket, bucket.SlidingWindowLog} {
 		p := bucket.Policy{Algorithm: a, Rate: 10, Period: 24 * time.Hour, Burst: 10}

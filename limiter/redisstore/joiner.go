@@ -307,7 +307,7 @@ const (
 	// batched call went to (its slot moved, the node is a replica now, or
 	// the cluster is down); nothing of it ran that would count twice, and
 	// the store sends it again alone, with its keys declared (see
-	// RedisStore.run).
+	// Store.run).
 	errBatchElsewhere = batchError("the keys are not the node's (in a batched script call that declares none)")
 )
 

@@ -119,7 +119,7 @@ func newLuaScript(src string) *luaScript {
 	return &luaScript{src: src, sha: hex.EncodeToString(sum[:])}
 }
 
-// nodeBreakers are the circuit breakers of a RedisStore, one per node, so
+// nodeBreakers are the circuit breakers of a Store, one per node, so
 // that one dead shard sends only its own keys to the failure mode.
 type nodeBreakers struct {
 	threshold int

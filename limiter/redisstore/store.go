@@ -15,7 +15,7 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 )
 
-// DefaultKeyPrefix starts every Redis key of a RedisStore unless set.
+// DefaultKeyPrefix starts every Redis key of a Store unless set.
 const DefaultKeyPrefix = "rl:"
 
 // scripts are the Lua scripts, by algorithm.
@@ -429,8 +429,6 @@ func (s *Store) refund(ctx context.Context, now string, runs []scriptRun, reqs [
 	}
 	return errors.Join(errs...)
 }
-
-// Interface guard.
 
 // Release gives back the concurrency slots that reqs took; requests of
 // other algorithms are left alone.
