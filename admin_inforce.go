@@ -69,7 +69,7 @@ func zoneInfoOf(r zoneRef, now time.Time) zoneInfo {
 	z, h := r.z, r.h
 	f := z.inForce(h.store.overrides.Current(), now)
 	info := zoneInfo{Name: z.name, Key: z.Key, Algorithm: z.policy.Algorithm.String(), Rate: z.Rate,
-		Limit: f.policy.Limit(), MaxConcurrent: z.MaxConcurrent, Policy: f.policy.String(), Store: h.store.Kind(),
+		Limit: f.policy.Limit(), MaxConcurrent: z.MaxConcurrent, Policy: f.policy.String(), Store: string(h.store.Kind()),
 		DryRun: f.dryRun(z, h.DryRun)}
 	if f.override != nil {
 		v := overrideView(overrides.Entry{Zone: z.name, Override: *f.override})

@@ -268,7 +268,7 @@ func isTimeout(err error) bool {
 
 // fleetName names where the zones that sync share their counts.
 func (s *sharedStore) fleetName() string {
-	if s.Kind() == "storage" {
+	if s.Kind() == limiter.StoreStorage {
 		return "the storage"
 	}
 	return "Redis"
@@ -294,7 +294,7 @@ func (h *Handler) provisionOverrides() {
 	defer cancel()
 	if err := h.store.overrides.Start(ctx); err != nil {
 		h.logger.Warn("rate limit overrides not read as the config loads: those last read apply (none at first start) until they are",
-			zap.String("store", h.store.Kind()), zap.Error(err))
+			zap.String("store", string(h.store.Kind())), zap.Error(err))
 	}
 }
 
@@ -405,8 +405,8 @@ func (e overrideEvents) OverridesFailing(err error) {
 // "memory", or the Redis's addresses, then its db and key prefix when
 // they are not the defaults ("10.0.1.2:6379 db 1 prefix api:").
 func (s *sharedStore) label() string {
-	if s.Kind() == "memory" {
-		return "memory"
+	if s.Kind() == limiter.StoreMemory {
+		return string(limiter.StoreMemory)
 	}
 	return s.namespace
 }

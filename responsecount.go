@@ -198,7 +198,7 @@ func (s *settlement) settle(status int, hdr http.Header) {
 // apply takes the decisions of a refund or charge of the zones idx.
 func (s *settlement) apply(what string, idx []int, d []limiter.Decision, err error) {
 	if err != nil {
-		metrics.storeErrors.WithLabelValues(s.h.store.Kind()).Inc()
+		metrics.storeErrors.WithLabelValues(string(s.h.store.Kind())).Inc()
 		s.h.logger.Debug("settling charges after the response failed", zap.String("op", what), zap.Error(err))
 	}
 	for j, i := range idx {

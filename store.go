@@ -149,7 +149,7 @@ func (s *sharedStore) evicted(n int) {
 		return
 	}
 	msg := "memory store full: new buckets evict those closest to full (raise memory_capacity to keep more)"
-	if s.Kind() == "redis" {
+	if s.Kind() == limiter.StoreRedis {
 		msg = "memory store of on_store_error local full: new buckets evict those closest to full (raise memory_capacity to keep more)"
 	}
 	s.logger.Warn(msg, zap.Int64("memory_capacity", s.capacity.Load()), zap.Uint64("evicted", s.evictedUnlogged.Swap(0)))

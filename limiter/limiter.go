@@ -221,16 +221,27 @@ func (l *Limiter) Settle(refund []Request, taken []Decision, charge []Request) (
 	return refunded, charged, refundErr, chargeErr
 }
 
-// Kind names the store that decides: "redis", "storage" (zones that sync
-// through a storage; the others in memory) or "memory".
-func (l *Limiter) Kind() string {
+// StoreKind names the kind of store a Limiter decides with, as metrics and
+// logs label it.
+type StoreKind string
+
+// The kinds of store.
+const (
+	StoreMemory  StoreKind = "memory"  // this process's memory
+	StoreRedis   StoreKind = "redis"   // Redis (its on_store_error local in memory)
+	StoreStorage StoreKind = "storage" // zones that sync through a storage; the others in memory
+)
+
+// Kind names the store that decides: StoreRedis, StoreStorage or
+// StoreMemory.
+func (l *Limiter) Kind() StoreKind {
 	switch {
 	case l.redis != nil:
-		return "redis"
+		return StoreRedis
 	case l.fleet != nil:
-		return "storage"
+		return StoreStorage
 	}
-	return "memory"
+	return StoreMemory
 }
 
 // Breaker is the circuit breaker of a Redis node ("" outside a cluster);

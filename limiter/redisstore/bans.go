@@ -19,8 +19,18 @@ func (s *Store) banKeys(r bucket.Request) []string {
 	return []string{k + ":b", k + ":r"}
 }
 
-func banArgs(mode string, b bucket.Ban) []any {
-	return []any{mode, b.After, b.Within.Milliseconds(), b.For.Milliseconds()}
+// banMode is what the ban script does: its ARGV[1] (see ban.lua), sent as
+// the string it is.
+type banMode string
+
+// The ban script's modes.
+const (
+	banCheck banMode = "check" // read the ban
+	banDeny  banMode = "deny"  // count a denial, and ban after enough
+)
+
+func banArgs(mode banMode, b bucket.Ban) []any {
+	return []any{string(mode), b.After, b.Within.Milliseconds(), b.For.Milliseconds()}
 }
 
 // Banned looks up the bans of reqs in one round trip.
@@ -30,7 +40,7 @@ func (s *Store) Banned(ctx context.Context, reqs []bucket.Request) ([]time.Durat
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, r := range reqs {
 			if r.Policy.Ban.After > 0 {
-				cmds[i] = banScript.EvalSha(ctx, p, s.banKeys(r), banArgs("check", r.Policy.Ban)...)
+				cmds[i] = banScript.EvalSha(ctx, p, s.banKeys(r), banArgs(banCheck, r.Policy.Ban)...)
 			}
 		}
 		return nil
@@ -43,7 +53,7 @@ func (s *Store) Banned(ctx context.Context, reqs []bucket.Request) ([]time.Durat
 			continue
 		}
 		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			cmd = banScript.Run(ctx, s.client, s.banKeys(reqs[i]), banArgs("check", reqs[i].Policy.Ban)...)
+			cmd = banScript.Run(ctx, s.client, s.banKeys(reqs[i]), banArgs(banCheck, reqs[i].Policy.Ban)...)
 		}
 		v, err := cmd.Result()
 		if err != nil {
@@ -63,7 +73,7 @@ func (s *Store) Refused(ctx context.Context, r bucket.Request) (time.Duration, b
 	if r.Policy.Ban.After == 0 {
 		return 0, false, nil
 	}
-	v, err := banScript.Run(ctx, s.client, s.banKeys(r), banArgs("deny", r.Policy.Ban)...).Result()
+	v, err := banScript.Run(ctx, s.client, s.banKeys(r), banArgs(banDeny, r.Policy.Ban)...).Result()
 	if err != nil {
 		return 0, false, err
 	}

@@ -420,7 +420,7 @@ func TestBatchedCallArgs(t *testing.T) {
 				r.Policy.NoDelay, r.ID = r.ID == "1", "" // the same id: only the flag differs
 			}
 			one := []bucket.Request{*r}
-			cmds = append(cmds, evalCmd(t.Context(), s.scriptRuns(one)[0], true, "", "take", one, nil))
+			cmds = append(cmds, evalCmd(t.Context(), s.scriptRuns(one)[0], true, "", modeTake, one, nil))
 		}
 		before := scriptRunCount(t, c)
 		sendCmds(c, cmds, joinAny)

@@ -22,7 +22,7 @@ import (
 // read until it is sent: buf must not serve two commands that may be in
 // flight at once); the keys are passed as pointers into sr.keys, which
 // must not change until then either.
-func evalCmd(ctx context.Context, sr scriptRun, sha bool, now, mode string, reqs []bucket.Request, buf []any) onceCmd {
+func evalCmd(ctx context.Context, sr scriptRun, sha bool, now string, mode scriptMode, reqs []bucket.Request, buf []any) onceCmd {
 	a := buf[:0]
 	if n := 5 + len(sr.keys) + argsPerKey*len(sr.idx); cap(a) < n {
 		a = make([]any, 0, n)
@@ -62,17 +62,33 @@ func evalCmd(ctx context.Context, sr scriptRun, sha bool, now, mode string, reqs
 	return onceCmd{redis.NewIntSliceCmd(ctx, a...)}
 }
 
-// modeArgs are the scripts' modes as command arguments.
-var modeArgs = map[string]any{"take": "take", "refund": "refund", "peek": "peek", "release": "release",
-	"renew": "renew", "charge": "charge"}
+// scriptMode is what a bucket script does with its keys: its ARGV[2] (see
+// common.lua), sent as the string it is.
+type scriptMode string
 
-// modeArg is mode as a command argument, without an allocation for the
-// modes the store uses.
-func modeArg(mode string) any {
+// The bucket scripts' modes.
+const (
+	modeTake    scriptMode = "take"    // charge the costs if every key allows them
+	modeRefund  scriptMode = "refund"  // give back what a take still holds back
+	modePeek    scriptMode = "peek"    // read, change nothing
+	modeRelease scriptMode = "release" // give back concurrency slots
+	modeRenew   scriptMode = "renew"   // extend concurrency leases still held
+	modeCharge  scriptMode = "charge"  // charge the costs whatever the keys hold
+)
+
+// modeArgs are the scripts' modes as command arguments: plain strings,
+// boxed once.
+var modeArgs = map[scriptMode]any{modeTake: string(modeTake), modeRefund: string(modeRefund),
+	modePeek: string(modePeek), modeRelease: string(modeRelease), modeRenew: string(modeRenew),
+	modeCharge: string(modeCharge)}
+
+// modeArg is mode as a command argument (a string), without an allocation
+// for the modes the store uses.
+func modeArg(mode scriptMode) any {
 	if v, ok := modeArgs[mode]; ok {
 		return v
 	}
-	return mode
+	return string(mode)
 }
 
 // boxedPolicies holds the rate, period and burst of policies as command

@@ -70,7 +70,7 @@ func sendBatch(t testing.TB, s *Store, node *redis.Client, keys []string, p buck
 	cmds := make([]onceCmd, len(keys))
 	for i, k := range keys {
 		r := []bucket.Request{{Zone: "z", Key: k, Policy: p, Cost: 1, ID: k}}
-		cmds[i] = evalCmd(context.Background(), s.scriptRuns(r)[0], true, "", "take", r, nil)
+		cmds[i] = evalCmd(context.Background(), s.scriptRuns(r)[0], true, "", modeTake, r, nil)
 	}
 	sendCmds(node, cmds, joinByNode)
 	return cmds
@@ -284,17 +284,19 @@ func TestBatchedCallMigrating(t *testing.T) {
 	log := bucket.Policy{Algorithm: bucket.SlidingWindowLog, Rate: 100, Period: time.Hour}
 	lease := bucket.Policy{Algorithm: bucket.Concurrency, Burst: 100, Lease: time.Hour}
 	for _, tc := range []struct {
-		name, mode, id string
-		p              bucket.Policy
-		cost           int64
-		again          bool  // sent again: errBatchElsewhere
-		want           int64 // each key's members once the request counted once (2 requests before)
+		name  string
+		mode  scriptMode
+		id    string
+		p     bucket.Policy
+		cost  int64
+		again bool  // sent again: errBatchElsewhere
+		want  int64 // each key's members once the request counted once (2 requests before)
 	}{
-		{"log refund without id", "refund", "", log, 3, false, 3},
-		{"log refund by id", "refund", "r", log, 3, true, 3},
-		{"log take", "take", "t", log, 3, true, 9},
-		{"lease release", "release", "r", lease, 1, true, 1},
-		{"lease take", "take", "t", lease, 1, true, 3},
+		{"log refund without id", modeRefund, "", log, 3, false, 3},
+		{"log refund by id", modeRefund, "r", log, 3, true, 3},
+		{"log take", modeTake, "t", log, 3, true, 9},
+		{"lease release", modeRelease, "r", lease, 1, true, 1},
+		{"lease take", modeTake, "t", lease, 1, true, 3},
 	} {
 		keys := keysOn(t, s, c, cl.Addrs()[0], strings.ReplaceAll(tc.name, " ", "-")+"-", 2)
 		req := func(key, id string) []bucket.Request {
@@ -427,7 +429,7 @@ func BenchmarkRedisScriptCluster(b *testing.B) {
 				cmds := make([]onceCmd, 8)
 				for j := range cmds {
 					r := []bucket.Request{{Zone: "z", Key: keys[(i+j)%len(keys)], Policy: p, Cost: 1}}
-					cmds[j] = evalCmd(context.Background(), s.scriptRuns(r)[0], true, "", "take", r, nil)
+					cmds[j] = evalCmd(context.Background(), s.scriptRuns(r)[0], true, "", modeTake, r, nil)
 				}
 				sendCmds(m, cmds, mode)
 				i += 8

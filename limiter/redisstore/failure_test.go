@@ -245,7 +245,7 @@ func TestProbeOfAnAnsweringNodeSettles(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmds := []onceCmd{{redis.NewIntSliceCmd(t.Context())}, {redis.NewIntSliceCmd(t.Context())}}
-	_ = s.timedOut([]string{a, b}, cmds, []bool{true, false}, context.DeadlineExceeded, "take")
+	_ = s.timedOut([]string{a, b}, cmds, []bool{true, false}, context.DeadlineExceeded, modeTake)
 	if s.Breaker(a).Open() {
 		t.Fatal("the node that answered its probe is still open")
 	}

@@ -13,11 +13,11 @@ import (
 
 // joinItems makes the queued commands of reqs, one request each, in mode
 // modes[i] (take when empty), as a store of the given kind sends them.
-func joinItems(t *testing.T, s *Store, reqs []bucket.Request, modes []string) []queued {
+func joinItems(t *testing.T, s *Store, reqs []bucket.Request, modes []scriptMode) []queued {
 	t.Helper()
 	items := make([]queued, len(reqs))
 	for i, r := range reqs {
-		mode := "take"
+		mode := modeTake
 		if i < len(modes) && modes[i] != "" {
 			mode = modes[i]
 		}
@@ -57,7 +57,7 @@ func TestJoinKeepsOrder(t *testing.T) {
 		reqs := []bucket.Request{{Zone: "z", Key: "other", Policy: p, Cost: 1, ID: "a"}, {Zone: "z", Key: "X", Policy: p, Cost: 1, ID: "r1"},
 			{Zone: "z", Key: "X", Policy: p, Cost: 1, ID: "r2"}, {Zone: "z", Key: "other", Policy: p, Cost: 1, ID: "b"}}
 		var j joiner
-		at := order(j.join(joinItems(t, s, reqs, []string{"take", "release", "take", "take"}), mode))
+		at := order(j.join(joinItems(t, s, reqs, []scriptMode{modeTake, modeRelease, modeTake, modeTake}), mode))
 		if at[2] <= at[1] {
 			t.Errorf("mode %d: the take of X (unit %d) goes before the release of X queued before it (unit %d)", mode, at[2], at[1])
 		}

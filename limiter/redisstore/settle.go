@@ -35,7 +35,7 @@ func (s *Store) refundAt(ctx context.Context, now string, reqs []bucket.Request,
 	if len(idx) == 0 {
 		return decisions, nil
 	}
-	return decisions, s.settle(ctx, now, "refund", reqs, idx, flags, decisions)
+	return decisions, s.settle(ctx, now, modeRefund, reqs, idx, flags, decisions)
 }
 
 // takenFlag is the flag a key's script is given in refund mode, in place
@@ -67,13 +67,13 @@ func (s *Store) charge(ctx context.Context, now string, reqs []bucket.Request) (
 	if len(idx) == 0 {
 		return decisions, nil
 	}
-	return decisions, s.settle(ctx, now, "charge", reqs, idx, nil, decisions)
+	return decisions, s.settle(ctx, now, modeCharge, reqs, idx, nil, decisions)
 }
 
-// settle runs the scripts in mode ("refund", "charge") at now for the
+// settle runs the scripts in mode (modeRefund, modeCharge) at now for the
 // requests idx of reqs, with the flags of reqs (refunds; nil: the
 // requests' own), and fills their decisions.
-func (s *Store) settle(ctx context.Context, now, mode string, reqs []bucket.Request, idx []int, flags []string, decisions []bucket.Decision) error {
+func (s *Store) settle(ctx context.Context, now string, mode scriptMode, reqs []bucket.Request, idx []int, flags []string, decisions []bucket.Decision) error {
 	sub := make([]bucket.Request, len(idx))
 	for j, i := range idx {
 		sub[j] = reqs[i]

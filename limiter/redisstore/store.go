@@ -193,7 +193,7 @@ func (s *Store) take(ctx context.Context, now string, reqs []bucket.Request) ([]
 		start = time.Now()
 	}
 	runs := s.scriptRuns(reqs)
-	if err := s.run(ctx, runs, now, "take", reqs); err != nil {
+	if err := s.run(ctx, runs, now, modeTake, reqs); err != nil {
 		s.reloadTopology(err)
 		if len(runs) > 1 { // all or nothing: the runs that charged give it back
 			rctx, cancel := refundContext(ctx, start)
@@ -299,7 +299,7 @@ func (s *Store) scriptRuns(reqs []bucket.Request) []scriptRun {
 // No script is sent twice (see onceCmd). Calls to a node whose breaker is
 // open are not sent, but releases always are; the outcome of every call
 // is recorded by its node's breaker. An error is a *NodeError.
-func (s *Store) run(ctx context.Context, runs []scriptRun, now, mode string, reqs []bucket.Request) error {
+func (s *Store) run(ctx context.Context, runs []scriptRun, now string, mode scriptMode, reqs []bucket.Request) error {
 	// One run (the common case) needs no slices on the heap.
 	var nodesOne [1]string
 	var clientsOne [1]redis.Cmdable
@@ -351,13 +351,13 @@ func (s *Store) run(ctx context.Context, runs []scriptRun, now, mode string, req
 // givesBack reports whether mode gives back what was taken (a release of
 // slots, a refund of tokens): such calls are sent whatever a node's breaker
 // says, on every path, and only their successes count toward the breaker.
-func givesBack(mode string) bool { return mode == "release" || mode == "refund" }
+func givesBack(mode scriptMode) bool { return mode == modeRelease || mode == modeRefund }
 
 // timedOut records, when a call's time is up before every reply came, the
 // outcome of each node: its reply's for the nodes that answered, a failure
 // for the others (for a release, only the successes count). It returns the
 // error of the first node that did not answer.
-func (s *Store) timedOut(nodes []string, cmds []onceCmd, answered []bool, err error, mode string) error {
+func (s *Store) timedOut(nodes []string, cmds []onceCmd, answered []bool, err error, mode scriptMode) error {
 	errs := make([]error, len(nodes))
 	silent := ""
 	for i, node := range nodes {
@@ -377,7 +377,7 @@ func (s *Store) timedOut(nodes []string, cmds []onceCmd, answered []bool, err er
 // ASK: its slot moved; or errBatchElsewhere, the same in a batched call),
 // or one that found no script cached (NOSCRIPT: then as EVAL, with the
 // script's source).
-func (s *Store) resend(ctx context.Context, sr scriptRun, cmd onceCmd, now, mode string, reqs []bucket.Request) onceCmd {
+func (s *Store) resend(ctx context.Context, sr scriptRun, cmd onceCmd, now string, mode scriptMode, reqs []bucket.Request) onceCmd {
 	sha := !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT")
 	cmd = evalCmd(ctx, sr, sha, now, mode, reqs, nil)
 	_ = s.client.Process(ctx, cmd)
@@ -423,7 +423,7 @@ func (s *Store) refund(ctx context.Context, now string, runs []scriptRun, reqs [
 	}
 	var errs []error
 	for _, at := range times {
-		if err := s.run(ctx, charged[at], at, "refund", reqs); err != nil {
+		if err := s.run(ctx, charged[at], at, modeRefund, reqs); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -433,19 +433,19 @@ func (s *Store) refund(ctx context.Context, now string, runs []scriptRun, reqs [
 // Release gives back the concurrency slots that reqs took; requests of
 // other algorithms are left alone.
 func (s *Store) Release(ctx context.Context, reqs []bucket.Request) error {
-	return s.leases(ctx, "release", reqs)
+	return s.leases(ctx, modeRelease, reqs)
 }
 
 // Renew extends the concurrency leases that reqs hold to a full lease from
 // now, as long as they are held: a lease that expired or was reset is not
 // made again. Requests of other algorithms are left alone.
 func (s *Store) Renew(ctx context.Context, reqs []bucket.Request) error {
-	return s.leases(ctx, "renew", reqs)
+	return s.leases(ctx, modeRenew, reqs)
 }
 
 // leases runs the concurrency script in mode for the requests of reqs
 // that hold slots.
-func (s *Store) leases(ctx context.Context, mode string, reqs []bucket.Request) error {
+func (s *Store) leases(ctx context.Context, mode scriptMode, reqs []bucket.Request) error {
 	held := make([]bucket.Request, 0, len(reqs))
 	for _, r := range reqs {
 		if r.Policy.Algorithm == bucket.Concurrency {
@@ -464,7 +464,7 @@ func (s *Store) Peek(ctx context.Context, req bucket.Request) (bucket.Decision, 
 	req.Cost, req.ID = 0, ""
 	reqs := []bucket.Request{req}
 	runs := s.scriptRuns(reqs)
-	if err := s.run(ctx, runs, "", "peek", reqs); err != nil {
+	if err := s.run(ctx, runs, "", modePeek, reqs); err != nil {
 		return bucket.Decision{}, err
 	}
 	decisions := make([]bucket.Decision, 1)

@@ -293,7 +293,7 @@ func testRefundKeepsNewerState(t *testing.T, s *Store, p bucket.Policy, clients 
 		r := bucket.Request{Zone: "z", Key: fmt.Sprint("client-", i), Policy: p, Cost: 3}
 		reqs = append(reqs, r)
 		sr := []scriptRun{{script: scripts[p.Algorithm], idx: []int{i}, keys: []string{s.key(r)}}}
-		if err := s.run(ctx, sr, fmt.Sprint(t0.Add(c.charge).UnixMicro()), "take", reqs); err != nil {
+		if err := s.run(ctx, sr, fmt.Sprint(t0.Add(c.charge).UnixMicro()), modeTake, reqs); err != nil {
 			t.Fatal(err)
 		}
 		runs = append(runs, sr[0])
@@ -329,7 +329,7 @@ func TestRedisRefundHugeCost(t *testing.T) {
 	r.Cost = math.MaxInt64
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer cancel()
-	if err := s.run(ctx, s.scriptRuns([]bucket.Request{r}), fmt.Sprint(t0.UnixMicro()), "refund", []bucket.Request{r}); err != nil {
+	if err := s.run(ctx, s.scriptRuns([]bucket.Request{r}), fmt.Sprint(t0.UnixMicro()), modeRefund, []bucket.Request{r}); err != nil {
 		t.Fatalf("refund of cost %d: %v", r.Cost, err)
 	}
 	r.Cost, r.ID = 1, "b"

@@ -18,7 +18,7 @@ func (s *Store) ChargeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.
 	for i := range idx {
 		idx[i] = i
 	}
-	return decisions, s.settle(ctx, "", "charge", reqs, idx, nil, decisions)
+	return decisions, s.settle(ctx, "", modeCharge, reqs, idx, nil, decisions)
 }
 
 func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }

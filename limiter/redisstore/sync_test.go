@@ -28,7 +28,7 @@ func TestSyncWindowCarries(t *testing.T) {
 		r := bucket.Request{Zone: "carry", Key: "k", Policy: p, Cost: 25, Sync: time.Second}
 		d := make([]bucket.Decision, 1)
 		at := func(d time.Duration) string { return strconv.FormatInt(t0.Add(d).UnixMicro(), 10) }
-		if err := s.settle(context.Background(), at(100*time.Millisecond), "charge", []bucket.Request{r}, []int{0}, nil, d); err != nil {
+		if err := s.settle(context.Background(), at(100*time.Millisecond), modeCharge, []bucket.Request{r}, []int{0}, nil, d); err != nil {
 			t.Fatal(err)
 		}
 		if d[0].Remaining != -15 {
