@@ -79,6 +79,9 @@ const (
 	Concurrency          = bucket.Concurrency
 )
 
-var _ Store = (*memstore.Store)(nil)
+var (
+	_ Store = (*memstore.Store)(nil)
+	_ Store = (*redisstore.Store)(nil)
+)
 
 var _ fleetsync.Fleet = (*redisstore.Store)(nil)

@@ -55,7 +55,6 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
-	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -438,9 +437,6 @@ func (f *StorageFleet) Close() {
 	})
 }
 
-// File is the name of an instance's File.
-func (f *StorageFleet) File(instance string) string { return path.Join(f.o.Dir, instance+".json") }
-
 // Write writes this instance's counts that have not faded, and forgets
 // those that have, within timeout; final, with none, it deletes the file.
 func (f *StorageFleet) Write(timeout time.Duration, final bool) {
@@ -498,6 +494,3 @@ func (f *StorageFleet) newEpoch(now time.Time, rd reading) {
 	f.mu.Unlock()
 	f.gen.Add(1)
 }
-
-// ID names this instance's file (<ID>.json).
-func (f *StorageFleet) ID() string { return f.id }

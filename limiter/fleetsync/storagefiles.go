@@ -484,3 +484,9 @@ func (f *StorageFleet) skip(l listed, err error, mark skipMark) {
 		f.o.Events.FileSkipped(l.name, err)
 	}
 }
+
+// File is the name of an instance's File.
+func (f *StorageFleet) File(instance string) string { return path.Join(f.o.Dir, instance+".json") }
+
+// ID names this instance's file (<ID>.json).
+func (f *StorageFleet) ID() string { return f.id }
