@@ -146,7 +146,7 @@ func (z *Zone) withOverride(p limiter.Policy, o *overrides.Override) limiter.Pol
 		p.Burst = o.Burst
 	}
 	if o.MaxConcurrent > 0 {
-		p.Burst = o.MaxConcurrent
+		p.Slots = o.MaxConcurrent
 	}
 	return p
 }

@@ -327,7 +327,7 @@ func referencePolicies() []limiter.Policy {
 				limiter.Policy{Algorithm: limiter.LeakyBucket, Rate: n, Period: period, Burst: n - 1})
 		}
 	}
-	return append(ps, limiter.Policy{Algorithm: limiter.Concurrency, Burst: 1}, limiter.Policy{Algorithm: limiter.Concurrency, Burst: 7})
+	return append(ps, limiter.Policy{Algorithm: limiter.Concurrency, Slots: 1}, limiter.Policy{Algorithm: limiter.Concurrency, Slots: 7})
 }
 
 // TestResponsesAsReference: the headers and bodies, written from what is

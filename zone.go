@@ -424,7 +424,7 @@ func (z *Zone) checkConcurrency() error {
 		return about(fmt.Errorf("max_concurrent %d: want at least 1", z.MaxConcurrent), "max_concurrent")
 	}
 	z.static, z.cost = true, 1
-	z.policy = limiter.Policy{Algorithm: limiter.Concurrency, Burst: z.MaxConcurrent,
+	z.policy = limiter.Policy{Algorithm: limiter.Concurrency, Slots: z.MaxConcurrent,
 		Lease: cmp.Or(time.Duration(z.Lease), defaultLease)}
 	return z.policy.Validate()
 }

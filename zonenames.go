@@ -31,8 +31,8 @@ import (
 // sharedPolicy is what two zones of one name must agree on, as text.
 func (z *Zone) sharedPolicy() string {
 	p := z.policy
-	s := fmt.Sprintf("key=%q %d %d/%d burst %d nodelay=%t lease=%d ban=%d/%d/%d v4=%d v6=%d empty=%q",
-		z.Key, p.Algorithm, p.Rate, p.Period, p.Burst, p.NoDelay, p.Lease, p.Ban.After, p.Ban.Within, p.Ban.For,
+	s := fmt.Sprintf("key=%q %d %d/%d burst %d slots %d nodelay=%t lease=%d ban=%d/%d/%d v4=%d v6=%d empty=%q",
+		z.Key, p.Algorithm, p.Rate, p.Period, p.Burst, p.Slots, p.NoDelay, p.Lease, p.Ban.After, p.Ban.Within, p.Ban.For,
 		z.IPv4Prefix.bits(defaultIPv4Prefix, 32), z.IPv6Prefix.bits(defaultIPv6Prefix, 128), cmp.Or(z.OnEmptyKey, onEmptyKeyShared))
 	if hasPlaceholder(z.Rate) { // the policy above is the default's
 		s += fmt.Sprintf(" rate=%q", z.Rate)

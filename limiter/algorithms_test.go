@@ -187,7 +187,7 @@ var concurrencyStores = map[string]func(t *testing.T) (takeAtFunc, Store){
 }
 
 func TestConcurrency(t *testing.T) {
-	p := Policy{Algorithm: Concurrency, Burst: 2, Lease: time.Minute}
+	p := Policy{Algorithm: Concurrency, Slots: 2, Lease: time.Minute}
 	req := func(lease string) []Request {
 		return []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, ID: lease}}
 	}
@@ -215,7 +215,7 @@ func TestConcurrency(t *testing.T) {
 // without releasing them come back when their leases end.
 func TestConcurrencyLeasesExpire(t *testing.T) {
 	s := newRedisStore(t, redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)}))
-	p := Policy{Algorithm: Concurrency, Burst: 1, Lease: time.Second}
+	p := Policy{Algorithm: Concurrency, Slots: 1, Lease: time.Second}
 	req := func(lease string) []Request {
 		return []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, ID: lease}}
 	}
@@ -263,7 +263,7 @@ func TestAlgorithmChange(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			take, _ := newStore(t)
 			for i, a := range []Algorithm{TokenBucket, SlidingWindowLog, Concurrency, FixedWindow, SlidingWindowCounter, LeakyBucket, TokenBucket} {
-				p := Policy{Algorithm: a, Rate: 100, Period: time.Minute, Burst: 100, Lease: time.Minute}
+				p := Policy{Algorithm: a, Rate: 100, Period: time.Minute, Burst: 100, Slots: 100, Lease: time.Minute}
 				d, err := take(t0.Add(time.Duration(i)*ms), []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, ID: "l"}})
 				if err != nil || !d[0].Allowed {
 					t.Fatalf("%s after another algorithm: %+v, %v", a, d, err)
@@ -281,7 +281,7 @@ func TestPeekAndReset(t *testing.T) {
 			_, s := newStore(t)
 			ctx := context.Background()
 			for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, LeakyBucket, Concurrency} {
-				p := Policy{Algorithm: a, Rate: 5, Period: time.Hour, Burst: 5, Lease: time.Hour}
+				p := Policy{Algorithm: a, Rate: 5, Period: time.Hour, Burst: 5, Slots: 5, Lease: time.Hour}
 				req := Request{Zone: "z", Key: "peek-" + a.String(), Policy: p, Cost: 1}
 				for i := range 3 {
 					req.ID = fmt.Sprint("r", i)
@@ -293,7 +293,7 @@ func TestPeekAndReset(t *testing.T) {
 				// A peek with another policy (the admin API reading a zone
 				// whose rate comes from placeholders) changes nothing.
 				other := req
-				other.Policy.Rate, other.Policy.Period, other.Policy.Burst = 50, time.Second, 50
+				other.Policy.Rate, other.Policy.Period, other.Policy.Burst, other.Policy.Slots = 50, time.Second, 50, 50
 				if _, err := s.Peek(ctx, other); err != nil {
 					t.Fatal(err)
 				}
@@ -398,7 +398,7 @@ func TestHugeCost(t *testing.T) {
 // the bucket afresh, and the releases of the slots taken before it free
 // none of those taken after it (memory as Redis, whose leases are named).
 func TestConcurrencyReset(t *testing.T) {
-	p := Policy{Algorithm: Concurrency, Burst: 2, Lease: time.Minute}
+	p := Policy{Algorithm: Concurrency, Slots: 2, Lease: time.Minute}
 	req := func(id string) []Request { return []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, ID: id}} }
 	for name, newStore := range concurrencyStores {
 		t.Run(name, func(t *testing.T) {

@@ -43,7 +43,7 @@ func TestDenyCache(t *testing.T) {
 	if _, ok := c.Get(r, t0); ok {
 		t.Fatal("hit after Delete")
 	}
-	slot := Request{Zone: "z", Key: "k", Policy: Policy{Algorithm: Concurrency, Burst: 1}, Cost: 1}
+	slot := Request{Zone: "z", Key: "k", Policy: Policy{Algorithm: Concurrency, Slots: 1}, Cost: 1}
 	c.Put(slot, Decision{RetryAfter: time.Second}, t0)
 	if _, ok := c.Get(slot, t0); ok {
 		t.Fatal("a concurrency refusal was cached")

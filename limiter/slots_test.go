@@ -36,7 +36,7 @@ func TestReleaseRetriesChunked(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	p := Policy{Algorithm: Concurrency, Burst: 1, Lease: 5 * time.Minute}
+	p := Policy{Algorithm: Concurrency, Slots: 1, Lease: 5 * time.Minute}
 	var pending []pendingRelease
 	for i := range 100 {
 		req := Request{Zone: "slots", Key: fmt.Sprint("client-", i), Policy: p, Cost: 1, ID: fmt.Sprint("request-", i)}
@@ -65,7 +65,7 @@ func TestReleaseRetriesChunked(t *testing.T) {
 func TestRefusalHoldsNoSlots(t *testing.T) {
 	l := NewMemoryLimiter()
 	defer l.Close()
-	slots := Policy{Algorithm: Concurrency, Burst: 2, Lease: time.Minute}
+	slots := Policy{Algorithm: Concurrency, Slots: 2, Lease: time.Minute}
 	tight := Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Hour, Burst: 1}
 	reqs := func(id string) []Request {
 		return []Request{{Zone: "refusal_slots", Key: "k", Policy: slots, Cost: 1, ID: id},

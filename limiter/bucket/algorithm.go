@@ -237,13 +237,13 @@ func (p Policy) takeLeaky(b State, known bool, now, cost int64) (State, Decision
 // by the request's ID once the take is committed (see hold).
 func (p Policy) takeSlot(b State, now, cost int64) (State, Decision) {
 	inFlight := int64(b.tokens)
-	d := Decision{Allowed: cost <= p.Burst-inFlight, Limit: p.Burst, Reset: at(now)}
+	d := Decision{Allowed: cost <= p.Slots-inFlight, Limit: p.Slots, Reset: at(now)}
 	if d.Allowed {
 		inFlight += cost
 	} else {
 		d.RetryAfter = time.Second // no telling when one ends
 	}
-	d.Remaining = max(p.Burst-inFlight, 0)
+	d.Remaining = max(p.Slots-inFlight, 0)
 	return State{tokens: float64(inFlight), slots: b.slots, IdleAt: math.MaxInt64}, d
 }
 

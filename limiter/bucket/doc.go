@@ -5,7 +5,7 @@
 // the token bucket, Burst tokens refilled at Rate per Period; for the windows,
 // Rate requests per window of Period (Burst is Rate); for the leaky bucket,
 // requests leave at Rate per Period and up to Burst more wait their turn (none
-// with NoDelay); for the concurrency limit, Burst requests in flight, each a
+// with NoDelay); for the concurrency limit, Slots requests in flight, each a
 // slot that lives at most Lease in Redis. Ban bans a client refused After
 // times within Within, for For. A Request asks a store to charge Cost from the
 // bucket of Key in Zone; the store answers with a Decision, whose At is the

@@ -15,12 +15,16 @@ import (
 // Burst tokens of capacity refilled at Rate per Period; for the windows,
 // Rate requests per window of Period (Burst is Rate); for the leaky bucket,
 // requests leave at Rate per Period and up to Burst more wait their turn;
-// for the concurrency limit, Burst requests in flight at once.
+// for the concurrency limit, Slots requests in flight at once (it has no
+// rate, period or burst).
 type Policy struct {
 	Algorithm Algorithm
 	Rate      int64
 	Period    time.Duration
 	Burst     int64
+	// Slots is how many requests a Concurrency policy lets in flight at
+	// once; the other algorithms ignore it.
+	Slots int64
 	// NoDelay lets a leaky bucket's burst through at once instead of
 	// spacing it out (nginx's nodelay).
 	NoDelay bool
@@ -227,6 +231,8 @@ func (p Policy) Limit() int64 {
 		return p.Rate
 	case p.Algorithm == LeakyBucket:
 		return p.Burst + 1
+	case p.Algorithm == Concurrency:
+		return p.Slots
 	}
 	return p.Burst
 }
@@ -234,8 +240,8 @@ func (p Policy) Limit() int64 {
 // Validate reports what is wrong with p, if anything.
 func (p Policy) Validate() error {
 	if p.Algorithm == Concurrency {
-		if p.Burst < 1 || p.Burst > MaxRate || p.Lease < time.Second {
-			return fmt.Errorf("concurrency: %d in flight (want at least 1), lease %s (want at least 1s)", p.Burst, p.Lease)
+		if p.Slots < 1 || p.Slots > MaxRate || p.Lease < time.Second {
+			return fmt.Errorf("concurrency: %d in flight (want at least 1), lease %s (want at least 1s)", p.Slots, p.Lease)
 		}
 		return nil
 	}
@@ -260,7 +266,7 @@ func (p Policy) Interval() float64 {
 // String describes the limit for people: "100 requests per minute".
 func (p Policy) String() string {
 	if p.Algorithm == Concurrency {
-		return fmt.Sprintf("%d requests at a time", p.Burst)
+		return fmt.Sprintf("%d requests at a time", p.Slots)
 	}
 	noun := "requests"
 	if p.Rate == 1 {

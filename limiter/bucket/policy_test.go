@@ -140,3 +140,32 @@ func TestParseRateUnitWords(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrencySlots: an in-flight limit counts its own field, Slots,
+// not a burst: its limit, its validation, its text and its share among
+// instances; a burst set on it is ignored.
+func TestConcurrencySlots(t *testing.T) {
+	p := Policy{Algorithm: Concurrency, Slots: 3, Burst: 50, Lease: time.Minute}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if p.Limit() != 3 || p.String() != "3 requests at a time" {
+		t.Errorf("limit %d, %q; want 3, 3 requests at a time", p.Limit(), p.String())
+	}
+	if local, err := LocalPolicy(p, 2); err != nil || local.Slots != 1 {
+		t.Errorf("a share of 3 slots among 2: %d (%v), want 1", local.Slots, err)
+	}
+	var b State
+	for i, want := range []bool{true, true, true, false} {
+		next, d := p.Take(b, i > 0, 0, 1)
+		if d.Allowed != want || d.Limit != 3 {
+			t.Fatalf("request %d: allowed %v limit %d; want %v, 3", i, d.Allowed, d.Limit, want)
+		}
+		if d.Allowed {
+			b = next
+		}
+	}
+	if err := (Policy{Algorithm: Concurrency, Burst: 3, Lease: time.Minute}).Validate(); err == nil {
+		t.Error("a concurrency policy with no slots is valid")
+	}
+}

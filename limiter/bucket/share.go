@@ -20,6 +20,7 @@ func LocalPolicy(p Policy, n int) (Policy, error) {
 		local.Period = p.Period * time.Duration(n)
 	}
 	local.Burst = max(p.Burst/int64(n), min(p.Burst, 1))
+	local.Slots = max(p.Slots/int64(n), min(p.Slots, 1))
 	if p.Algorithm.Windowed() {
 		local.Burst = local.Rate
 	}

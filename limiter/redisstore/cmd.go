@@ -39,9 +39,9 @@ func evalCmd(ctx context.Context, sr scriptRun, sha bool, now string, mode scrip
 	a = append(a, now, modeArg(mode))
 	for j, i := range sr.idx {
 		p := reqs[i].Policy
-		period := p.Period.Microseconds()
-		if p.Algorithm == bucket.Concurrency {
-			period = p.Lease.Microseconds()
+		period, burst := p.Period.Microseconds(), p.Burst
+		if p.Algorithm == bucket.Concurrency { // concurrency.lua: the slots as the burst, the lease as the period
+			period, burst = p.Lease.Microseconds(), p.Slots
 		}
 		var flag any = 0
 		switch {
@@ -52,7 +52,7 @@ func evalCmd(ctx context.Context, sr scriptRun, sha bool, now string, mode scrip
 		case reqs[i].Sync > 0 && p.Algorithm.Windowed():
 			flag = 2 // a window that syncs: what its charges put past the limit carries (see carry in common.lua)
 		}
-		pa := policyArgs(p.Rate, period, p.Burst)
+		pa := policyArgs(p.Rate, period, burst)
 		a = append(a, pa[0], pa[1], pa[2], reqs[i].Cost, flag, reqs[i].ID)
 	}
 	if sr.pooled != nil && sr.pooled.cmd.Args() == nil { // the command lives in the run's room

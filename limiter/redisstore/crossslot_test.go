@@ -131,7 +131,7 @@ func TestBatchedCallElsewhere(t *testing.T) {
 	masters, replicas := shards(t, c)
 	loadScripts(t, c)
 	a := masters[0].Options().Addr
-	for _, p := range []bucket.Policy{{Rate: 1, Period: time.Hour, Burst: 9}, {Algorithm: bucket.Concurrency, Burst: 9, Lease: time.Minute}} {
+	for _, p := range []bucket.Policy{{Rate: 1, Period: time.Hour, Burst: 9}, {Algorithm: bucket.Concurrency, Slots: 9, Lease: time.Minute}} {
 		keys := keysOn(t, s, c, a, fmt.Sprint(p.Algorithm, "-client-"), 8) // on a, of 8 slots
 		for _, to := range append(masters[1:], replicas...) {
 			for i, cmd := range sendBatch(t, s, to, keys, p) {
@@ -282,7 +282,7 @@ func TestBatchedCallMigrating(t *testing.T) {
 		t.Cleanup(func() { nodes[i].Close() })
 	}
 	log := bucket.Policy{Algorithm: bucket.SlidingWindowLog, Rate: 100, Period: time.Hour}
-	lease := bucket.Policy{Algorithm: bucket.Concurrency, Burst: 100, Lease: time.Hour}
+	lease := bucket.Policy{Algorithm: bucket.Concurrency, Slots: 100, Lease: time.Hour}
 	for _, tc := range []struct {
 		name  string
 		mode  scriptMode
@@ -373,7 +373,7 @@ func TestNoScriptKeepsOrder(t *testing.T) {
 	addr := cl.Addrs()[0]
 	m := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { m.Close() })
-	p := bucket.Policy{Algorithm: bucket.Concurrency, Burst: 1, Lease: time.Minute}
+	p := bucket.Policy{Algorithm: bucket.Concurrency, Slots: 1, Lease: time.Minute}
 	for round := range 3 {
 		ks := keysOn(t, s, c, addr, fmt.Sprint("order-", round, "-"), 3)
 		req := func(k, id string) []bucket.Request {

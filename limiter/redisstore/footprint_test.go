@@ -30,7 +30,7 @@ func TestRedisFootprint(t *testing.T) {
 	s := memoryStore(t, c)
 	ctx := context.Background()
 	for _, a := range []bucket.Algorithm{bucket.TokenBucket, bucket.FixedWindow, bucket.SlidingWindowLog, bucket.SlidingWindowCounter, bucket.LeakyBucket, bucket.Concurrency} {
-		p := bucket.Policy{Algorithm: a, Rate: 100, Period: time.Minute, Burst: 100, Lease: time.Minute}
+		p := bucket.Policy{Algorithm: a, Rate: 100, Period: time.Minute, Burst: 100, Slots: 100, Lease: time.Minute}
 		key := "footprint-" + a.String()
 		take := func() { // with a request id as the handler makes them
 			if _, err := s.Take(ctx, []bucket.Request{{Zone: "per_ip", Key: key, Policy: p, Cost: 1, ID: rand.Text()}}); err != nil {
@@ -102,7 +102,7 @@ func TestRedisMemoryPerKey(t *testing.T) {
 	}
 	stores := []*Store{memoryStore(t, standalone[0]), memoryStore(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()}))}
 	for _, a := range []bucket.Algorithm{bucket.TokenBucket, bucket.FixedWindow, bucket.SlidingWindowLog, bucket.SlidingWindowCounter, bucket.LeakyBucket, bucket.Concurrency} {
-		p := bucket.Policy{Algorithm: a, Rate: 100, Period: time.Hour, Burst: 100, Lease: time.Hour}
+		p := bucket.Policy{Algorithm: a, Rate: 100, Period: time.Hour, Burst: 100, Slots: 100, Lease: time.Hour}
 		usage, growth, key := memoryPerKey(t, stores[0], standalone, p)
 		cUsage, cGrowth, _ := memoryPerKey(t, stores[1], cluster, p)
 		t.Logf("%-22s %-30q MEMORY USAGE %3d B (cluster %3d B); used_memory +%.0f B per key (cluster +%.0f B): %.0f MB per million keys (cluster %.0f MB)",

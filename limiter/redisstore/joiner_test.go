@@ -48,7 +48,7 @@ func order(us []unit) map[int]int {
 // the second take of another client joins its first; on a node, the
 // latest take call (X's).
 func TestJoinKeepsOrder(t *testing.T) {
-	p := bucket.Policy{Algorithm: bucket.Concurrency, Burst: 1, Lease: time.Minute}
+	p := bucket.Policy{Algorithm: bucket.Concurrency, Slots: 1, Lease: time.Minute}
 	for _, mode := range []joinMode{joinAny, joinByTag, joinByNode} {
 		s, err := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "o:")
 		if err != nil {
