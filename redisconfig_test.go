@@ -10,7 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
@@ -72,9 +74,15 @@ func keyRequest(key string) *http.Request {
 	return r
 }
 
+// tlsTestTimeout is the TLS tests' decision timeout (see TestRedisTLS).
+const tlsTestTimeout = caddy.Duration(5 * time.Second)
+
 func TestRedisTLS(t *testing.T) {
 	_, addr, files := redistest.NewTLSServer(t)
-	h := redisHandler(t, &RedisConfig{Addresses: []string{addr},
+	// A timeout of seconds, not the default 100 ms: these tests are of TLS,
+	// and a loaded machine may take longer than that for the first
+	// decision's handshake and script load.
+	h := redisHandler(t, &RedisConfig{Addresses: []string{addr}, Timeout: tlsTestTimeout,
 		TLS: &RedisTLS{CA: files.CA, Cert: files.Cert, Key: files.Key}})
 	for _, want := range []string{"4", "3"} {
 		if w := serve(h, keyRequest("k")); w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != want {
@@ -100,7 +108,7 @@ func TestRedisTLSRotation(t *testing.T) {
 	handler := func() *Handler { // the same configuration every time
 		h := &Handler{
 			Zones: map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Burst: "5"}},
-			Redis: &RedisConfig{Addresses: []string{addr}, KeyPrefix: prefix,
+			Redis: &RedisConfig{Addresses: []string{addr}, KeyPrefix: prefix, Timeout: tlsTestTimeout,
 				TLS: &RedisTLS{CA: files.CA, Cert: files.Cert, Key: files.Key}},
 			OnStoreError: &StoreErrorPolicy{Mode: "deny"},
 		}
