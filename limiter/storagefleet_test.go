@@ -53,9 +53,13 @@ func storageFleetOf(t *testing.T, dir string, n int, every time.Duration, ev fle
 // of 100 a second, flooded through all three for two seconds: the fleet
 // admits at most the exact count of the windows the flood touched plus
 // the bound of a sync as long as a write and a read, and most of what the
-// exact limit admits; every instance counts the three.
+// exact limit admits; every instance counts the three. The bound holds
+// while the fleet is in sync: a write or a read late by 3 intervals makes
+// the rounds fail, and each instance admits its on_store_error local
+// share on top (the design); the flood (six goroutines that never wait,
+// on two cores) delays the writes and reads by up to a second or more.
 func TestStorageFleetBounded(t *testing.T) {
-	const every = 100 * time.Millisecond
+	const every = time.Second // a write or a read late by less than 3 of them is no failure, on a busy machine
 	for _, algo := range []Algorithm{FixedWindow, SlidingWindowCounter} {
 		t.Run(algo.String(), func(t *testing.T) {
 			fleet := storageFleetOf(t, t.TempDir(), 3, every, nil)
@@ -102,7 +106,7 @@ func TestStorageFleetFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev := &recordedStorage{}
-	const every = 50 * time.Millisecond
+	const every = time.Second // a write or a read late by less than 3 of them is no failure (nor a local share on top), on a busy machine
 	p := Policy{Algorithm: FixedWindow, Rate: 10, Period: time.Hour, Burst: 10}
 	req := Request{Zone: "api", Key: "secret-client-key", Policy: p, Cost: 1, Sync: every}.WithDigest(nil)
 	first := storageFleetOf(t, dir, 1, every, ev)[0]

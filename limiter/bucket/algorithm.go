@@ -122,6 +122,7 @@ func at(ns int64) time.Time { return time.Unix(0, ns) }
 // starts afresh).
 func (p Policy) takeFixed(b State, now, cost int64) (State, Decision) {
 	period := int64(p.Period)
+	now = b.late(now, period)
 	window := now / period
 	count := int64(0)
 	if b.last == window {
@@ -136,6 +137,19 @@ func (p Policy) takeFixed(b State, now, cost int64) (State, Decision) {
 	}
 	d.Remaining = max(p.Rate-count, 0)
 	return State{tokens: float64(count), last: window, IdleAt: end}, d
+}
+
+// late is now, or, when now falls in the window just before the one b
+// counts, the start of b's window. Takes are not decided in the order of
+// their clock readings (a reading taken before another take's, of the next
+// window, that came first): a late one is counted in the bucket's window,
+// not as a window of its own that would drop the bucket's count (and the
+// next take, finding that window, drop the late one's).
+func (b State) late(now, period int64) int64 {
+	if b.last == now/period+1 {
+		return b.last * period
+	}
+	return now
 }
 
 // takeLog: the times of the requests counted in the last Period.
@@ -166,6 +180,7 @@ func (p Policy) takeLog(b State, now, cost int64) (State, Decision) {
 // the part of it still inside the sliding window.
 func (p Policy) takeCounter(b State, now, cost int64) (State, Decision) {
 	period := int64(p.Period)
+	now = b.late(now, period)
 	window := now / period
 	start := window * period
 	curr, prev := 0.0, 0.0

@@ -62,6 +62,10 @@
 //     now/Period); the State holds the index and its count, so a window of
 //     another length starts afresh. Up to twice Rate passes across a
 //     window's edge. A refusal waits for the window's end.
+//   - Both windows: a take whose time falls in the window just before the
+//     State's (concurrent takes are not decided in the order of their
+//     clock readings) is taken at the start of the State's window, not as
+//     a window of its own that drops the count (State.late).
 //   - Sliding window counter: weight = 1 − (now − start)/Period; allowed
 //     when prev × weight + curr + cost ≤ Rate (within epsilon); the retry
 //     is when prev has faded enough, or in the next window; the reset when
@@ -144,6 +148,7 @@
 //     TestConcurrencyReset.
 //   - Digests: TestKeyHasher, TestProcessKeyHasher. Rates:
 //     TestParseRate, TestParseRateUnitWords, TestPolicyString.
+//   - A late take drops no window's count: TestWindowsLateReading (here).
 //
 // # Imports
 //

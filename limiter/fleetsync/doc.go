@@ -81,7 +81,9 @@
 // for the windows, whose counts add up across instances. It writes them to
 // <Dir>/<instance>.json (DefaultStorageDir) every WriteEvery and reads the
 // others' every ReadEvery; a bucket as the fleet counts it is the sum of every
-// instance's counts at now's window. Its readings are made in memory, so the
+// instance's counts at now's window (a clock reading late for a count's
+// window, read before the lock, is taken in that window: StorageCounts.late).
+// Its readings are made in memory, so the
 // Syncer charges admissions as they are made and reads a bucket whenever the
 // fleet read the others' files since (generation) or its window turned. A
 // reading is the limit less every count, less (N − 1) times what this instance
@@ -123,6 +125,8 @@
 //     TestSyncRegistrationFailureReported, TestStorageFleetTellsInstances.
 //   - A failing fleet means the local share, then no more than the bound:
 //     TestStorageFleetFailing, TestStorageFleetWriteFails.
+//   - A reading late for a bucket's window forgets none of its counts:
+//     TestStorageLateReading (here: it sets the fleet's clock).
 //   - Rounds charge buckets of any slot in a cluster: TestSyncManyKeysCluster.
 //   - What lies in the directory costs a timeout at most, once, and no raw
 //     key is written: TestStorageFleetHostileFiles, TestStorageFleetFiles,
@@ -131,7 +135,8 @@
 //     TestStorageFilesSwapped, TestStorageFilesAhead,
 //     TestStorageFilesTooLargeCounted, TestCompatDistributed (internal/e2e).
 //
-// The tests are in package limiter, through Limiters.
+// The tests are in package limiter, through Limiters, but for
+// TestStorageLateReading.
 //
 // # Imports
 //

@@ -166,45 +166,6 @@ func (f *StorageFleet) unseen(c *StorageCounts) int64 {
 	return sum
 }
 
-// StorageCounts are one instance's counts of a bucket: of the window of
-// Period that starts at Start (Unix ns), and of the one before.
-type StorageCounts struct {
-	Zone   string `json:"z"`
-	Algo   string `json:"a"`
-	Digest string `json:"k"` // hex
-	Period int64  `json:"w"`
-	Start  int64  `json:"s"`
-	Curr   int64  `json:"c"`
-	Prev   int64  `json:"p"`
-	// epochs is what this instance charged in each of the last epochs (an
-	// epoch ends at a read of the others' counts; the fleet's epoch, mod
-	// len, is the current one): the others may not have seen them yet.
-	epochs [maxEpochs]int64
-}
-
-// at is c taken at now's window: its count and the previous one's.
-func (c StorageCounts) at(now int64) (curr, prev int64) {
-	start := now - now%c.Period
-	switch c.Start {
-	case start:
-		return c.Curr, c.Prev
-	case start - c.Period:
-		return 0, c.Curr
-	}
-	return 0, 0
-}
-
-// weighed is what c counts against a limit of algo at now: a fixed
-// window's count, a sliding counter's with the previous one's part still
-// in the sliding window.
-func (c StorageCounts) weighed(algo bucket.Algorithm, now int64) float64 {
-	curr, prev := c.at(now)
-	if algo == bucket.SlidingWindowCounter {
-		return float64(prev)*(1-float64(now%c.Period)/float64(c.Period)) + float64(curr)
-	}
-	return float64(curr)
-}
-
 // StorageFile is an instance's file.
 type StorageFile struct {
 	Version  int    `json:"v"`
@@ -356,7 +317,6 @@ func (f *StorageFleet) ChargeAll(_ context.Context, reqs []bucket.Request) ([]bu
 		return nil, errStorageStale
 	}
 	d := make([]bucket.Decision, len(reqs))
-	ns := now.UnixNano()
 	for i, r := range reqs {
 		p := r.Policy
 		if p.Algorithm != bucket.FixedWindow && p.Algorithm != bucket.SlidingWindowCounter || p.Period <= 0 {
@@ -368,6 +328,7 @@ func (f *StorageFleet) ChargeAll(_ context.Context, reqs []bucket.Request) ([]bu
 			c = &StorageCounts{Zone: r.Zone, Algo: p.Algorithm.String(), Digest: hex.EncodeToString(id.Hash[:]), Period: int64(p.Period)}
 			f.own[id] = c
 		}
+		ns := c.late(now.UnixNano()) // c's window, when now is late for it
 		c.Curr, c.Prev = c.at(ns)
 		if start := ns - ns%c.Period; c.Start != start { // a new window: a new epoch for it
 			c.Start, c.epochs = start, [maxEpochs]int64{}
