@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
@@ -184,7 +185,7 @@ func (l *Limiter) takeSynced(ctx context.Context, now time.Time, reqs []Request,
 		}
 	}
 	start := time.Now()
-	sd, toRedis, undo := l.sync.Take(now, pick(reqs, synced), c.Fallback.Instances)
+	sd, toRedis, undo := l.sync.Take(now, bucket.Pick(reqs, synced), c.Fallback.Instances)
 	call.Store, call.Took = "sync", time.Since(start)
 	return l.takeRest(ctx, now, reqs, synced, exact, sd, toRedis, undo, c, call)
 }
@@ -217,7 +218,7 @@ func (l *Limiter) takeRest(ctx context.Context, now time.Time, reqs []Request, s
 	if len(exact) == 0 {
 		return d, nil
 	}
-	ed, release := l.takeExact(ctx, now, pick(reqs, exact), c, call)
+	ed, release := l.takeExact(ctx, now, bucket.Pick(reqs, exact), c, call)
 	refused := call.Failure != NoFailure && c.Fallback.Mode == FallbackDeny
 	for j, i := range exact {
 		if j < len(ed) {
@@ -249,15 +250,6 @@ func (l *Limiter) seed(reqs []Request, synced, toRedis []int, d []Decision, call
 		}
 		l.sync.Seed(reqs[i], dec, time.Time{}, c.Fallback.Instances)
 	}
-}
-
-// pick is the requests of reqs at idx.
-func pick(reqs []Request, idx []int) []Request {
-	out := make([]Request, len(idx))
-	for j, i := range idx {
-		out[j] = reqs[i]
-	}
-	return out
 }
 
 // blocked refuses reqs at now when one of them is blocked (the longest

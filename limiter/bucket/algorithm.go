@@ -122,7 +122,7 @@ func at(ns int64) time.Time { return time.Unix(0, ns) }
 // starts afresh).
 func (p Policy) takeFixed(b State, now, cost int64) (State, Decision) {
 	period := int64(p.Period)
-	now = b.late(now, period)
+	now = LateReading(now, period, b.last*period)
 	window := now / period
 	count := int64(0)
 	if b.last == window {
@@ -139,17 +139,28 @@ func (p Policy) takeFixed(b State, now, cost int64) (State, Decision) {
 	return State{tokens: float64(count), last: window, IdleAt: end}, d
 }
 
-// late is now, or, when now falls in the window just before the one b
-// counts, the start of b's window. Takes are not decided in the order of
-// their clock readings (a reading taken before another take's, of the next
-// window, that came first): a late one is counted in the bucket's window,
-// not as a window of its own that would drop the bucket's count (and the
-// next take, finding that window, drop the late one's).
-func (b State) late(now, period int64) int64 {
-	if b.last == now/period+1 {
-		return b.last * period
+// LateReading is now, or, when now falls in the window of period just
+// before the one that starts at held, held. Takes are not decided in the
+// order of their clock readings (a reading taken before another take's,
+// of the next window, that came first): a late one is counted in the
+// window already held, not as a window of its own that would drop the
+// held window's count (and the next take, finding that window, drop the
+// late one's). The memory store's windows and the storage fleet's counts
+// read their clock through it.
+func LateReading(now, period, held int64) int64 {
+	if period > 0 && held == now-now%period+period {
+		return held
 	}
 	return now
+}
+
+// Pick is reqs at idx, in idx's order.
+func Pick(reqs []Request, idx []int) []Request {
+	out := make([]Request, len(idx))
+	for j, i := range idx {
+		out[j] = reqs[i]
+	}
+	return out
 }
 
 // takeLog: the times of the requests counted in the last Period.
@@ -180,7 +191,7 @@ func (p Policy) takeLog(b State, now, cost int64) (State, Decision) {
 // the part of it still inside the sliding window.
 func (p Policy) takeCounter(b State, now, cost int64) (State, Decision) {
 	period := int64(p.Period)
-	now = b.late(now, period)
+	now = LateReading(now, period, b.last*period)
 	window := now / period
 	start := window * period
 	curr, prev := 0.0, 0.0

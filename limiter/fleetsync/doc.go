@@ -82,7 +82,7 @@
 // <Dir>/<instance>.json (DefaultStorageDir) every WriteEvery and reads the
 // others' every ReadEvery; a bucket as the fleet counts it is the sum of every
 // instance's counts at now's window (a clock reading late for a count's
-// window, read before the lock, is taken in that window: StorageCounts.late).
+// window, read before the lock, is taken in that window: bucket.LateReading).
 // Its readings are made in memory, so the
 // Syncer charges admissions as they are made and reads a bucket whenever the
 // fleet read the others' files since (generation) or its window turned. A

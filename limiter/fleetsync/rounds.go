@@ -86,7 +86,7 @@ func (s *Syncer) round(final bool) {
 	start := time.Now()
 	var failed error
 	for _, part := range s.fleet.Groups(ctx, reqs) {
-		d, err := s.fleet.ChargeAll(ctx, pick(reqs, part))
+		d, err := s.fleet.ChargeAll(ctx, bucket.Pick(reqs, part))
 		failed = cmp.Or(failed, err)
 		s.settled(now, part, es, d, err)
 	}

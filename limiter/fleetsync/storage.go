@@ -328,7 +328,7 @@ func (f *StorageFleet) ChargeAll(_ context.Context, reqs []bucket.Request) ([]bu
 			c = &StorageCounts{Zone: r.Zone, Algo: p.Algorithm.String(), Digest: hex.EncodeToString(id.Hash[:]), Period: int64(p.Period)}
 			f.own[id] = c
 		}
-		ns := c.late(now.UnixNano()) // c's window, when now is late for it
+		ns := bucket.LateReading(now.UnixNano(), c.Period, c.Start) // c's window, when now is late for it
 		c.Curr, c.Prev = c.at(ns)
 		if start := ns - ns%c.Period; c.Start != start { // a new window: a new epoch for it
 			c.Start, c.epochs = start, [maxEpochs]int64{}

@@ -23,7 +23,7 @@ type StorageCounts struct {
 
 // at is c taken at now's window: its count and the previous one's.
 func (c StorageCounts) at(now int64) (curr, prev int64) {
-	now = c.late(now)
+	now = bucket.LateReading(now, c.Period, c.Start)
 	start := now - now%c.Period
 	switch c.Start {
 	case start:
@@ -34,24 +34,11 @@ func (c StorageCounts) at(now int64) (curr, prev int64) {
 	return 0, 0
 }
 
-// late is now, or c's start when now falls in the window just before c's:
-// a clock reading taken before a charge of c's window that came first (the
-// reading is made before the lock), or another instance's clock a little
-// ahead. Such a reading is taken in c's window, not as one in which c
-// counts nothing: a write would drop c's counts as faded, a charge start
-// c's window afresh, and the window's admissions would be forgotten.
-func (c StorageCounts) late(now int64) int64 {
-	if c.Period > 0 && c.Start == now-now%c.Period+c.Period {
-		return c.Start
-	}
-	return now
-}
-
 // weighed is what c counts against a limit of algo at now: a fixed
 // window's count, a sliding counter's with the previous one's part still
 // in the sliding window.
 func (c StorageCounts) weighed(algo bucket.Algorithm, now int64) float64 {
-	now = c.late(now)
+	now = bucket.LateReading(now, c.Period, c.Start)
 	curr, prev := c.at(now)
 	if algo == bucket.SlidingWindowCounter {
 		return float64(prev)*(1-float64(now%c.Period)/float64(c.Period)) + float64(curr)
