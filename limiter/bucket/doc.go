@@ -65,7 +65,7 @@
 //   - Both windows: a take whose time falls in the window just before the
 //     State's (concurrent takes are not decided in the order of their
 //     clock readings) is taken at the start of the State's window, not as
-//     a window of its own that drops the count (State.late).
+//     a window of its own that drops the count (LateReading).
 //   - Sliding window counter: weight = 1 − (now − start)/Period; allowed
 //     when prev × weight + curr + cost ≤ Rate (within epsilon); the retry
 //     is when prev has faded enough, or in the next window; the reset when
