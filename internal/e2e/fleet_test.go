@@ -195,6 +195,41 @@ func (f *fleetScenario) syncs() syncTally {
 	return n
 }
 
+// logMarks is where each instance's logs end now.
+func (f *fleetScenario) logMarks() []int {
+	marks := make([]int, len(f.caddys))
+	for i, c := range f.caddys {
+		marks[i] = len(c.Logs())
+	}
+	return marks
+}
+
+// stallsOnly accepts failed sync rounds, failed of them since mark, that
+// a stall of the machine explains: at most one an instance, each logged as
+// one that waited out the timeout (1 s, against a few ms asked of a node
+// that answers). A round that failed any other way, or several, fails the
+// test.
+func (f *fleetScenario) stallsOnly(mark []int, failed float64) {
+	f.t.Helper()
+	var other []string
+	timeouts := 0
+	for i, c := range f.caddys {
+		for line := range strings.SplitSeq(c.Logs()[mark[i]:], "\n") {
+			switch {
+			case !strings.Contains(line, "rounds of the zones that sync fail"):
+			case strings.Contains(line, "did not answer within the timeout"):
+				timeouts++
+			default:
+				other = append(other, line)
+			}
+		}
+	}
+	f.t.Logf("%g sync rounds failed once the faults had ended: %d waited out the timeout (a stalled machine), other failures %q", failed, timeouts, other)
+	if len(other) > 0 || failed > float64(len(f.caddys)) || timeouts == 0 {
+		f.t.Errorf("%g sync rounds failed once the faults had ended: want none, or one an instance that waited out the timeout", failed)
+	}
+}
+
 // statedBound is the bound that an instance logged for zone at its start
 // with three instances syncing: how far beyond the exact limit the fleet
 // may admit over any period (docs/rate_limit.md, sync).

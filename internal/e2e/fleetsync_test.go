@@ -80,14 +80,17 @@ func TestSyncFleetManyKeys(t *testing.T) {
 	// The breakers of the nodes that failed stay open for 2s, then a probe:
 	// rounds may fail until then.
 	time.Sleep(4 * time.Second)
-	recovered := f.syncs()
+	recovered, mark := f.syncs(), f.logMarks()
 	time.Sleep(4 * time.Second)
 	after := f.syncs()
 	shots := traffic.Stop()
 	ok, sent := admitted(shots, "/all")
 	t.Logf("many keys: %d requests, %d admitted; sync rounds %+v after the faults' end, %+v 4s later", sent, ok, recovered, after)
-	if after.err != recovered.err || after.ok <= recovered.ok {
-		t.Errorf("sync rounds after the faults' end: %+v, then %+v 4s later; want more ok and no error", recovered, after)
+	if after.ok <= recovered.ok {
+		t.Errorf("sync rounds after the faults' end: %+v, then %+v 4s later; want more ok", recovered, after)
+	}
+	if after.err != recovered.err {
+		f.stallsOnly(mark, after.err-recovered.err)
 	}
 	for addr, kinds := range errorStats(t, cl.Addrs()) {
 		if kinds["CROSSSLOT"] > 0 {
