@@ -33,6 +33,15 @@ type Call struct {
 // reuse reqs as soon as it is done with v. Requests whose dry-run ones
 // come last are decided without copies.
 func (l *Limiter) Decide(ctx context.Context, now time.Time, reqs []Request, c Caller, v *Verdict) {
+	if l.regions != nil && anyGlobal(reqs) {
+		l.decideGlobal(ctx, now, reqs, c, v)
+		return
+	}
+	l.decide(ctx, now, reqs, c, v)
+}
+
+// decide is Decide without regions.
+func (l *Limiter) decide(ctx context.Context, now time.Time, reqs []Request, c Caller, v *Verdict) {
 	v.States = v.States[:0]
 	for range reqs {
 		v.States = append(v.States, NotAsked)

@@ -11,6 +11,7 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/fleetsync"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/regions"
 )
 
 // Limiter decides the zones of HTTP requests against one store: this
@@ -32,6 +33,7 @@ type Limiter struct {
 	redis   *redisstore.Store       // nil: the memory store decides
 	sync    *fleetsync.Syncer       // the zones that sync; nil with memory alone
 	fleet   *fleetsync.StorageFleet // the storage the zones that sync share; nil but for NewStorageLimiter
+	regions *regions.Exchange       // the global zones' exchange with the other regions; nil without regions
 	memory  *memstore.Store
 	refused *DenyCache      // clients Redis refused; nil without Redis
 	retries *releaseRetries // releases of slots to try again; nil without Redis
@@ -143,6 +145,9 @@ func NewStorageLimiter(st fleetsync.Storage, o fleetsync.StorageOptions) *Limite
 
 // Close stops the Limiter's background work and closes its stores.
 func (l *Limiter) Close() error {
+	if l.regions != nil {
+		l.regions.Close()
+	}
 	if l.retries != nil {
 		l.retries.stop()
 	}
@@ -177,6 +182,7 @@ func (l *Limiter) store() Store {
 
 // Peek tells the state of req's bucket without changing it.
 func (l *Limiter) Peek(ctx context.Context, req Request) (Decision, error) {
+	req = l.regional(req)
 	if l.fleet != nil && req.Sync > 0 { // the fleet's counts as this instance last read them
 		req.Cost, req.ID = 0, ""
 		d, err := l.fleet.ChargeAll(ctx, []Request{req})

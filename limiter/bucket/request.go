@@ -35,6 +35,10 @@ type Request struct {
 	// it apart from the others, and it never refuses (its refusal is the
 	// state WouldRefuse). Stores ignore it.
 	DryRun bool
+	// Global marks a zone whose limit holds for every region (package
+	// limiter/regions): what it admits is told to the other regions.
+	// Stores ignore it.
+	Global bool
 	// Sync, when positive, decides the request in this process and
 	// reconciles its bucket with Redis at most every Sync (see package
 	// fleetsync): a token bucket's zone that trades exactness for cost,

@@ -1,0 +1,47 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// The marks of the regions that exchange with this Redis's (see package
+// limiter/regions): each region sets <prefix>{regions}:seen:<region> in
+// the others' Redis at every exchange that succeeded, to expire after
+// ttl; a region whose mark is absent from its own Redis is one the others
+// cannot hear from. The keys share one hash slot ({regions}), so that one
+// MGET reads them in a cluster.
+
+// regionKey is the key of region's mark.
+func (s *Store) regionKey(region string) string { return s.prefix + "{regions}:seen:" + region }
+
+// MarkRegion marks region as having exchanged with this Redis now, for
+// ttl.
+func (s *Store) MarkRegion(ctx context.Context, region string, ttl time.Duration) error {
+	if err := s.client.Set(ctx, s.regionKey(region), "1", ttl).Err(); err != nil {
+		return fmt.Errorf("mark of region %s: %w", region, err)
+	}
+	return nil
+}
+
+// RegionsSeen reports, for each of regions, whether its mark is in this
+// Redis.
+func (s *Store) RegionsSeen(ctx context.Context, regions []string) ([]bool, error) {
+	if len(regions) == 0 {
+		return nil, nil
+	}
+	keys := make([]string, len(regions))
+	for i, r := range regions {
+		keys[i] = s.regionKey(r)
+	}
+	vals, err := s.client.MGet(ctx, keys...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("marks of the regions: %w", err)
+	}
+	seen := make([]bool, len(regions))
+	for i := range seen {
+		seen[i] = i < len(vals) && vals[i] != nil
+	}
+	return seen, nil
+}

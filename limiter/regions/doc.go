@@ -1,0 +1,76 @@
+// Package regions holds a zone's limit across regions (a zone that is
+// global): each region decides its requests from its own Redis alone, and
+// tells the other regions what it admitted in the background, every
+// interval, by charging their Redis.
+//
+// # The model
+//
+// Each region keeps, in its own Redis, a bucket per client of a global
+// zone: a token bucket of the zone's rate whose burst is the region's
+// share, ⌈burst / R⌉ of the world's burst among R regions. A region's
+// requests are decided against it as any (exactly, or with sync), and
+// what they admit is charged at once there; what the other regions
+// admitted is charged there too, by them, at most D later, into debt if
+// need be. So every region's bucket is charged what the whole world
+// admitted, each region refills at the zone's rate, and a client that
+// uses one region alone gets the zone's whole rate (its burst is the
+// region's share).
+//
+// An Exchange is one instance's part of it: Record counts what this
+// instance admitted in global zones, by bucket; every interval the counts
+// are handed to each peer region's sender, which charges them to the
+// peer's Redis (Peer.ChargeAll, batched by node), then marks this region
+// there (Peer.MarkRegion, expiring after linkTimeout). A peer that is slow
+// or down holds only its own sender: requests never wait on a peer, and
+// the counts for it wait in its backlog (at most maxBacklog buckets).
+//
+// # The bound
+//
+// While every exchange succeeds, an admission reaches every other region
+// within D = interval + timeout. Over any period, the world then admits at
+// most what the exact limit admits over that period, plus
+//
+//	(R·⌈burst/R⌉ − burst) + (R − 1) × rate × D
+//
+// (each region may spend, unseen by the others, what its bucket refills
+// in D; see Bound, logged as a config loads). With 1000r/m, burst 1000,
+// 3 regions, interval 1s and timeout 100ms: 2 + 2 × 16.7 × 1.1 ≈ 39.
+// What a region admitted beyond it is charged as debt in every region: it
+// is carried, not forgotten at a window's turn, so over a long period the
+// world's rate is exact.
+//
+// # Failure
+//
+// A link to a peer is down once no exchange with it succeeded for
+// linkTimeout (three intervals); the Exchange reports it once
+// (Events.LinkChanged) and once more when an exchange succeeds again.
+// While a link is down:
+//
+//   - the region that cannot reach a peer decides with its own share of
+//     the rate, rate / R (its buckets' period is stretched R times), since
+//     that peer counts it as admitting no more; what it could not send is
+//     dropped, not sent when the link heals (the share accounted for it);
+//   - the region that no longer sees a peer's mark in its own Redis
+//     counts that peer as admitting its share: it decides with the rate
+//     less rate / R for each such peer.
+//
+// A rate that comes back when a link heals does not fill a bucket: a token
+// bucket's period shortening can only lower what it holds, so healing
+// admits no burst. Each link failure may add once, before it is seen, what
+// a region admits in linkTimeout unseen: at most ⌈burst/R⌉ + rate ×
+// linkTimeout per region cut off.
+//
+// # Invariants
+//
+//   - Requests never wait on a peer: Record and Policy take a mutex and
+//     no I/O (TestExchangeSlowPeer).
+//   - Regions together stay within Bound (TestRegionsBound; end to end,
+//     TestRegionsEndToEnd in internal/e2e).
+//   - A cut-off region decides with its share, and healing admits no burst
+//     (TestRegionsCutOff).
+//
+// # Imports
+//
+// limiter/bucket and limiter/redisstore (MayHaveRun); no go-redis: a
+// peer's Redis is a Peer the root package hands it (a redisstore.Store).
+package regions

@@ -1,0 +1,182 @@
+package regions
+
+import (
+	"context"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+)
+
+// Peer is another region's Redis, as an exchange speaks to it: a
+// redisstore.Store.
+type Peer interface {
+	// ChargeAll charges every request its cost, into debt if need be; an
+	// error that is not redisstore.MayHaveRun charged nothing.
+	ChargeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.Decision, error)
+	// Groups splits reqs into the calls of one exchange.
+	Groups(ctx context.Context, reqs []bucket.Request) [][]int
+	// MarkRegion marks region as having exchanged with this Redis, for ttl.
+	MarkRegion(ctx context.Context, region string, ttl time.Duration) error
+}
+
+// Home is this region's own Redis, where the others mark themselves.
+type Home interface {
+	// RegionsSeen reports, for each region, whether its mark is there.
+	RegionsSeen(ctx context.Context, regions []string) ([]bool, error)
+}
+
+// Events are told of the links to the peer regions. Their methods must not
+// block.
+type Events interface {
+	// LinkChanged: the link to peer went down (err says why) or came back.
+	LinkChanged(peer string, up bool, err error)
+	// Exchanged: an exchange with peer charged keys buckets in took; err
+	// is its failure.
+	Exchanged(peer string, keys int, took time.Duration, err error)
+	// Dropped: counts of n buckets were dropped, for peer ("" for every
+	// peer: more buckets than maxBacklog), because its link was down or
+	// the backlog full. Called at most once per interval and peer.
+	Dropped(peer string, n int)
+}
+
+// Config is what an Exchange is made of.
+type Config struct {
+	// This is this region's name; Regions counts every region, this one
+	// included.
+	This string
+	// Home is this region's Redis; Peers the others', by name.
+	Home  Home
+	Peers map[string]Peer
+	// Interval is how often this instance tells the peers what it
+	// admitted; Timeout bounds each exchange.
+	Interval, Timeout time.Duration
+}
+
+// maxBacklog bounds the buckets an instance keeps counts of for a peer;
+// past it, the counts of new buckets are dropped (and reported).
+const maxBacklog = 1 << 20
+
+// linkTimeouts is how many exchanges (an interval and a timeout each) a
+// link may go without one that succeeded before it is down, and how many
+// a region's mark lives.
+const linkTimeouts = 2
+
+// Exchange tells the peer regions what this instance admitted in the
+// global zones, and scales their policies to the region's share (see the
+// package doc).
+type Exchange struct {
+	cfg      Config
+	regions  int64
+	mu       sync.Mutex
+	pending  map[bucket.ID]*count // admitted since the last interval
+	overflow int                  // requests not counted since the last interval: pending was full
+	peers    []*sender
+	names    []string
+	counted  atomic.Int64 // regions counted as admitting up to the rate (see Policy)
+	ev       atomic.Pointer[Events]
+	now      func() time.Time
+	stop     chan struct{}
+	done     sync.WaitGroup
+	start    sync.Once
+	close    sync.Once
+}
+
+// count is what this instance admitted of one bucket.
+type count struct {
+	req  bucket.Request
+	cost int64
+}
+
+// New makes an Exchange of cfg; Start starts it.
+func New(cfg Config) *Exchange {
+	x := &Exchange{cfg: cfg, regions: int64(len(cfg.Peers) + 1), pending: map[bucket.ID]*count{},
+		now: time.Now, stop: make(chan struct{})}
+	for name, p := range cfg.Peers {
+		x.peers = append(x.peers, newSender(x, name, p))
+		x.names = append(x.names, name)
+	}
+	x.counted.Store(x.regions)
+	return x
+}
+
+// OnEvents sets who is told of the links.
+func (x *Exchange) OnEvents(ev Events) { x.ev.Store(&ev) }
+
+func (x *Exchange) events() Events {
+	if ev := x.ev.Load(); ev != nil {
+		return *ev
+	}
+	return nil
+}
+
+// Regions is the number of regions, this one included.
+func (x *Exchange) Regions() int { return int(x.regions) }
+
+// Policy is p, a global zone's policy, as this region decides it now: the
+// region's share of the burst, and of the rate the regions counted as
+// admitting leave it (the whole rate while every link is up).
+func (x *Exchange) Policy(p bucket.Policy) bucket.Policy {
+	if p.Algorithm != bucket.TokenBucket || p.Rate <= 0 {
+		return p
+	}
+	p.Burst = shareOf(p.Burst, x.regions)
+	if k := x.counted.Load(); k < x.regions {
+		p.Period = p.Period * time.Duration(x.regions) / time.Duration(max(k, 1))
+	}
+	return p
+}
+
+// shareOf is ⌈burst / regions⌉, at least 1.
+func shareOf(burst, regions int64) int64 {
+	return max((burst+regions-1)/regions, 1)
+}
+
+// Bound is how far over the exact limit the regions together may admit
+// over any period, for policy p (the zone's, not scaled) while every link
+// is up, in tokens: see the package doc.
+func Bound(p bucket.Policy, regions int, interval, timeout time.Duration) float64 {
+	r := int64(regions)
+	if p.Rate <= 0 || p.Period <= 0 || r < 2 {
+		return 0
+	}
+	rate := float64(p.Rate) / p.Period.Seconds()
+	return float64(r*shareOf(p.Burst, r)-p.Burst) + float64(r-1)*rate*(interval+timeout).Seconds()
+}
+
+// Record counts what reqs, with the zones' policies (not scaled by
+// Policy), admitted (allowed(i)) in global zones, to tell the peers at the
+// next interval. A peer is charged with the policy its region decides by
+// while every link is up (the share of the burst).
+func (x *Exchange) Record(reqs []bucket.Request, allowed func(i int) bool) {
+	var locked bool
+	for i := range reqs {
+		r := &reqs[i]
+		if !r.Global || r.DryRun || r.Cost <= 0 || !allowed(i) {
+			continue
+		}
+		if !locked {
+			x.mu.Lock()
+			locked = true
+		}
+		id := bucket.IDOf(*r)
+		if c := x.pending[id]; c != nil {
+			c.cost = min(c.cost+r.Cost, math.MaxInt64/2)
+			continue
+		}
+		if len(x.pending) >= maxBacklog {
+			x.overflow++
+			continue
+		}
+		c := &count{req: *r, cost: r.Cost}
+		if c.req.Policy.Algorithm == bucket.TokenBucket {
+			c.req.Policy.Burst = shareOf(c.req.Policy.Burst, x.regions)
+		}
+		x.pending[id] = c
+	}
+	if locked {
+		x.mu.Unlock()
+	}
+}

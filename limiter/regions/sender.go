@@ -1,0 +1,182 @@
+package regions
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
+)
+
+// sender tells one peer region what this instance admitted: its own
+// goroutine, so that a slow peer holds nothing else.
+type sender struct {
+	x       *Exchange
+	name    string
+	peer    Peer
+	mu      sync.Mutex
+	backlog map[bucket.ID]*count // to charge the peer
+	dropped int                  // buckets dropped since the last report
+	wake    chan struct{}
+	lastOK  time.Time // the last exchange that succeeded (or the start)
+	up      bool
+	down    bool // reported down, not yet up again
+}
+
+func newSender(x *Exchange, name string, p Peer) *sender {
+	return &sender{x: x, name: name, peer: p, backlog: map[bucket.ID]*count{}, wake: make(chan struct{}, 1), up: true}
+}
+
+// add merges counts into the backlog, at most maxBacklog buckets.
+func (s *sender) add(counts map[bucket.ID]*count) {
+	s.mu.Lock()
+	for id, c := range counts {
+		if b := s.backlog[id]; b != nil {
+			b.cost = min(b.cost+c.cost, math.MaxInt64/2)
+			continue
+		}
+		if len(s.backlog) >= maxBacklog {
+			s.dropped++
+			continue
+		}
+		cc := *c
+		s.backlog[id] = &cc
+	}
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default: // an exchange is due already
+	}
+}
+
+// run exchanges with the peer whenever counts were added, until stop.
+func (s *sender) run(stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-s.wake:
+			s.exchange()
+		}
+	}
+}
+
+// exchange charges the peer the backlog, in parts (by node), and marks
+// this region there. A part certainly not run stays in the backlog; one
+// that may have run is counted charged (never sent twice). Once no
+// exchange succeeded for linkTimeout, the link is down: the backlog is
+// dropped (the peer counts this region at its share meanwhile).
+func (s *sender) exchange() {
+	x := s.x
+	ctx, cancel := context.WithTimeout(context.Background(), x.cfg.Timeout)
+	defer cancel()
+	start := time.Now()
+	reqs, ids := s.take()
+	failed := s.charge(ctx, reqs, ids)
+	if failed == nil {
+		failed = s.peer.MarkRegion(ctx, x.cfg.This, LinkTimeout(x.cfg.Interval, x.cfg.Timeout))
+	}
+	if ev := x.events(); ev != nil {
+		ev.Exchanged(s.name, len(reqs), time.Since(start), failed)
+	}
+	s.settle(x.now(), failed)
+}
+
+// charge charges reqs to the peer, its parts (by node) at once: an
+// exchange costs one round trip to the peer, not one per node.
+func (s *sender) charge(ctx context.Context, reqs []bucket.Request, ids []bucket.ID) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	parts := s.peer.Groups(ctx, reqs)
+	errs := make([]error, len(parts))
+	var wg sync.WaitGroup
+	for j, part := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[j] = s.peer.ChargeAll(ctx, bucket.Pick(reqs, part))
+			if errs[j] != nil && !redisstore.MayHaveRun(errs[j]) {
+				s.giveBack(reqs, ids, part)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// take empties the backlog into requests to charge.
+func (s *sender) take() ([]bucket.Request, []bucket.ID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	reqs := make([]bucket.Request, 0, len(s.backlog))
+	ids := make([]bucket.ID, 0, len(s.backlog))
+	for id, c := range s.backlog {
+		r := c.req
+		r.Cost = c.cost
+		reqs, ids = append(reqs, r), append(ids, id)
+	}
+	clear(s.backlog)
+	return reqs, ids
+}
+
+// giveBack puts the requests of part, not charged, back in the backlog.
+func (s *sender) giveBack(reqs []bucket.Request, ids []bucket.ID, part []int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, i := range part {
+		if b := s.backlog[ids[i]]; b != nil {
+			b.cost = min(b.cost+reqs[i].Cost, math.MaxInt64/2)
+		} else {
+			s.backlog[ids[i]] = &count{req: reqs[i], cost: reqs[i].Cost}
+		}
+	}
+}
+
+// settle takes an exchange's result at now: the link comes up at a
+// success, goes down after linkTimeout without one (reported once each).
+func (s *sender) settle(now time.Time, err error) {
+	s.mu.Lock()
+	changed, dropped := false, 0
+	switch {
+	case err == nil:
+		s.lastOK = now
+		changed, s.up, s.down = s.down, true, false
+	case now.Sub(s.lastOK) >= LinkTimeout(s.x.cfg.Interval, s.x.cfg.Timeout):
+		changed, s.up = !s.down, false
+		s.down = true
+		dropped = len(s.backlog)
+		clear(s.backlog) // counted at this region's share by the peer
+	}
+	dropped += s.dropped
+	s.dropped = 0
+	s.mu.Unlock()
+	ev := s.x.events()
+	if ev == nil {
+		return
+	}
+	if changed {
+		ev.LinkChanged(s.name, err == nil, err)
+	}
+	if dropped > 0 {
+		ev.Dropped(s.name, dropped)
+	}
+}
+
+// isUp reports whether the link to the peer is up, and since when the
+// last exchange succeeded.
+func (s *sender) isUp() (bool, time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.up, s.lastOK
+}
+
+// linkTimeout is how long a link lasts without an exchange that
+// succeeded: an exchange starts every interval and may take timeout, so
+// two of them in a row may fail within it.
+func LinkTimeout(interval, timeout time.Duration) time.Duration {
+	return linkTimeouts * (interval + timeout)
+}

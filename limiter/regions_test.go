@@ -1,0 +1,172 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/regions"
+)
+
+// paced sends, through each region of w, one request of key every tick
+// until stop is closed, and counts what each admitted and the slowest
+// decision.
+type pacedResult struct {
+	admitted map[string]int
+	slowest  time.Duration
+	span     time.Duration
+	failures int // decisions that were not the store's
+}
+
+func pace(w *world, key string, p Policy, tick time.Duration, global bool, stop <-chan struct{}) pacedResult {
+	res := pacedResult{admitted: map[string]int{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, r := range w.regions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(tick)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+				}
+				began := time.Now()
+				var v Verdict
+				r.l.Decide(context.Background(), time.Time{}, []Request{{Zone: "api", Key: key, Policy: p, Cost: 1, Global: global}}, Caller{}, &v)
+				took := time.Since(began)
+				mu.Lock()
+				if v.States[0] == Allowed {
+					res.admitted[r.name]++
+				}
+				if v.Calls[0].Failure != NoFailure {
+					res.failures++
+				}
+				res.slowest = max(res.slowest, took)
+				mu.Unlock()
+				v.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	res.span = time.Since(start)
+	return res
+}
+
+func (p pacedResult) total() int {
+	n := 0
+	for _, a := range p.admitted {
+		n += a
+	}
+	return n
+}
+
+// run paces key through w for d.
+func runPaced(w *world, key string, p Policy, tick, d time.Duration, global bool) pacedResult {
+	stop := make(chan struct{})
+	time.AfterFunc(d, func() { close(stop) })
+	return pace(w, key, p, tick, global, stop)
+}
+
+// TestRegionsBound: three regions, 80 ms each way between them, one
+// client sending to each region at the zone's rate (three times the rate
+// in all). A global zone admits, in all regions together, at most the
+// exact limit over the run plus regions.Bound, and most of the limit;
+// without global, each region grants the whole limit.
+func TestRegionsBound(t *testing.T) {
+	const interval = 200 * time.Millisecond
+	w := newWorld(t, 80*time.Millisecond, interval)
+	p := Policy{Algorithm: TokenBucket, Rate: 100, Period: time.Second, Burst: 30}
+	time.Sleep(3 * interval) // each region's mark reaches the others
+	res := runPaced(w, "spread", p, 10*time.Millisecond, 5*time.Second, true)
+	exact := float64(p.Burst) + 100*res.span.Seconds()
+	bound := regions.Bound(p, 3, interval, time.Second)
+	t.Logf("global: admitted %v = %d in %s; exact %.0f, stated bound %.0f more; slowest decision %s",
+		res.admitted, res.total(), res.span.Round(time.Millisecond), exact, bound, res.slowest)
+	if float64(res.total()) > exact+bound {
+		t.Errorf("%d admitted in all regions; want at most the exact %.0f plus the bound %.0f", res.total(), exact, bound)
+	}
+	if float64(res.total()) < 0.7*exact {
+		t.Errorf("%d admitted in all regions; want most of the exact %.0f", res.total(), exact)
+	}
+	for _, r := range w.regions {
+		r.ev.mu.Lock()
+		t.Logf("%s: exchanges %v (ok, failed), link changes %v, first failures %v", r.name, r.ev.exchanges, r.ev.changes, r.ev.failures)
+		if len(r.ev.changes) > 0 {
+			t.Errorf("%s: links changed %v with every Redis up", r.name, r.ev.changes)
+		}
+		r.ev.mu.Unlock()
+	}
+	local := runPaced(w, "per-region", p, 10*time.Millisecond, 2*time.Second, false)
+	t.Logf("not global: admitted %v in %s", local.admitted, local.span.Round(time.Millisecond))
+	for name, n := range local.admitted {
+		if float64(n) < 0.8*(float64(p.Burst)+100*local.span.Seconds()) {
+			t.Errorf("not global: %s admitted %d; want its own whole limit", name, n)
+		}
+	}
+}
+
+// TestRegionsCutOff: three regions as in TestRegionsBound; one region is
+// cut off from the others (its proxies blackhole), then healed. No
+// decision waits on a peer (a wait would take the exchange's 1 s
+// timeout), every decision is the local Redis's, each region reports the
+// link once as it fails and once as it heals, and each period stays
+// within the bound: the cut's once more at most what a region admits
+// unseen until the cut is seen (⌈burst/R⌉ + rate × LinkTimeout), the
+// healed period within the bound alone (healing admits no burst).
+func TestRegionsCutOff(t *testing.T) {
+	const interval = 200 * time.Millisecond
+	w := newWorld(t, 80*time.Millisecond, interval)
+	p := Policy{Algorithm: TokenBucket, Rate: 100, Period: time.Second, Burst: 30}
+	time.Sleep(3 * interval)
+	bound := regions.Bound(p, 3, interval, time.Second)
+	link := regions.LinkTimeout(interval, time.Second)
+	cutExtra := 10 + 100*link.Seconds()
+	check := func(phase string, res pacedResult, extra float64) {
+		t.Helper()
+		exact := float64(p.Burst) + 100*res.span.Seconds()
+		t.Logf("%s: admitted %v = %d in %s; exact %.0f, bound %.0f + %.0f; slowest decision %s",
+			phase, res.admitted, res.total(), res.span.Round(time.Millisecond), exact, bound, extra, res.slowest)
+		if float64(res.total()) > exact+bound+extra {
+			t.Errorf("%s: %d admitted; want at most %.0f", phase, res.total(), exact+bound+extra)
+		}
+		if res.slowest >= 500*time.Millisecond {
+			t.Errorf("%s: a decision took %s: it waited on a peer", phase, res.slowest)
+		}
+		if res.failures > 0 {
+			t.Errorf("%s: %d decisions were not the local Redis's", phase, res.failures)
+		}
+	}
+	check("links up", runPaced(w, "cut", p, 10*time.Millisecond, 2*time.Second, true), 0)
+	w.cut(t, "ap", true)
+	check("ap cut off", runPaced(w, "cut", p, 10*time.Millisecond, link+3*time.Second, true), cutExtra)
+	for _, r := range w.regions {
+		if _, counted := r.x.Links(); counted != 1 && r.name == "ap" || counted != 2 && r.name != "ap" {
+			t.Errorf("%s counts %d regions admitting up to the rate while ap is cut off; want 1 in ap, 2 elsewhere", r.name, counted)
+		}
+	}
+	w.cut(t, "ap", false)
+	time.Sleep(link) // the exchanges resume, the marks are back
+	check("healed", runPaced(w, "cut", p, 10*time.Millisecond, 3*time.Second, true), 0)
+	want := map[string][]string{"eu": {"ap up=false", "ap up=true"}, "us": {"ap up=false", "ap up=true"}}
+	for _, r := range w.regions {
+		r.ev.mu.Lock()
+		got := r.ev.changes
+		r.ev.mu.Unlock()
+		if r.name == "ap" {
+			if len(got) != 4 {
+				t.Errorf("ap reported %v; want each link down once and up once", got)
+			}
+			continue
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want[r.name]) {
+			t.Errorf("%s reported %v; want %v", r.name, got, want[r.name])
+		}
+	}
+}

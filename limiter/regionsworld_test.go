@@ -1,0 +1,163 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/latencyproxy"
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/regions"
+)
+
+// A test world: three regions on loopback, each deciding from its own
+// Redis (two standalone servers and a 3-master Cluster), each reaching the
+// others' Redis through proxies that add delay each way, one proxy per
+// link (from, to and node), so that a link or a region can be cut.
+
+// region is one region of a test world.
+type region struct {
+	name    string
+	l       *Limiter
+	x       *regions.Exchange
+	ev      *linkEvents
+	addrs   []string // its Redis's nodes
+	cluster bool
+}
+
+// world is the regions and the proxies of their links: proxies[from][to]
+// by the node of to they lead to.
+type world struct {
+	regions []*region
+	proxies map[string]map[string]map[string]*latencyproxy.Proxy
+}
+
+// linkEvents records what an exchange tells.
+type linkEvents struct {
+	mu        sync.Mutex
+	changes   []string
+	failures  []string // each peer's first failed exchange
+	exchanges map[string][2]int // by peer: ok, failed
+}
+
+func (e *linkEvents) LinkChanged(peer string, up bool, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.changes = append(e.changes, fmt.Sprintf("%s up=%v", peer, up))
+}
+
+func (e *linkEvents) Exchanged(peer string, _ int, _ time.Duration, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := e.exchanges[peer]
+	if err != nil {
+		if n[1] == 0 {
+			e.failures = append(e.failures, fmt.Sprintf("%s: %v", peer, err))
+		}
+		n[1]++
+	} else {
+		n[0]++
+	}
+	e.exchanges[peer] = n
+}
+
+func (e *linkEvents) Dropped(string, int) {}
+
+// newWorld starts three regions whose links delay each way by delay; the
+// exchanges run every interval, each within a second.
+func newWorld(t *testing.T, delay, interval time.Duration) *world {
+	t.Helper()
+	prefix := fmt.Sprintf("regions%x:", rand.Uint64())
+	cl := redistest.NewClusterOf(t, 3, 0)
+	w := &world{proxies: map[string]map[string]map[string]*latencyproxy.Proxy{}}
+	w.regions = []*region{
+		{name: "eu", addrs: []string{redistest.NewServer(t).Addr}},
+		{name: "us", addrs: []string{redistest.NewServer(t).Addr}},
+		{name: "ap", addrs: cl.Addrs(), cluster: true},
+	}
+	for _, r := range w.regions {
+		l, err := NewRedisLimiter(r.client(nil), RedisOptions{KeyPrefix: prefix, Timeout: time.Second}, nopNodeEvents{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.l = l
+		t.Cleanup(func() { l.Close() })
+	}
+	for _, r := range w.regions {
+		peers := map[string]regions.Peer{}
+		for _, o := range w.regions {
+			if o != r {
+				peers[o.name] = w.peerStore(t, r, o, prefix, delay)
+			}
+		}
+		r.ev = &linkEvents{exchanges: map[string][2]int{}}
+		r.x = regions.New(regions.Config{This: r.name, Home: r.l.Redis(), Peers: peers, Interval: interval, Timeout: time.Second})
+		r.x.OnEvents(r.ev)
+		r.l.SetRegions(r.x)
+	}
+	return w
+}
+
+// client is a client of r's Redis; dial, when set, reaches its nodes.
+func (r *region) client(dial func(ctx context.Context, network, addr string) (net.Conn, error)) redis.UniversalClient {
+	if r.cluster {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: r.addrs, Dialer: dial, MaxRedirects: -1})
+	}
+	return redis.NewClient(&redis.Options{Addr: r.addrs[0], Dialer: dial, MaxRetries: -1})
+}
+
+// peerStore is from's store of to's Redis, through proxies of delay.
+func (w *world) peerStore(t *testing.T, from, to *region, prefix string, delay time.Duration) *redisstore.Store {
+	t.Helper()
+	byNode := map[string]*latencyproxy.Proxy{}
+	for _, a := range to.addrs {
+		p, err := latencyproxy.Start(a, delay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		byNode[a] = p
+	}
+	if w.proxies[from.name] == nil {
+		w.proxies[from.name] = map[string]map[string]*latencyproxy.Proxy{}
+	}
+	w.proxies[from.name][to.name] = byNode
+	var d net.Dialer
+	s, err := redisstore.New(to.client(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if p := byNode[addr]; p != nil {
+			addr = p.Addr()
+		}
+		return d.DialContext(ctx, network, addr)
+	}), prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// cut cuts (or heals) every link into and out of region name.
+func (w *world) cut(t *testing.T, name string, cut bool) {
+	t.Helper()
+	for from, tos := range w.proxies {
+		for to, byNode := range tos {
+			if from != name && to != name {
+				continue
+			}
+			for _, p := range byNode {
+				if cut {
+					p.Cut()
+				} else if err := p.Heal(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+}
