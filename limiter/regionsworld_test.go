@@ -43,7 +43,7 @@ type world struct {
 type linkEvents struct {
 	mu        sync.Mutex
 	changes   []string
-	failures  []string // each peer's first failed exchange
+	failures  []string          // each peer's first failed exchange
 	exchanges map[string][2]int // by peer: ok, failed
 }
 
