@@ -52,6 +52,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			timeout     <duration>
 //			local_cache <n> | off
 //		}
+//		regions <this region> {
+//			<region> {
+//				<what redis takes>
+//			}
+//			sync <interval>
+//		}
 //		on_store_error allow | deny [<status>] | local [instances <n>]
 //		dry_run
 //		dry_run_headers
@@ -96,6 +102,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			nodelay
 //			dry_run
 //			ban          <refusals> <within> <for>
+//			global
 //		}
 //		zone <name> {
 //			key            <template>
@@ -104,7 +111,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	err := cmp.Or(parseBlock(d, "", h, handlerOptions), checkConstantKeys(h))
+	err := cmp.Or(parseBlock(d, "", h, handlerOptions), checkConstantKeys(h), checkCaddyfileRegions(h))
 	if err == nil && len(h.Zones) == 0 {
 		err = d.Err("rate_limit needs at least one zone")
 	}
@@ -152,6 +159,9 @@ var handlerOptions = map[string]func(*caddyfile.Dispenser, *Handler) error{
 	},
 	"jwt": func(d *caddyfile.Dispenser, h *Handler) error {
 		return unmarshalOnce(d, &h.JWT, "jwt is already configured")
+	},
+	"regions": func(d *caddyfile.Dispenser, h *Handler) error { // regions.go
+		return unmarshalOnce(d, &h.Regions, "regions is already configured: give one regions block, with every other region in it")
 	},
 	"dry_run":            func(d *caddyfile.Dispenser, h *Handler) error { return noArgs(d, &h.DryRun) },
 	"dry_run_headers":    func(d *caddyfile.Dispenser, h *Handler) error { return noArgs(d, &h.DryRunHeaders) },

@@ -134,6 +134,7 @@ var zoneOptions = map[string]func(*caddyfile.Dispenser, *Zone) error{
 		return err
 	},
 	"dry_run":            func(d *caddyfile.Dispenser, z *Zone) error { return noArgs(d, &z.DryRun) },
+	"global":             parseGlobal, // regions.go
 	"ban":                parseBan,
 	"count_status":       parseCountStatus,
 	"cost_from_response": parseCostFromResponse,

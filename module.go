@@ -93,6 +93,12 @@ type Handler struct {
 	// are kept in this process's memory.
 	Redis *RedisConfig `json:"redis,omitempty"`
 
+	// Regions makes the limits of the Global zones one across the regions
+	// of a fleet, each region deciding from its own Redis (the redis
+	// block, required with regions). Default: none, each zone's limit is
+	// the one its store keeps.
+	Regions *RegionsConfig `json:"regions,omitempty"`
+
 	// OnStoreError is what happens to a request when Redis fails or does
 	// not answer within its timeout. Only with Redis. Default: local.
 	OnStoreError *StoreErrorPolicy `json:"on_store_error,omitempty"`

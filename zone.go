@@ -110,6 +110,12 @@ type Zone struct {
 	// than any request should take. Default: 5m.
 	Lease caddy.Duration `json:"lease,omitempty"`
 
+	// Global makes the zone's limit one for the whole world: shared across
+	// the handler's Regions, which it needs. Token bucket zones only
+	// (without count_status or cost_from_response). Default: the limit
+	// is the zone's Redis's (or this instance's).
+	Global bool `json:"global,omitempty"`
+
 	// DryRun computes, counts and logs the zone's decisions but never
 	// refuses a request because of it, nor bans; it sets no headers but
 	// with the handler's DryRunHeaders.
@@ -215,8 +221,12 @@ const maxLeakyWait = time.Minute
 // request counted.
 const maxLogLimit = 10000
 
-// provisionZones compiles the zones, in the order of their names.
+// provisionZones compiles the zones, in the order of their names, after
+// checking the regions their global limits need.
 func (h *Handler) provisionZones(ctx caddy.Context) error {
+	if err := h.checkRegions(); err != nil { // regions.go
+		return err
+	}
 	hasher, err := h.Redis.keyHasher()
 	if h.Redis == nil && h.Distributed != nil { // digests the instances that share the storage agree on
 		hasher, err = sharedKeyHasher("distributed", h.Distributed.KeySecret)
@@ -314,7 +324,7 @@ func (z *Zone) check() error {
 	err := cmp.Or(onEmptyKeyChoices.check("on_empty_key", z.OnEmptyKey),
 		checkRange("ipv4_prefix", z.IPv4Prefix.bits(defaultIPv4Prefix, 32), 1, 32),
 		checkRange("ipv6_prefix", z.IPv6Prefix.bits(defaultIPv6Prefix, 128), 1, 128),
-		z.checkEvents())
+		z.checkEvents(), z.checkGlobal())
 	switch {
 	case err != nil:
 		return err
