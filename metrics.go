@@ -108,11 +108,11 @@ func initMetrics() {
 
 // registerMetrics registers the collectors in reg (once per registry).
 func registerMetrics(reg *prometheus.Registry) error {
-	metrics.once.Do(initMetrics)
+	metrics.once.Do(func() { initMetrics(); initRegionMetrics() })
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.fallbackDecisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.overrides, metrics.overridesRestored, metrics.syncs, metrics.syncDuration, metrics.syncedKeys, metrics.scriptErrors, metrics.cacheHits, metrics.bans, metrics.jwksFetches, metrics.jwksAge, metrics.memoryEvictions} {
+	for _, c := range append([]prometheus.Collector{metrics.decisions, metrics.fallbackDecisions, metrics.storeLatency, metrics.storeErrors, metrics.breakerOpen, metrics.overrides, metrics.overridesRestored, metrics.syncs, metrics.syncDuration, metrics.syncedKeys, metrics.scriptErrors, metrics.cacheHits, metrics.bans, metrics.jwksFetches, metrics.jwksAge, metrics.memoryEvictions}, regionCollectors()...) {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
 			return err

@@ -294,6 +294,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.provisionOverrides()
 	h.logSyncBounds()
+	h.logRegionBounds()
 	if err = h.claimZoneNames(ctx.GetMetricsRegistry()); err != nil { // zonenames.go
 		return err
 	}

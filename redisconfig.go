@@ -170,10 +170,27 @@ func (h *Handler) provisionRedis() error {
 	if err != nil {
 		return err
 	}
+	if h.Regions != nil {
+		rk, err := h.Regions.regionsKey()
+		if err != nil {
+			return err
+		}
+		key += rk
+	}
 	created := false
 	err = h.loadStore(key, func() (caddy.Destructor, error) {
 		created = true
-		return newSharedRedis(cfg, opts)
+		s, err := newSharedRedis(cfg, opts)
+		if err != nil {
+			return nil, err
+		}
+		if h.Regions != nil {
+			if err := s.startRegions(h.Regions); err != nil {
+				_ = s.Close()
+				return nil, err
+			}
+		}
+		return s, nil
 	})
 	if err == nil && created {
 		h.checkRedis(time.Duration(cfg.Timeout))

@@ -36,6 +36,7 @@ const memoryPoolKey = "memory"
 type sharedStore struct {
 	*limiter.Limiter
 	overrides   *overrides.Overrides // the run-time overrides of the zones (overrides.go)
+	peers       peerStores           // the peer regions' Redis, with regions (regionsstore.go)
 	namespace   string               // a Redis store's label (sharedStore.label)
 	syncFailing atomic.Bool          // the rounds of the zones that sync fail
 	logger      *zap.Logger
@@ -78,7 +79,9 @@ func (s *sharedStore) Destruct() error {
 	})
 	s.overrides.Close()
 	metrics.overrides.DeletePartialMatch(prometheus.Labels{"store": s.label()})
-	return s.Close()
+	err := s.Close() // the exchange with the peer regions first
+	s.peers.close()
+	return err
 }
 
 // provisionStore acquires the store of h: Redis's when configured, else

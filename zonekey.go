@@ -117,7 +117,7 @@ func (z *Zone) warnUnknownKey(logger *zap.Logger, why string) {
 // grouped by the zone's prefixes. Requests and the admin API both name
 // buckets through it.
 func (z *Zone) bucket(key string) limiter.Request {
-	return limiter.Request{Zone: z.name, Key: z.subnet(key), Policy: z.policy, Cost: z.cost, Sync: time.Duration(z.Sync)}.WithDigest(z.hasher)
+	return limiter.Request{Zone: z.name, Key: z.subnet(key), Policy: z.policy, Cost: z.cost, Sync: time.Duration(z.Sync), Global: z.Global}.WithDigest(z.hasher)
 }
 
 // subnet is clientkey.Subnet of key with the zone's prefixes, without its

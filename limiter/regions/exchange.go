@@ -2,7 +2,9 @@ package regions
 
 import (
 	"context"
+	"maps"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,8 +96,8 @@ type count struct {
 func New(cfg Config) *Exchange {
 	x := &Exchange{cfg: cfg, regions: int64(len(cfg.Peers) + 1), pending: map[bucket.ID]*count{},
 		now: time.Now, stop: make(chan struct{})}
-	for name, p := range cfg.Peers {
-		x.peers = append(x.peers, newSender(x, name, p))
+	for _, name := range slices.Sorted(maps.Keys(cfg.Peers)) {
+		x.peers = append(x.peers, newSender(x, name, cfg.Peers[name]))
 		x.names = append(x.names, name)
 	}
 	x.counted.Store(x.regions)
@@ -180,3 +182,11 @@ func (x *Exchange) Record(reqs []bucket.Request, allowed func(i int) bool) {
 		x.mu.Unlock()
 	}
 }
+
+// Bound is Bound of p for this exchange's regions, interval and timeout.
+func (x *Exchange) Bound(p bucket.Policy) float64 {
+	return Bound(p, int(x.regions), x.cfg.Interval, x.cfg.Timeout)
+}
+
+// Names are the regions' names: this one's first, then the peers'.
+func (x *Exchange) Names() []string { return append([]string{x.cfg.This}, x.names...) }

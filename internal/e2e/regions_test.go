@@ -1,0 +1,233 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/latencyproxy"
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/testcaddy"
+)
+
+// A world of three regions on loopback: eu (two Caddys) and us (one) on
+// Redis servers of their own, ap (one Caddy) on a 3-master Cluster. Each
+// region reaches the others' Redis through a proxy of its own per link
+// that delays 80 ms each way (internal/latencyproxy). The Cluster's peers
+// reach it through a proxy to one node, which tells them the nodes'
+// addresses: only that connection is delayed (and cut). A region cut off
+// still reaches the Cluster's nodes, which no longer reach it: the test
+// of a cut is, with ap, the test of a link that fails one way.
+
+// regionsWorld is the Caddys of a world, in a fleetScenario (eu, eu, us,
+// ap), and the proxies of the links, by the region of each end.
+type regionsWorld struct {
+	*fleetScenario
+	region  []string // of each Caddy
+	proxies map[[2]string]*latencyproxy.Proxy
+}
+
+const (
+	regionsSync  = 200 * time.Millisecond
+	regionsDelay = 80 * time.Millisecond
+)
+
+func startRegions(t *testing.T) *regionsWorld {
+	t.Helper()
+	cl := redistest.NewClusterOf(t, 3, 0)
+	redis := map[string][]string{"eu": {redistest.NewServer(t).Addr}, "us": {redistest.NewServer(t).Addr}, "ap": cl.Addrs()}
+	w := &regionsWorld{fleetScenario: &fleetScenario{t: t, prefix: fmt.Sprintf("regions%d:", time.Now().UnixNano())},
+		proxies: map[[2]string]*latencyproxy.Proxy{}}
+	for from := range redis {
+		for to, addrs := range redis {
+			if from == to {
+				continue
+			}
+			p, err := latencyproxy.Start(addrs[0], regionsDelay)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			w.proxies[[2]string{from, to}] = p
+		}
+	}
+	for _, name := range []string{"eu", "eu", "us", "ap"} {
+		w.caddys = append(w.caddys, testcaddy.Start(t, w.site(name, redis[name])))
+		w.region = append(w.region, name)
+	}
+	return w
+}
+
+// site is the site of a Caddy of region name on its Redis addrs: /api is
+// global, /local is not; both 100 a second, burst 30.
+func (w *regionsWorld) site(name string, addrs []string) string {
+	var peers strings.Builder
+	for to := range map[string]bool{"eu": true, "us": true, "ap": true} {
+		if to == name {
+			continue
+		}
+		cluster := "" // a seed of the Cluster
+		if to == "ap" {
+			cluster = "\t\t\t\tcluster\n"
+		}
+		fmt.Fprintf(&peers, "\t\t\t%s {\n\t\t\t\taddresses %s\n%s\t\t\t\tkey_prefix %s\n\t\t\t}\n", to, w.proxies[[2]string{name, to}].Addr(), cluster, w.prefix)
+	}
+	zone := func(zone, path, global string) string {
+		return fmt.Sprintf("\t\tzone %s {\n\t\t\tmatch {\n\t\t\t\tpath %s\n\t\t\t}\n\t\t\tkey {http.request.header.X-API-Key}\n\t\t\trate 100r/s\n\t\t\tburst 30\n%s\t\t}\n", zone, path, global)
+	}
+	return fmt.Sprintf("\trate_limit {\n\t\tredis {\n\t\t\taddresses %s\n\t\t\tkey_prefix %s\n\t\t\ttimeout 1s\n\t\t}\n"+
+		"\t\tregions %s {\n%s\t\t\tsync %s\n\t\t}\n\t\ton_store_error deny\n%s%s\t}\n\trespond \"ok\"\n",
+		strings.Join(addrs, " "), w.prefix, name, peers.String(), regionsSync, zone("api", "/api", "\t\t\tglobal\n"), zone("local", "/local", ""))
+}
+
+// cut cuts (or heals) every link into and out of region.
+func (w *regionsWorld) cut(region string, cut bool) {
+	for ends, p := range w.proxies {
+		if ends[0] != region && ends[1] != region {
+			continue
+		}
+		if cut {
+			p.Cut()
+		} else if err := p.Heal(); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+}
+
+// boundLogged is the bound each Caddy logged for the global zone api.
+func (w *regionsWorld) boundLogged() float64 {
+	w.t.Helper()
+	bound := -1.0
+	for _, c := range w.caddys {
+		logs := c.WaitLogs(`"zone is global`)
+		line := logs[strings.LastIndex(logs[:max(strings.Index(logs, `"zone is global`), 0)], "\n")+1:]
+		line, _, _ = strings.Cut(line, "\n")
+		var l struct {
+			Zone    string
+			Regions []string
+			Bound   float64
+		}
+		if err := json.Unmarshal([]byte(line), &l); err != nil || l.Zone != "api" || len(l.Regions) != 3 {
+			w.t.Fatalf("the bound logged: %s (%v)", line, err)
+		}
+		bound = max(bound, l.Bound)
+	}
+	return bound
+}
+
+// paced sends key on path through every Caddy in turn, 100 a second
+// through each, for d, and returns the shots.
+func (w *regionsWorld) paced(path, key string, d time.Duration) []shot {
+	n := len(w.caddys)
+	p := w.pace(float64(100*n), math.MaxInt, d, func(i int) (int, string, string) { return i % n, path, key })
+	time.Sleep(d)
+	return p.Stop()
+}
+
+// check checks shots of the global zone: at most the exact limit over
+// their span plus bound; no request slower than the exchange's timeout
+// (one that waited on a peer), none but 200 or 429.
+func (w *regionsWorld) check(phase string, shots []shot, bound float64) {
+	w.t.Helper()
+	ok, sent := admitted(shots, "/api")
+	exact := 30 + 100*span(shots).Seconds()
+	var slowest time.Duration
+	statuses := map[int]int{}
+	for _, s := range shots {
+		slowest = max(slowest, s.done.Sub(s.sent))
+		statuses[s.status]++
+	}
+	w.t.Logf("%s: %d admitted of %d in %s; exact %.0f, bound %.0f more; statuses %v, slowest %s",
+		phase, ok, sent, span(shots).Round(time.Millisecond), exact, bound, statuses, slowest)
+	if float64(ok) > exact+bound {
+		w.t.Errorf("%s: %d admitted in all regions; want at most the exact %.0f plus %.0f", phase, ok, exact, bound)
+	}
+	if statuses[200]+statuses[429] != sent {
+		w.t.Errorf("%s: statuses %v; want only 200 and 429", phase, statuses)
+	}
+	if slowest >= time.Second {
+		w.t.Errorf("%s: a request took %s: it waited on a peer region", phase, slowest)
+	}
+}
+
+// TestRegionsEndToEnd (issue 35): one client spread over the three
+// regions at the zone's rate through each Caddy (four times the rate in
+// all) is admitted, in all regions together, at most the exact limit
+// plus the bound each Caddy logged, and most of the limit; without
+// global each region grants the whole limit. Then eu is cut off (from
+// ap one way: see regionsWorld): no request waits on a peer, none fails,
+// and each Caddy reports each link to or from eu that fails down once; the period stays within the bound and what a
+// region admits unseen until the cut is seen. Healed: each link is
+// reported back once, and the next period stays within the bound alone.
+func TestRegionsEndToEnd(t *testing.T) {
+	t.Parallel()
+	w := startRegions(t)
+	bound := w.boundLogged()
+	time.Sleep(3 * regionsSync) // every region's mark reaches the others
+	w.check("links up", w.paced("/api", "spread", 4*time.Second), bound)
+	if ok, _ := admitted(w.paced("/api", "spread-2", 2*time.Second), "/api"); ok < 150 {
+		t.Errorf("a second client got %d admitted in 2 s; want most of its 230", ok)
+	}
+	w.perRegion(w.paced("/local", "local", 2*time.Second))
+
+	link := 2 * (regionsSync + time.Second) // regions.LinkTimeout
+	w.cut("eu", true)
+	w.check("eu cut off", w.paced("/api", "cut", link+2*time.Second), bound+10+100*link.Seconds())
+	w.cut("eu", false)
+	time.Sleep(link)
+	w.check("healed", w.paced("/api", "cut", 3*time.Second), bound)
+	w.checkLinkLogs()
+}
+
+// perRegion checks shots of the zone that is not global: each region
+// grants the whole limit (eu's two Caddys share eu's).
+func (w *regionsWorld) perRegion(shots []shot) {
+	w.t.Helper()
+	by := map[string]int{}
+	for _, s := range shots {
+		if s.status == 200 {
+			by[w.region[s.via]]++
+		}
+	}
+	want := 0.8 * (30 + 100*span(shots).Seconds())
+	w.t.Logf("not global: admitted by region %v in %s", by, span(shots).Round(time.Millisecond))
+	for _, r := range []string{"eu", "us", "ap"} {
+		if float64(by[r]) < want {
+			w.t.Errorf("not global: %s admitted %d; want its whole limit, %.0f at least", r, by[r], want)
+		}
+	}
+}
+
+// checkLinkLogs checks that each Caddy reported each link to or from eu
+// down once and back once, and no other link.
+func (w *regionsWorld) checkLinkLogs() {
+	w.t.Helper()
+	for i, c := range w.caddys {
+		down, back := map[string]int{}, map[string]int{}
+		for line := range strings.SplitSeq(c.Logs(), "\n") {
+			var l struct{ Msg, Region string }
+			if json.Unmarshal([]byte(line), &l) != nil {
+				continue
+			}
+			if strings.HasPrefix(l.Msg, "the link to a region is") {
+				w.t.Logf("Caddy %d (%s): %s", i, w.region[i], line)
+			}
+			switch {
+			case strings.HasPrefix(l.Msg, "the link to a region is down"):
+				down[l.Region]++
+			case strings.HasPrefix(l.Msg, "the link to a region is back"):
+				back[l.Region]++
+			}
+		}
+		want := map[string]int{"eu": 1}
+		if w.region[i] == "eu" { // eu reaches ap's nodes but its seed directly
+			want = map[string]int{"us": 1}
+		}
+		if fmt.Sprint(down) != fmt.Sprint(want) || fmt.Sprint(back) != fmt.Sprint(want) {
+			w.t.Errorf("Caddy %d (%s) reported links down %v, back %v; want %v each", i, w.region[i], down, back, want)
+		}
+	}
+}
