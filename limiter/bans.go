@@ -90,6 +90,9 @@ func (l *Limiter) countRefusals(ctx context.Context, now time.Time, reqs []Reque
 		if started {
 			states[i] = BanStarted
 			ev.BanStarted(r.Zone, left)
+			if r.Global && l.regions != nil {
+				l.regions.Banned(r, left)
+			}
 		}
 		if left > d.RetryAfter {
 			if now.IsZero() {

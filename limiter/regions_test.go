@@ -170,3 +170,52 @@ func TestRegionsCutOff(t *testing.T) {
 		}
 	}
 }
+
+// TestRegionsBanGlobal: a client banned by a global zone in one region is
+// banned in the others within a few intervals (an exchange); a zone that
+// is not global keeps its bans to its region.
+func TestRegionsBanGlobal(t *testing.T) {
+	const interval = 200 * time.Millisecond
+	w := newWorld(t, 80*time.Millisecond, interval)
+	p := Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Hour, Burst: 3, Ban: Ban{After: 2, Within: time.Minute, For: time.Hour}}
+	for _, global := range []bool{true, false} {
+		req := Request{Zone: "login", Key: fmt.Sprint("banned-", global), Policy: p, Cost: 1, Global: global}
+		eu := w.regions[0].l
+		for range 5 {
+			var v Verdict
+			eu.Decide(context.Background(), time.Time{}, []Request{req}, Caller{Events: quietEvents{}}, &v)
+			v.Release()
+		}
+		if left, err := eu.BanLeft(context.Background(), req); err != nil || left < 59*time.Minute {
+			t.Fatalf("global %v: the client refused 4 times in eu is banned there for %s (%v); want an hour", global, left, err)
+		}
+		if !global {
+			time.Sleep(2 * time.Second) // exchanges that would have told the ban
+		}
+		for _, r := range w.regions[1:] {
+			// An exchange, a few round trips of 160 ms: the ban within 5 s.
+			left, err := banWithin(r.l, req, 5*time.Second, global)
+			switch {
+			case err != nil:
+				t.Fatalf("%s: %v", r.name, err)
+			case global && left < 58*time.Minute:
+				t.Errorf("global: the client banned in eu is banned in %s for %s; want the hour", r.name, left)
+			case !global && left != 0:
+				t.Errorf("not global: the client banned in eu is banned in %s too (%s)", r.name, left)
+			}
+		}
+	}
+}
+
+// banWithin is how long req's client is banned in l once it is, within
+// d when wait, else now.
+func banWithin(l *Limiter, req Request, d time.Duration, wait bool) (time.Duration, error) {
+	deadline := time.Now().Add(d)
+	for {
+		left, err := l.BanLeft(context.Background(), req)
+		if err != nil || left > 0 || !wait || time.Now().After(deadline) {
+			return left, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -27,6 +27,7 @@ type banMode string
 const (
 	banCheck banMode = "check" // read the ban
 	banDeny  banMode = "deny"  // count a denial, and ban after enough
+	banSet   banMode = "set"   // ban for a time, unless longer already
 )
 
 func banArgs(mode banMode, b bucket.Ban) []any {
@@ -82,4 +83,15 @@ func (s *Store) Refused(ctx context.Context, r bucket.Request) (time.Duration, b
 		return 0, false, err
 	}
 	return time.Duration(ints[0]) * time.Millisecond, ints[1] == 1, nil
+}
+
+// Ban bans r's client for left, unless its ban in place lasts longer: a
+// ban that another region's zone started (package regions).
+func (s *Store) Ban(ctx context.Context, r bucket.Request, left time.Duration) error {
+	if left < time.Millisecond {
+		return nil
+	}
+	b := r.Policy.Ban
+	b.For = left
+	return banScript.Run(ctx, s.client, s.banKeys(r), banArgs(banSet, b)...).Err()
 }

@@ -24,6 +24,11 @@
 // or down holds only its own sender: requests never wait on a peer, and
 // the counts for it wait in its backlog (at most maxBacklog buckets).
 //
+// A ban started by a global zone (Banned) is told to every peer at the
+// next exchange (Peer.Ban: the ban set there for what is left of it,
+// unless a longer one is in place); one that fails is told again, until
+// the link is down.
+//
 // # The bound
 //
 // While every exchange succeeds, an admission reaches every other region
@@ -42,7 +47,7 @@
 // # Failure
 //
 // A link to a peer is down once no exchange with it succeeded for
-// linkTimeout (three intervals); the Exchange reports it once
+// LinkTimeout (two intervals and two timeouts); the Exchange reports it once
 // (Events.LinkChanged) and once more when an exchange succeeds again.
 // While a link is down:
 //
@@ -67,7 +72,9 @@
 //   - Regions together stay within Bound (TestRegionsBound; end to end,
 //     TestRegionsEndToEnd in internal/e2e).
 //   - A cut-off region decides with its share, and healing admits no burst
-//     (TestRegionsCutOff).
+//     (TestRegionsCutOff; end to end, TestRegionsEndToEnd).
+//   - A ban of a global zone reaches every region; another zone's does
+//     not (TestRegionsBanGlobal).
 //
 // # Imports
 //

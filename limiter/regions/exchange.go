@@ -22,6 +22,8 @@ type Peer interface {
 	Groups(ctx context.Context, reqs []bucket.Request) [][]int
 	// MarkRegion marks region as having exchanged with this Redis, for ttl.
 	MarkRegion(ctx context.Context, region string, ttl time.Duration) error
+	// Ban bans r's client for left, unless it is banned longer.
+	Ban(ctx context.Context, r bucket.Request, left time.Duration) error
 }
 
 // Home is this region's own Redis, where the others mark themselves.
@@ -190,3 +192,15 @@ func (x *Exchange) Bound(p bucket.Policy) float64 {
 
 // Names are the regions' names: this one's first, then the peers'.
 func (x *Exchange) Names() []string { return append([]string{x.cfg.This}, x.names...) }
+
+// Banned tells the peers, at the next interval, that r's client was
+// banned by its global zone for left from now.
+func (x *Exchange) Banned(r bucket.Request, left time.Duration) {
+	if !r.Global || left <= 0 {
+		return
+	}
+	until := x.now().Add(left)
+	for _, s := range x.peers {
+		s.ban(r, until)
+	}
+}

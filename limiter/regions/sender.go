@@ -1,6 +1,7 @@
 package regions
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"math"
@@ -19,6 +20,7 @@ type sender struct {
 	peer    Peer
 	mu      sync.Mutex
 	backlog map[bucket.ID]*count // to charge the peer
+	bans    map[bucket.ID]ban    // to tell the peer
 	dropped int                  // buckets dropped since the last report
 	wake    chan struct{}
 	lastOK  time.Time // the last exchange that succeeded (or the start)
@@ -27,7 +29,52 @@ type sender struct {
 }
 
 func newSender(x *Exchange, name string, p Peer) *sender {
-	return &sender{x: x, name: name, peer: p, backlog: map[bucket.ID]*count{}, wake: make(chan struct{}, 1), up: true}
+	return &sender{x: x, name: name, peer: p, backlog: map[bucket.ID]*count{}, bans: map[bucket.ID]ban{},
+		wake: make(chan struct{}, 1), up: true}
+}
+
+// ban is a ban to tell a peer: its client's bucket, and when it ends.
+type ban struct {
+	req   bucket.Request
+	until time.Time
+}
+
+// ban queues a ban of r's client until until (the longest of those
+// queued), at most maxBacklog.
+func (s *sender) ban(r bucket.Request, until time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := bucket.IDOf(r)
+	if b, ok := s.bans[id]; ok && !b.until.Before(until) || !ok && len(s.bans) >= maxBacklog {
+		return
+	}
+	s.bans[id] = ban{req: r, until: until}
+}
+
+// tellBans tells the peer the bans queued, at once; those that failed
+// are queued again (a ban is told again at no risk). It returns the
+// first error.
+func (s *sender) tellBans(ctx context.Context) error {
+	s.mu.Lock()
+	bans := s.bans
+	s.bans = map[bucket.ID]ban{}
+	s.mu.Unlock()
+	now := s.x.now()
+	errs := make(chan error, len(bans))
+	for _, b := range bans {
+		go func() {
+			err := s.peer.Ban(ctx, b.req, b.until.Sub(now))
+			if err != nil {
+				s.ban(b.req, b.until)
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for range bans {
+		first = cmp.Or(first, <-errs)
+	}
+	return first
 }
 
 // add merges counts into the backlog, at most maxBacklog buckets.
@@ -75,7 +122,10 @@ func (s *sender) exchange() {
 	defer cancel()
 	start := time.Now()
 	reqs, ids := s.take()
+	bans := make(chan error, 1)
+	go func() { bans <- s.tellBans(ctx) }()
 	failed := s.charge(ctx, reqs, ids)
+	failed = errors.Join(failed, <-bans)
 	if failed == nil {
 		failed = s.peer.MarkRegion(ctx, x.cfg.This, LinkTimeout(x.cfg.Interval, x.cfg.Timeout))
 	}
@@ -150,6 +200,7 @@ func (s *sender) settle(now time.Time, err error) {
 		s.down = true
 		dropped = len(s.backlog)
 		clear(s.backlog) // counted at this region's share by the peer
+		clear(s.bans)
 	}
 	dropped += s.dropped
 	s.dropped = 0
