@@ -245,6 +245,7 @@ func putOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b ove
 	}
 	out := overrideView(entry)
 	out.Store = t.store.label()
+	out.Regions = t.copyToRegions(&o) // regionsoverrides.go
 	return writeJSON(w, out)
 }
 
@@ -292,6 +293,9 @@ func deleteOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b 
 	out := map[string]any{"zone": t.zone, "deleted": true, "store": t.store.label()}
 	if t.key {
 		out["key_digest"] = hex.EncodeToString(t.digest[:])
+	}
+	if regions := t.copyToRegions(nil); regions != nil {
+		out["regions"] = regions
 	}
 	return writeJSON(w, out)
 }
@@ -425,6 +429,9 @@ type overrideOutput struct {
 	ExpiresAt     string `json:"expires_at,omitempty"`
 	SetAt         string `json:"set_at,omitempty"`
 	By            string `json:"by,omitempty"`
+	// Regions tells, for an override of a global zone, whether each peer
+	// region's Redis has it ("written") or will ("queued, ...").
+	Regions map[string]string `json:"regions,omitempty"`
 }
 
 func overrideView(e overrides.Entry) overrideOutput {

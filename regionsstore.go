@@ -5,6 +5,7 @@ package ratelimit
 // closed with it, its links in the metrics and logs.
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -19,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/regions"
 )
@@ -43,9 +45,13 @@ func (c *RegionsConfig) regionsKey() (string, error) {
 type peerStores struct {
 	mu     sync.Mutex
 	stores []*redisstore.Store
+	copies *overrideCopies // the changes of the global zones' overrides to copy to them
 }
 
 func (p *peerStores) close() {
+	if p.copies != nil {
+		p.copies.close()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, s := range p.stores {
@@ -58,9 +64,10 @@ func (p *peerStores) close() {
 // Redis; prefix is this region's key prefix, which the peers' must be.
 func (s *sharedStore) startRegions(c *RegionsConfig) error {
 	peers := map[string]regions.Peer{}
+	writers := map[string]*overrides.Writer{}
 	timeout := time.Duration(0)
 	for _, name := range slices.Sorted(maps.Keys(c.Peers)) {
-		st, t, err := peerStore(c.Peers[name])
+		st, w, t, err := peerStore(c.Peers[name])
 		if err != nil {
 			s.peers.close()
 			return fmt.Errorf("regions: region %q: %w", name, err)
@@ -68,37 +75,41 @@ func (s *sharedStore) startRegions(c *RegionsConfig) error {
 		s.peers.mu.Lock()
 		s.peers.stores = append(s.peers.stores, st)
 		s.peers.mu.Unlock()
-		peers[name], timeout = st, max(timeout, t)
+		peers[name], writers[name], timeout = st, w, max(timeout, t)
 	}
 	x := regions.New(regions.Config{This: c.This, Home: s.Redis(), Peers: peers, Interval: c.interval(), Timeout: timeout})
 	x.OnEvents(regionEvents{s})
 	s.Limiter.SetRegions(x)
+	s.peers.copies = newOverrideCopies(writers, c.interval(), timeout)
 	return nil
 }
 
-// peerStore is the store of a peer region's Redis, and its timeout.
-func peerStore(c *RedisConfig) (*redisstore.Store, time.Duration, error) {
+// peerStore is the store of a peer region's Redis, the writer of its
+// overrides, and its timeout.
+func peerStore(c *RedisConfig) (*redisstore.Store, *overrides.Writer, time.Duration, error) {
 	cfg := *c
 	if cfg.Timeout == 0 {
 		cfg.Timeout = caddy.Duration(defaultPeerTimeout)
 	}
 	cfg, err := cfg.resolve()
 	if err != nil {
-		return nil, 0, fmt.Errorf("redis: %w", err)
+		return nil, nil, 0, fmt.Errorf("redis: %w", err)
 	}
 	files, err := cfg.TLS.read()
 	if err != nil {
-		return nil, 0, fmt.Errorf("redis: tls: %w", err)
+		return nil, nil, 0, fmt.Errorf("redis: tls: %w", err)
 	}
 	opts, err := cfg.options(files)
 	if err != nil {
-		return nil, 0, fmt.Errorf("redis: %w", err)
+		return nil, nil, 0, fmt.Errorf("redis: %w", err)
 	}
-	st, err := redisstore.New(redis.NewUniversalClient(opts), cfg.KeyPrefix)
+	client := redis.NewUniversalClient(opts)
+	st, err := redisstore.New(client, cfg.KeyPrefix)
 	if err != nil {
-		return nil, 0, fmt.Errorf("redis: %w", err)
+		return nil, nil, 0, fmt.Errorf("redis: %w", err)
 	}
-	return st, time.Duration(cfg.Timeout), nil
+	w := overrides.NewRedisWriter(client, cmp.Or(cfg.KeyPrefix, redisstore.DefaultKeyPrefix), cfg.DB)
+	return st, w, time.Duration(cfg.Timeout), nil
 }
 
 // regionEvents logs the links to the peer regions and counts their

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -230,4 +231,76 @@ func (w *regionsWorld) checkLinkLogs() {
 			w.t.Errorf("Caddy %d (%s) reported links down %v, back %v; want %v each", i, w.region[i], down, back, want)
 		}
 	}
+}
+
+// TestRegionsOverrides: an override of a global zone set through one
+// region's admin API is written to the others' Redis (the answer says
+// so), and is in force in every region within a few seconds; one of a
+// zone that is not global stays in its region; one made while a region
+// is cut off reaches it when the link heals.
+func TestRegionsOverrides(t *testing.T) {
+	t.Parallel()
+	w := startRegions(t)
+	eu := w.caddys[0]
+	_, _, out := adminBody(t, eu, http.MethodPut, "/rate_limit/overrides/api", `{"rate": "7r/m", "burst": 7}`)
+	var put struct{ Regions map[string]string }
+	if err := json.Unmarshal([]byte(out), &put); err != nil || put.Regions["us"] != "written" || put.Regions["ap"] != "written" {
+		t.Fatalf("PUT an override of the global zone: %s; want it written in us and ap", out)
+	}
+	putOverride(t, eu, http.MethodPut, "local", `{"rate": "9r/m"}`)
+	for i, c := range w.caddys {
+		start := time.Now()
+		for !strings.Contains(listed(t, c), `"zone":"api"`) {
+			if time.Since(start) > 5*time.Second {
+				t.Fatalf("Caddy %d (%s): the global zone's override is not in force within 5 s: %s", i, w.region[i], listed(t, c))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if got := apiLimit(t, c); got != "3" { // burst 7: ⌈7/3⌉ in each region
+			t.Errorf("Caddy %d (%s): limit %q under the override; want 3, the region's share of 7", i, w.region[i], got)
+		}
+		if has := strings.Contains(listed(t, c), `"zone":"local"`); has != (w.region[i] == "eu") {
+			t.Errorf("Caddy %d (%s): lists the override of the zone that is not global: %v", i, w.region[i], has)
+		}
+	}
+	w.checkQueuedOverride()
+}
+
+// checkQueuedOverride: with us cut off, a change of the global zone's
+// override through eu is queued for us (the answer says so, within the
+// peer's timeout), and in force in us once the link heals.
+func (w *regionsWorld) checkQueuedOverride() {
+	w.t.Helper()
+	w.cut("us", true)
+	start := time.Now()
+	_, _, out := adminBody(w.t, w.caddys[0], http.MethodPut, "/rate_limit/overrides/api", `{"rate": "8r/m", "burst": 8}`)
+	var put struct{ Regions map[string]string }
+	if err := json.Unmarshal([]byte(out), &put); err != nil || !strings.HasPrefix(put.Regions["us"], "queued") || put.Regions["ap"] != "written" {
+		w.t.Fatalf("PUT with us cut off: %s; want it queued for us, written in ap", out)
+	}
+	w.t.Logf("PUT with us cut off answered in %s: %v", time.Since(start).Round(time.Millisecond), put.Regions)
+	w.cut("us", false)
+	us := w.caddys[2]
+	for start := time.Now(); !strings.Contains(listed(w.t, us), `"rate":"8r/m"`); time.Sleep(20 * time.Millisecond) {
+		if time.Since(start) > 10*time.Second {
+			w.t.Fatalf("us healed: the queued override is not in force within 10 s: %s", listed(w.t, us))
+		}
+	}
+}
+
+// listed is c's listing of the overrides in force.
+func listed(t *testing.T, c *testcaddy.Caddy) string {
+	t.Helper()
+	_, _, body := admin(t, c, http.MethodGet, "/rate_limit/overrides")
+	return body
+}
+
+// apiLimit is the X-RateLimit-Limit c shows on /api.
+func apiLimit(t *testing.T, c *testcaddy.Caddy) string {
+	t.Helper()
+	resp, _, err := c.Get("/api", "X-API-Key", "override")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Header.Get("X-Ratelimit-Limit")
 }

@@ -20,7 +20,7 @@
 // instance admitted in global zones, by bucket; every interval the counts
 // are handed to each peer region's sender, which charges them to the
 // peer's Redis (Peer.ChargeAll, batched by node), then marks this region
-// there (Peer.MarkRegion, expiring after linkTimeout). A peer that is slow
+// there (Peer.MarkRegion, expiring after LinkTimeout). A peer that is slow
 // or down holds only its own sender: requests never wait on a peer, and
 // the counts for it wait in its backlog (at most maxBacklog buckets).
 //
@@ -62,8 +62,8 @@
 // A rate that comes back when a link heals does not fill a bucket: a token
 // bucket's period shortening can only lower what it holds, so healing
 // admits no burst. Each link failure may add once, before it is seen, what
-// a region admits in linkTimeout unseen: at most ⌈burst/R⌉ + rate ×
-// linkTimeout per region cut off.
+// a region admits in LinkTimeout unseen: at most ⌈burst/R⌉ + rate ×
+// LinkTimeout per region cut off.
 //
 // # Invariants
 //

@@ -1,0 +1,184 @@
+package ratelimit
+
+// The run-time overrides of global zones are global: a change made
+// through the admin API is written to every peer region's Redis as well
+// (overrides.Writer), at once; a region that cannot be reached gets it
+// as soon as it can, tried again every sync (the latest change of each
+// override wins; an override that expired meanwhile is dropped).
+
+import (
+	"cmp"
+	"context"
+	"encoding/hex"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
+)
+
+// overrideCopies copies changes of overrides to the peer regions.
+type overrideCopies struct {
+	interval, timeout time.Duration
+	peers             map[string]*peerCopies
+	stop              chan struct{}
+	done              sync.WaitGroup
+	once              sync.Once
+}
+
+// peerCopies are the changes to write to one peer region.
+type peerCopies struct {
+	w       *overrides.Writer
+	writing sync.Mutex // one writer at a time, in the order of the changes
+	mu      sync.Mutex
+	queue   map[string]overrideChange // by zone and digest: the latest change
+	seq     uint64
+}
+
+// overrideChange is a change of an override: o nil deletes it.
+type overrideChange struct {
+	zone   string
+	digest *[16]byte
+	o      *overrides.Override
+	seq    uint64
+}
+
+func newOverrideCopies(writers map[string]*overrides.Writer, interval, timeout time.Duration) *overrideCopies {
+	c := &overrideCopies{interval: interval, timeout: timeout, peers: map[string]*peerCopies{}, stop: make(chan struct{})}
+	for name, w := range writers {
+		c.peers[name] = &peerCopies{w: w, queue: map[string]overrideChange{}}
+	}
+	c.done.Add(1)
+	go c.retry()
+	return c
+}
+
+// close stops the copies; what was not written is dropped.
+func (c *overrideCopies) close() {
+	c.once.Do(func() { close(c.stop); c.done.Wait() })
+}
+
+// change writes a change to every peer region, each within the timeout,
+// and tells for each whether it was written or is queued (and why).
+func (c *overrideCopies) change(zone string, digest *[16]byte, o *overrides.Override) map[string]string {
+	names := slices.Sorted(maps.Keys(c.peers))
+	results := make([]string, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		p := c.peers[name]
+		seq := p.add(zone, digest, o)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+			defer cancel()
+			results[i] = "written"
+			if err := p.flush(ctx, seq); err != nil {
+				results[i] = "queued, written as soon as the region answers: " + err.Error()
+			}
+		}()
+	}
+	wg.Wait()
+	out := map[string]string{}
+	for i, name := range names {
+		out[name] = results[i]
+	}
+	return out
+}
+
+// retry writes what is queued every interval.
+func (c *overrideCopies) retry() {
+	defer c.done.Done()
+	t := time.NewTicker(c.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		for _, p := range c.peers {
+			ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+			_ = p.flush(ctx, 0)
+			cancel()
+		}
+	}
+}
+
+// add queues a change, replacing an older one of the same override, and
+// returns its sequence number.
+func (p *peerCopies) add(zone string, digest *[16]byte, o *overrides.Override) uint64 {
+	if digest != nil {
+		d := *digest
+		digest = &d
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seq++
+	ch := overrideChange{zone: zone, digest: digest, o: o, seq: p.seq}
+	p.queue[changeName(ch)] = ch
+	return p.seq
+}
+
+// flush writes the changes queued, oldest first, until one fails; it
+// returns that failure when the change of sequence number seq (0: any)
+// is still queued.
+func (p *peerCopies) flush(ctx context.Context, seq uint64) error {
+	p.writing.Lock()
+	defer p.writing.Unlock()
+	p.mu.Lock()
+	changes := slices.SortedFunc(maps.Values(p.queue), func(a, b overrideChange) int { return cmp.Compare(a.seq, b.seq) })
+	p.mu.Unlock()
+	now := time.Now()
+	var err error
+	for _, ch := range changes {
+		switch {
+		case ch.o != nil && !ch.o.Active(now): // expired: nothing to copy
+		case ch.o != nil:
+			err = p.w.Put(ctx, ch.zone, ch.digest, *ch.o)
+		default:
+			err = p.w.Delete(ctx, ch.zone, ch.digest)
+		}
+		if err != nil {
+			return p.failed(err, seq)
+		}
+		p.mu.Lock()
+		if cur, ok := p.queue[changeName(ch)]; ok && cur.seq == ch.seq {
+			delete(p.queue, changeName(ch))
+		}
+		p.mu.Unlock()
+	}
+	return nil
+}
+
+// failed is err when the change of sequence number seq is still queued.
+func (p *peerCopies) failed(err error, seq uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, ch := range p.queue {
+		if seq == 0 || ch.seq == seq {
+			return err
+		}
+	}
+	return nil
+}
+
+// changeName is the queue's name of ch.
+func changeName(ch overrideChange) string {
+	if ch.digest == nil {
+		return ch.zone
+	}
+	return ch.zone + " " + hex.EncodeToString(ch.digest[:])
+}
+
+// copyToRegions copies a change of t's override (o nil: deleted) to the
+// peer regions when t's zone is global, and tells how each took it; nil
+// when it is not copied.
+func (t overrideTarget) copyToRegions(o *overrides.Override) map[string]string {
+	copies := t.store.peers.copies
+	if copies == nil || !slices.ContainsFunc(t.refs, func(r zoneRef) bool { return r.z.Global }) {
+		return nil
+	}
+	return copies.change(t.zone, t.digestPtr(), o)
+}
