@@ -30,8 +30,19 @@
 # run (vegeta) at a half, a quarter and an eighth of plain's peak gives the p99 of
 # plain and of the cluster route.
 #
+# cluster_10k_global is cluster_10k's zone made global, with the
+# standalone Redis as the one peer region (no latency between them): the
+# request path of a global zone against the zone's, and what the exchange
+# costs: the peer's commands and CPU per request, and the exchanges of the
+# run by result (it says so loudly when one failed or none ran).
+#
 # ONLY="<route> ..." measures plain and those routes alone (all of them are
 # still served).
+#
+# OTHER_CADDY=<binary> also serves the measured routes from that Caddy
+# (built from another commit, say), as <route>@other, run right after
+# each route in every rep: a before/after in one run. Set ONLY to routes
+# both binaries understand.
 #
 # PROFILE=<route> also takes a CPU profile of Caddy (from its admin
 # endpoint's /debug/pprof/) during that route's first run, and writes it to
@@ -107,7 +118,7 @@ CLUSTER=${RL_REDIS_CLUSTER//,/ }
 free_port
 ADMIN=$FREE
 declare -A PORT
-ROUTES=(plain memory memory_noheaders memory_refused standalone cluster_1key cluster_10k cluster_10k_sync cluster_10k_sync_near cluster_refused)
+ROUTES=(plain memory memory_noheaders memory_refused standalone cluster_1key cluster_10k cluster_10k_global cluster_10k_sync cluster_10k_sync_near cluster_refused)
 [ -z "$CRL_CADDY" ] || ROUTES+=(crl crl_refused)
 
 for r in "${ROUTES[@]}"; do
@@ -119,17 +130,32 @@ if [ -n "${ONLY:-}" ]; then # ONLY="route ..." measures plain and those routes a
 	read -ra only <<<"$ONLY"
 	MEASURED=(plain "${only[@]}")
 fi
+OTHER_CADDY=${OTHER_CADDY:-}
+if [ -n "$OTHER_CADDY" ]; then # each measured route, then the same from the other Caddy
+	both=()
+	for r in "${MEASURED[@]}"; do
+		free_port
+		PORT[$r@other]=$FREE
+		both+=("$r" "$r@other")
+	done
+	OTHER_ROUTES=("${MEASURED[@]}")
+	MEASURED=("${both[@]}")
+fi
 # A zone of each route's own name: zones of one name share their buckets.
 open() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  100000000r/s\n\t\t}' "$1"; }
 synced() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  %s\n\t\t\tsync  100ms\n\t\t}' "$1" "$2"; }
 closed() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  1r/h\n\t\t\tburst 1\n\t\t}' "$1"; }
+global() { printf 'zone %s {\n\t\t\tkey   {http.request.header.X-API-Key}\n\t\t\trate  100000000r/s\n\t\t\tglobal\n\t\t}' "$1"; }
+regions() { printf 'regions eu {\n\t\t\tus {\n\t\t\t\taddresses %s\n\t\t\t}\n\t\t\tsync 1s\n\t\t}\n\t\t%s' "$RL_REDIS_STANDALONE" "$1"; }
+SUFFIX="" # the routes' port suffix: "" for this Caddy, "@other" for OTHER_CADDY
 site() { # name, rate_limit body
-	printf 'http://127.0.0.1:%s {\n\trate_limit {\n\t\t%s\n\t}\n\trespond "ok"\n}\n' "${PORT[$1]}" "$2"
+	[ -n "${PORT[$1$SUFFIX]:-}" ] || return 0
+	printf 'http://127.0.0.1:%s {\n\trate_limit {\n\t\t%s\n\t}\n\trespond "ok"\n}\n' "${PORT[$1$SUFFIX]}" "$2"
 }
 redis() { printf 'redis {\n\t\t\taddresses %s\n\t\t\ttimeout 1s\n\t\t}\n\t\ton_store_error deny\n\t\t%s' "$1" "$2"; }
-{
-	printf '{\n\tadmin 127.0.0.1:%s\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n' "$ADMIN"
-	printf 'http://127.0.0.1:%s {\n\trespond "ok"\n}\n' "${PORT[plain]}"
+caddyfile() { # admin port: every route whose port of $SUFFIX is set
+	printf '{\n\tadmin 127.0.0.1:%s\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n' "$1"
+	printf 'http://127.0.0.1:%s {\n\trespond "ok"\n}\n' "${PORT[plain$SUFFIX]}"
 	site memory "$(open memory)"
 	site memory_noheaders "headers none
 		$(open memory_noheaders)"
@@ -137,17 +163,33 @@ redis() { printf 'redis {\n\t\t\taddresses %s\n\t\t\ttimeout 1s\n\t\t}\n\t\ton_s
 	site standalone "$(redis "$RL_REDIS_STANDALONE" "$(open standalone)")"
 	site cluster_1key "$(redis "$CLUSTER" "$(open cluster_1key)")"
 	site cluster_10k "$(redis "$CLUSTER" "$(open cluster_10k)")"
+	site cluster_10k_global "$(redis "$CLUSTER" "$(regions "$(global cluster_10k_global)")")"
 	site cluster_10k_sync "$(redis "$CLUSTER" "$(synced cluster_10k_sync 100000000r/s)")"
 	# Each key is sent about 1.5 requests a second: of 4 a second, an
 	# instance spends half its share in about a second, and is charged.
 	site cluster_10k_sync_near "$(redis "$CLUSTER" "$(synced cluster_10k_sync_near 4r/s)")"
 	site cluster_refused "$(redis "$CLUSTER" "$(closed cluster_refused)")"
-} >"$TMP/Caddyfile"
-HOME=$TMP XDG_DATA_HOME=$TMP XDG_CONFIG_HOME=$TMP ./caddy run --config "$TMP/Caddyfile" --adapter caddyfile >"$TMP/caddy.log" 2>&1 &
-CADDY_PID=$!
-PIDS+=($CADDY_PID)
-for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/${PORT[cluster_refused]}") 2>/dev/null && break; sleep 0.1; done
-kill -0 "$CADDY_PID" 2>/dev/null || { echo "caddy did not start:"; cat "$TMP/caddy.log"; exit 1; }
+}
+caddyfile "$ADMIN" >"$TMP/Caddyfile"
+start_caddy() { # binary Caddyfile log port -> CADDY_STARTED: its PID, once port answers
+	HOME=$TMP XDG_DATA_HOME=$TMP XDG_CONFIG_HOME=$TMP "$1" run --config "$2" --adapter caddyfile >"$3" 2>&1 &
+	CADDY_STARTED=$!
+	PIDS+=($CADDY_STARTED)
+	for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/$4") 2>/dev/null && break; sleep 0.1; done
+	kill -0 "$CADDY_STARTED" 2>/dev/null || { echo "$1 did not start:"; cat "$3"; exit 1; }
+}
+start_caddy ./caddy "$TMP/Caddyfile" "$TMP/caddy.log" "${PORT[cluster_refused]}"
+CADDY_PID=$CADDY_STARTED
+OTHER_PID="" OTHER_ADMIN=""
+if [ -n "$OTHER_CADDY" ]; then
+	free_port
+	OTHER_ADMIN=$FREE
+	SUFFIX=@other
+	caddyfile "$OTHER_ADMIN" >"$TMP/Caddyfile.other"
+	SUFFIX=""
+	start_caddy "$OTHER_CADDY" "$TMP/Caddyfile.other" "$TMP/caddy-other.log" "${PORT[${OTHER_ROUTES[-1]}@other]}"
+	OTHER_PID=$CADDY_STARTED
+fi
 
 # caddy-ratelimit's Caddy: the same routes in its syntax (a sliding log of
 # 10,000 events per second per key: never reached by 64 keys; 1 per hour:
@@ -175,9 +217,9 @@ request = function()
 end
 LUA
 keys_of() { # route -> number of API keys it is sent
-	case $1 in
+	case ${1%@other} in
 	memory_refused | cluster_refused | cluster_1key | crl_refused) echo 1 ;;
-	cluster_10k | cluster_10k_sync*) echo 10000 ;;
+	cluster_10k*) echo 10000 ;;
 	*) echo 64 ;;
 	esac
 }
@@ -187,6 +229,7 @@ keys_of() { # route -> number of API keys it is sent
 caddy_cpu() {
 	local pid=$CADDY_PID
 	[[ $1 != crl* ]] || pid=$CRL_PID
+	[[ $1 != *@other ]] || pid=$OTHER_PID
 	awk -v t="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / t }' "/proc/$pid/stat"
 }
 # redis_sum <addresses> <INFO section> <field regex> <printf format> sums a
@@ -208,29 +251,42 @@ redis_cpu() { redis_sum "$1" cpu 'used_cpu_sys|used_cpu_user' '%.3f'; }
 # writes they apply).
 redis_cmds() { redis_sum "$1" stats total_commands_processed '%d'; }
 redis_of() { # route -> the Redis servers it uses (masters and replicas alike)
-	case $1 in
+	case ${1%@other} in
 	standalone) echo "$RL_REDIS_STANDALONE" ;;
 	cluster*) echo "$CLUSTER" ;;
+	esac
+}
+peer_of() { # route -> the Redis of its peer region
+	case ${1%@other} in
+	*global*) echo "$RL_REDIS_STANDALONE" ;;
 	esac
 }
 
 # syncs prints the sync rounds so far by result and the buckets they
 # charged: "<ok> <error> <keys>" (Caddy's /metrics).
-syncs() {
-	curl -s "http://127.0.0.1:$ADMIN/metrics" | awk '
+syncs() { # [route]
+	local admin=$ADMIN
+	[[ ${1:-} != *@other ]] || admin=$OTHER_ADMIN
+	curl -s "http://127.0.0.1:$admin/metrics" | awk '
 		/^caddy_rate_limit_syncs_total\{result="ok"\}/ { ok = $2 }
 		/^caddy_rate_limit_syncs_total\{result="error"\}/ { err = $2 }
 		/^caddy_rate_limit_synced_keys_total / { keys = $2 }
-		END { printf "%d %d %d\n", ok, err, keys }'
+		/^caddy_rate_limit_region_exchanges_total\{region="us",result="ok"\}/ { xok = $2 }
+		/^caddy_rate_limit_region_exchanges_total\{region="us",result="error"\}/ { xerr = $2 }
+		/^caddy_rate_limit_region_exchanged_keys_total\{region="us"\}/ { xkeys = $2 }
+		END { printf "%d %d %d %d %d %d\n", ok, err, keys, xok, xerr, xkeys }'
 }
 
 run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 	local out="$TMP/$2.$1.txt" c0 r0 k0 s0 prof=""
 	if [ "$1" = 1 ] && [ "$2" = "${PROFILE:-}" ]; then
-		curl -s -o "bench/$2.pprof" "http://127.0.0.1:$ADMIN/debug/pprof/profile?seconds=$((DURATION > 1 ? DURATION - 1 : 1))" &
+		curl -s -o "bench/${2/@/-}.pprof" "http://127.0.0.1:$ADMIN/debug/pprof/profile?seconds=$((DURATION > 1 ? DURATION - 1 : 1))" &
 		prof=$!
 	fi
-	c0=$(caddy_cpu "$2") r0=$(redis_cpu "$(redis_of "$2")") k0=$(redis_cmds "$(redis_of "$2")") s0=$(syncs)
+	local peer p0 pk0
+	peer=$(peer_of "$2")
+	[ -z "$peer" ] || p0=$(redis_cpu "$peer") pk0=$(redis_cmds "$peer")
+	c0=$(caddy_cpu "$2") r0=$(redis_cpu "$(redis_of "$2")") k0=$(redis_cmds "$(redis_of "$2")") s0=$(syncs "$2")
 	KEYS=$(keys_of "$2") wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$TMP/keys.lua" "http://127.0.0.1:${PORT[$2]}/" >"$out"
 	local rps p99 non2xx reqs ccpu rcpu rcmds
 	ccpu=$(awk -v a="$c0" -v b="$(caddy_cpu "$2")" 'BEGIN { printf "%.3f", b - a }')
@@ -242,9 +298,16 @@ run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 	non2xx=$(awk '/Non-2xx/ {print $NF}' "$out")
 	local sy=""
 	if [[ $2 == *sync* ]]; then # the rounds of the run: ok/error/buckets
-		sy=$(echo "$s0 $(syncs)" | awk '{ printf "%d/%d/%d", $4 - $1, $5 - $2, $6 - $3 }')
+		sy=$(echo "$s0 $(syncs "$2")" | awk '{ printf "%d/%d/%d", $7 - $1, $8 - $2, $9 - $3 }')
 		echo "$sy" >"$TMP/$2.$1.syncs"
 		[[ $sy == */0/* && $sy != 0/* ]] || echo "WARNING: $2: sync rounds ok/error/buckets $sy: the run does not measure working sync" >&2
+	fi
+	if [ -n "$peer" ]; then # the exchanges of the run with the peer region: ok/error/buckets, and its cost
+		sy=$(echo "$s0 $(syncs "$2")" | awk '{ printf "%d/%d/%d", $10 - $4, $11 - $5, $12 - $6 }')
+		echo "$sy" >"$TMP/$2.$1.syncs"
+		[[ $sy == */0/* && $sy != 0/* ]] || echo "WARNING: $2: exchanges ok/error/buckets $sy: the run does not measure working exchanges" >&2
+		awk -v k="$(($(redis_cmds "$peer") - pk0))" -v c="$(awk -v a="$p0" -v b="$(redis_cpu "$peer")" 'BEGIN { print b - a }')" -v n="$reqs" \
+			'BEGIN { printf "%.5f %.2f\n", k / n, c * 1e6 / n }' >"$TMP/$2.$1.peer"
 	fi
 	printf '%-4s %-22s %12s %10s %10s %14s %14s %16s\n' "$1" "$2" "$rps" "$p99" "${non2xx:-0}" \
 		"$(awk -v c="$ccpu" -v n="$reqs" 'BEGIN { printf "%.1f", c * 1e6 / n }')" \
@@ -276,10 +339,15 @@ for r in "${MEASURED[@]}"; do
 		extras+=("$(awk -v a="$(cat "$TMP/$r.$rep.caddy")" -v p="$(cat "$TMP/plain.$rep.caddy")" 'BEGIN { printf "%.2f", a - p }')")
 	done
 	sy=""
-	[[ $r != *sync* ]] || sy=$(cat "$TMP/$r".*.syncs | awk -F/ '{ o += $1; e += $2; k += $3 } END { printf "%d/%d/%d", o, e, k }')
+	[[ $r != *sync* && -z "$(peer_of "$r")" ]] || sy=$(cat "$TMP/$r".*.syncs | awk -F/ '{ o += $1; e += $2; k += $3 } END { printf "%d/%d/%d", o, e, k }')
 	printf '%-22s %-22s %6s %10s %10s %10s %10s %18s\n' "$r" "${ratios[*]}" "$(printf '%s\n' "${ratios[@]}" | median)" \
 		"$(cat "$TMP/$r".*.caddy | median)" "$(printf '%s\n' "${extras[@]}" | median)" "$(cat "$TMP/$r".*.redis | median)" \
 		"$(cat "$TMP/$r".*.cmds | median)" "$sy"
+done
+for r in "${MEASURED[@]}"; do
+	[ -n "$(peer_of "$r")" ] || continue
+	printf '%s: the exchange with the peer region, per request: %s Redis commands, %s µs of its CPU (medians)\n' "$r" \
+		"$(cat "$TMP/$r".*.peer | cut -d' ' -f1 | median)" "$(cat "$TMP/$r".*.peer | cut -d' ' -f2 | median)"
 done
 
 # Constant rate: half, a quarter, then an eighth of plain's peak as vegeta
