@@ -15,19 +15,24 @@ import (
 )
 
 // exportedMetrics are the names of the series the module exports, with
-// their labels: every collector in metrics (a histogram's _bucket, _sum
-// and _count; its _bucket with le).
+// their labels: every collector in metrics, and the regions' (a
+// histogram's _bucket, _sum and _count; its _bucket with le).
 func exportedMetrics(t *testing.T) map[string][]string {
 	t.Helper()
-	metrics.once.Do(initMetrics)
-	names := map[string][]string{}
-	desc := regexp.MustCompile(`fqName: "([^"]+)".*variableLabels: \{([^}]*)\}`)
+	if err := registerMetrics(nil); err != nil { // initializes them all, once
+		t.Fatal(err)
+	}
+	var collectors []prometheus.Collector
 	v := reflect.ValueOf(&metrics).Elem()
 	for i := range v.NumField() {
-		c, ok := reflect.NewAt(v.Field(i).Type(), v.Field(i).Addr().UnsafePointer()).Elem().Interface().(prometheus.Collector)
-		if !ok {
-			continue
+		if c, ok := reflect.NewAt(v.Field(i).Type(), v.Field(i).Addr().UnsafePointer()).Elem().Interface().(prometheus.Collector); ok {
+			collectors = append(collectors, c)
 		}
+	}
+	collectors = append(collectors, regionCollectors()...)
+	names := map[string][]string{}
+	desc := regexp.MustCompile(`fqName: "([^"]+)".*variableLabels: \{([^}]*)\}`)
+	for _, c := range collectors {
 		ch := make(chan *prometheus.Desc, 16)
 		c.Describe(ch)
 		close(ch)
@@ -99,7 +104,7 @@ func checkExpr(t *testing.T, where, expr string, exported map[string][]string) [
 // TestGrafanaDashboard: the dashboard parses, every query names metrics
 // the module exports with their labels, and it shows what
 // docs/operations.md promises: decisions by zone and result, refusals, store latency and
-// errors, breakers, local cache hits, bans.
+// errors, breakers, local cache hits, bans, region links.
 func TestGrafanaDashboard(t *testing.T) {
 	exported := exportedMetrics(t)
 	data, err := os.ReadFile("dashboards/grafana-rate-limit.json")
@@ -129,7 +134,8 @@ func TestGrafanaDashboard(t *testing.T) {
 	}
 	for _, m := range []string{"caddy_rate_limit_decisions_total", "caddy_rate_limit_store_duration_seconds_bucket",
 		"caddy_rate_limit_store_errors_total", "caddy_rate_limit_script_errors_total", "caddy_rate_limit_circuit_breaker_open",
-		"caddy_rate_limit_local_cache_hits_total", "caddy_rate_limit_bans_total", "caddy_rate_limit_store_error_decisions_total"} {
+		"caddy_rate_limit_local_cache_hits_total", "caddy_rate_limit_bans_total", "caddy_rate_limit_store_error_decisions_total",
+		"caddy_rate_limit_region_link_up", "caddy_rate_limit_region_last_exchange_timestamp_seconds"} {
 		if !used[m] {
 			t.Errorf("the dashboard does not show %s", m)
 		}
@@ -172,7 +178,7 @@ func TestPrometheusRules(t *testing.T) {
 			checkExpr(t, "rule "+r.Alert, r.Expr, exported)
 		}
 	}
-	for _, a := range []string{"RateLimitFailureMode", "RateLimitCircuitBreakerOpen", "RateLimitStoreErrors", "RateLimitStoreSlow", "RateLimitSyncFailing"} {
+	for _, a := range []string{"RateLimitFailureMode", "RateLimitCircuitBreakerOpen", "RateLimitStoreErrors", "RateLimitStoreSlow", "RateLimitSyncFailing", "RateLimitRegionLinkDown"} {
 		if !alerts[a] {
 			t.Errorf("no alert %s", a)
 		}
