@@ -6,7 +6,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // (regionsstore.go), labelled by peer region: as many as the config
 // names.
 var regionMetrics struct {
-	linkUp, lastExchange              *prometheus.GaugeVec
+	linkUp, heard, lastExchange       *prometheus.GaugeVec
 	exchanges, exchangedKeys, dropped *prometheus.CounterVec
 	exchangeDuration                  *prometheus.HistogramVec
 }
@@ -19,6 +19,8 @@ func initRegionMetrics() {
 	m := &regionMetrics
 	m.linkUp = gauge("region_link_up",
 		"1 while the link to a peer region is up (an exchange succeeded within 2 × (sync + timeout)), 0 while it is down and the global zones decide with this region's share.")
+	m.heard = gauge("region_heard",
+		"1 while a peer region's mark is in this region's Redis (it exchanged within 2 × (sync + timeout)), 0 while it is missing and the global zones count that region at its share.")
 	m.lastExchange = gauge("region_last_exchange_timestamp_seconds",
 		"When the last exchange with a peer region succeeded (Unix time): the lag of what this instance told it is the time since.")
 	m.exchanges = counterVec("region_exchanges_total",
@@ -37,5 +39,5 @@ func initRegionMetrics() {
 // regionCollectors are the collectors to register.
 func regionCollectors() []prometheus.Collector {
 	m := &regionMetrics
-	return []prometheus.Collector{m.linkUp, m.lastExchange, m.exchanges, m.exchangedKeys, m.dropped, m.exchangeDuration}
+	return []prometheus.Collector{m.linkUp, m.heard, m.lastExchange, m.exchanges, m.exchangedKeys, m.dropped, m.exchangeDuration}
 }

@@ -4,6 +4,7 @@ package ratelimit
 // (Handler.Regions, Zone.Global), its Caddyfile parsing and its checks.
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // RegionsConfig is the regions a fleet spans, each deciding from its own
@@ -99,7 +101,29 @@ func (h *Handler) checkRegions() error {
 	if h.Redis == nil {
 		return errRegionsNeedRedis
 	}
-	return h.Regions.check()
+	if err := h.Regions.check(); err != nil {
+		return err
+	}
+	return h.Regions.checkKeys(h.Redis)
+}
+
+// checkKeys refuses a peer whose keys would not name this region's
+// buckets: a region charges the others' buckets by their keys, the key
+// prefix and the digest of the client key (keyed by key_secret).
+func (c *RegionsConfig) checkKeys(home *RedisConfig) error {
+	prefix := cmp.Or(home.KeyPrefix, redisstore.DefaultKeyPrefix)
+	for _, name := range slices.Sorted(maps.Keys(c.Peers)) {
+		p := c.Peers[name]
+		if got := cmp.Or(p.KeyPrefix, redisstore.DefaultKeyPrefix); got != prefix {
+			return fmt.Errorf("regions: region %q: key_prefix %q is not this region's %q: every region keeps a global zone's buckets "+
+				"under one prefix, and charges the others' by name; give each region's Redis the same key_prefix", name, got, prefix)
+		}
+		if p.KeySecret != "" && p.KeySecret != home.KeySecret {
+			return fmt.Errorf("regions: region %q: key_secret is not this region's: client keys are hashed with it, so every region "+
+				"needs the same; leave it out of the peer blocks (they take this region's)", name)
+		}
+	}
+	return nil
 }
 
 // check checks c's names, its peers' Redis (as a redis block's) and its
@@ -288,6 +312,9 @@ func checkCaddyfileRegions(h *Handler) error {
 	if h.Regions != nil {
 		if h.Redis == nil {
 			return errAt(h.Regions.at, errRegionsNeedRedis)
+		}
+		if err := h.Regions.checkKeys(h.Redis); err != nil {
+			return errAt(h.Regions.at, err)
 		}
 		return nil
 	}

@@ -77,7 +77,7 @@ func TestRegionsCaddyfileAdapts(t *testing.T) {
 // TestRegionsCaddyfileOptional: sync defaults to 1s and is left out of
 // the JSON; global may be in dry run; peer blocks take any redis option.
 func TestRegionsCaddyfileOptional(t *testing.T) {
-	src := withRegions("\t\tregions us-east_1 {\n\t\t\teu {\n\t\t\t\taddresses redis-eu:6379\n\t\t\t\tkey_prefix gw:\n"+
+	src := withRegions("\t\tregions us-east_1 {\n\t\t\teu {\n\t\t\t\taddresses redis-eu:6379\n\t\t\t\tkey_prefix rl:\n"+
 		"\t\t\t\tpassword {env.RL_EU_PASSWORD}\n\t\t\t\ttls {\n\t\t\t\t\tserver_name redis.eu\n\t\t\t\t}\n\t\t\t}\n\t\t}",
 		"\t\t\tglobal\n\t\t\tdry_run")
 	out, err := adapt(t, src)
@@ -85,7 +85,7 @@ func TestRegionsCaddyfileOptional(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		`"regions":{"peers":{"eu":{"addresses":["redis-eu:6379"],"key_prefix":"gw:","password":"{env.RL_EU_PASSWORD}","tls":{"server_name":"redis.eu"}}},"this":"us-east_1"}`,
+		`"regions":{"peers":{"eu":{"addresses":["redis-eu:6379"],"key_prefix":"rl:","password":"{env.RL_EU_PASSWORD}","tls":{"server_name":"redis.eu"}}},"this":"us-east_1"}`,
 		`"dry_run":true,"global":true`,
 	} {
 		if !strings.Contains(out, want) {
@@ -132,6 +132,7 @@ func TestRegionsCaddyfileErrors(t *testing.T) {
 		{"no peers", regions("\t\t\tsync 1s"), `regions: no other region: add a block per other region with its Redis, such as us { addresses redis-us:6379 } (a fleet in one region needs no regions), at Caddyfile:6`},
 		{"no block", withRegions("\t\tregions eu", ""), `regions: no other region`},
 		{"regions twice", withRegions(peerUS+"\n"+peerUS, ""), `regions is already configured: give one regions block, with every other region in it, at Caddyfile:11`},
+		{"peer's other key prefix", regions("\t\t\tus {\n\t\t\t\taddresses redis-us:6379\n\t\t\t\tkey_prefix us:\n\t\t\t}\n"), `regions: region "us": key_prefix "us:" is not this region's "rl:": every region keeps a global zone's buckets under one prefix, and charges the others' by name; give each region's Redis the same key_prefix, at Caddyfile:`},
 		{"sync too short", regions(us + "\t\t\tsync 50ms"), `regions: sync "50ms": want an interval from 100ms to 1m0s, such as 1s (the default), at Caddyfile:10`},
 		{"sync too long", regions(us + "\t\t\tsync 2m"), `regions: sync "2m": want an interval from 100ms to 1m0s`},
 		{"sync not a duration", regions(us + "\t\t\tsync soon"), `regions: sync "soon": want an interval`},
@@ -194,6 +195,8 @@ func TestRegionsJSONErrors(t *testing.T) {
 		{"peer without addresses", &Handler{Redis: redis(), Regions: regions("eu", map[string]*RedisConfig{"us": {}}, 0), Zones: tokenBucket()}, `regions: region "us": redis: addresses: at least one host:port, none empty`},
 		{"peer key prefix", &Handler{Redis: redis(), Regions: regions("eu", map[string]*RedisConfig{"us": {Addresses: []string{"a:1"}, KeyPrefix: "{x}"}}, 0), Zones: tokenBucket()}, `regions: region "us": redis: key_prefix "{x}" must not contain { or }`},
 		{"peer short key secret", &Handler{Redis: redis(), Regions: regions("eu", map[string]*RedisConfig{"us": {Addresses: []string{"a:1"}, KeySecret: "short"}}, 0), Zones: tokenBucket()}, `regions: region "us": redis: key_secret: at least 16 characters, not 5`},
+		{"peer's other key prefix", &Handler{Redis: redis(), Regions: regions("eu", map[string]*RedisConfig{"us": {Addresses: []string{"a:1"}, KeyPrefix: "us:"}}, 0), Zones: tokenBucket()}, `regions: region "us": key_prefix "us:" is not this region's "rl:": every region keeps a global zone's buckets under one prefix`},
+		{"peer's other key secret", &Handler{Redis: redis(), Regions: regions("eu", map[string]*RedisConfig{"us": {Addresses: []string{"a:1"}, KeySecret: strings.Repeat("u", 16)}}, 0), Zones: tokenBucket()}, `regions: region "us": key_secret is not this region's: client keys are hashed with it`},
 		{"sync too short", &Handler{Redis: redis(), Regions: regions("eu", us(), 10*time.Millisecond), Zones: tokenBucket()}, `regions: sync 10ms: want an interval from 100ms to 1m0s, such as 1s (the default)`},
 		{"sync too long", &Handler{Redis: redis(), Regions: regions("eu", us(), time.Hour), Zones: tokenBucket()}, `regions: sync 1h0m0s: want an interval from 100ms to 1m0s`},
 		{"sync negative", &Handler{Redis: redis(), Regions: regions("eu", us(), -time.Second), Zones: tokenBucket()}, `regions: sync -1s: want an interval`},
@@ -218,7 +221,7 @@ func TestRegionsJSONErrors(t *testing.T) {
 // bucket (in dry run, or not) check out, and so do zones that are not
 // global, of any kind, beside them.
 func TestRegionsJSONValid(t *testing.T) {
-	raw := `{"redis":{"addresses":["redis-eu:6379"]},
+	raw := `{"redis":{"addresses":["redis-eu:6379"],"key_secret":"{env.RL_REGIONS_TEST_SECRET}"},
 		"regions":{"this":"eu","peers":{"us":{"addresses":["redis-us:6379"],"key_secret":"{env.RL_REGIONS_TEST_SECRET}"},"ap-1":{"addresses":["a:1","b:1"]}},"sync":100000000},
 		"zones":{"api":{"key":"k","rate":"1r/s","burst":10,"global":true},"dry":{"key":"k","rate":"1r/s","global":true,"dry_run":true},
 			"window":{"key":"k","rate":"1r/s","algorithm":"fixed_window"},"slots":{"key":"k","max_concurrent":2}}}`

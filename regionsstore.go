@@ -138,6 +138,16 @@ func (e regionEvents) Exchanged(peer string, keys int, took time.Duration, err e
 	regionMetrics.exchangeDuration.WithLabelValues(peer).Observe(took.Seconds())
 }
 
+func (e regionEvents) Heard(peer string, heard bool) {
+	regionMetrics.heard.WithLabelValues(peer).Set(boolGauge(heard))
+	if heard {
+		e.s.logger.Info("a region is heard from again: global zones count its admissions again", zap.String("region", peer))
+		return
+	}
+	e.s.logger.Warn("a region is not heard from (its mark is missing from this region's Redis): global zones count it at its share of their rate until it is",
+		zap.String("region", peer))
+}
+
 func (e regionEvents) Dropped(peer string, n int) {
 	if peer == "" {
 		peer = "all" // more buckets than an instance keeps counts of

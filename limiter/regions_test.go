@@ -157,8 +157,12 @@ func TestRegionsCutOff(t *testing.T) {
 	want := map[string][]string{"eu": {"ap up=false", "ap up=true"}, "us": {"ap up=false", "ap up=true"}}
 	for _, r := range w.regions {
 		r.ev.mu.Lock()
-		got := r.ev.changes
+		got, heard := r.ev.changes, r.ev.heard
 		r.ev.mu.Unlock()
+		t.Logf("%s: links %v, marks %v", r.name, got, heard)
+		if wantHeard := map[bool]int{true: 4, false: 2}[r.name == "ap"]; len(heard) != wantHeard {
+			t.Errorf("%s: marks missing and back %v; want each of the cut links' once each way", r.name, heard)
+		}
 		if r.name == "ap" {
 			if len(got) != 4 {
 				t.Errorf("ap reported %v; want each link down once and up once", got)

@@ -44,6 +44,7 @@ type linkEvents struct {
 	mu        sync.Mutex
 	changes   []string
 	failures  []string          // each peer's first failed exchange
+	heard     []string          // the marks missing, then back
 	exchanges map[string][2]int // by peer: ok, failed
 }
 
@@ -69,6 +70,12 @@ func (e *linkEvents) Exchanged(peer string, _ int, _ time.Duration, err error) {
 }
 
 func (e *linkEvents) Dropped(string, int) {}
+
+func (e *linkEvents) Heard(peer string, heard bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.heard = append(e.heard, fmt.Sprintf("%s heard=%v", peer, heard))
+}
 
 // newWorld starts three regions whose links delay each way by delay; the
 // exchanges run every interval, each within a second.

@@ -40,6 +40,9 @@ type Events interface {
 	// Exchanged: an exchange with peer charged keys buckets in took; err
 	// is its failure.
 	Exchanged(peer string, keys int, took time.Duration, err error)
+	// Heard: peer's mark went missing from this region's Redis (it is
+	// counted at its share) or came back.
+	Heard(peer string, heard bool)
 	// Dropped: counts of n buckets were dropped, for peer ("" for every
 	// peer: more buckets than maxBacklog), because its link was down or
 	// the backlog full. Called at most once per interval and peer.
@@ -82,6 +85,7 @@ type Exchange struct {
 	counted  atomic.Int64 // regions counted as admitting up to the rate (see Policy)
 	ev       atomic.Pointer[Events]
 	now      func() time.Time
+	started  time.Time // when Start ran
 	stop     chan struct{}
 	done     sync.WaitGroup
 	start    sync.Once

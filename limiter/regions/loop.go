@@ -12,6 +12,7 @@ import (
 func (x *Exchange) Start() {
 	x.start.Do(func() {
 		now := x.now()
+		x.started = now
 		for _, s := range x.peers {
 			s.mu.Lock()
 			s.lastOK = now // a link is up until it fails for linkTimeout
@@ -63,7 +64,8 @@ func (x *Exchange) handOut() {
 
 // count sets the regions counted as admitting up to the rate: this one
 // and the peers it exchanges with both ways (its link to the peer is up,
-// and the peer's mark is in this region's Redis). A peer it cannot reach
+// and the peer's mark is in this region's Redis, or LinkTimeout has not
+// passed since the start: a link is up until it fails that long). A peer it cannot reach
 // counts this region at its share; one it cannot hear from, it counts at
 // its share. When this region's Redis cannot tell the marks, only the
 // links count.
@@ -71,8 +73,16 @@ func (x *Exchange) count() {
 	ctx, cancel := context.WithTimeout(context.Background(), x.cfg.Timeout)
 	defer cancel()
 	seen, err := x.cfg.Home.RegionsSeen(ctx, x.names)
+	if err == nil && x.now().Sub(x.started) < LinkTimeout(x.cfg.Interval, x.cfg.Timeout) {
+		for i := range seen { // the peers start too: heard until they could have marked
+			seen[i] = true
+		}
+	}
 	k := x.regions
 	for i, s := range x.peers {
+		if err == nil {
+			s.hear(seen[i])
+		}
 		if up, _ := s.isUp(); !up || err == nil && !seen[i] {
 			k--
 		}

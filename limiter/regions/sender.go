@@ -26,6 +26,20 @@ type sender struct {
 	lastOK  time.Time // the last exchange that succeeded (or the start)
 	up      bool
 	down    bool // reported down, not yet up again
+	unheard bool // its mark was missing at the last count: reported, not yet back
+}
+
+// hear takes whether the peer's mark is in this region's Redis, and tells
+// Events.Heard when that changes (it starts heard: a peer is reported
+// once its mark is missing).
+func (s *sender) hear(seen bool) {
+	s.mu.Lock()
+	changed := s.unheard == seen
+	s.unheard = !seen
+	s.mu.Unlock()
+	if ev := s.x.events(); ev != nil && changed {
+		ev.Heard(s.name, seen)
+	}
 }
 
 func newSender(x *Exchange, name string, p Peer) *sender {
