@@ -39,7 +39,8 @@
 //
 // (each region may spend, unseen by the others, what its bucket refills
 // in D; see Bound, logged as a config loads). With 1000r/m, burst 1000,
-// 3 regions, interval 1s and timeout 100ms: 2 + 2 × 16.7 × 1.1 ≈ 39.
+// 3 regions, interval 1s and timeout 1s (a peer's default): 2 + 2 ×
+// 16.7 × 2 ≈ 69.
 // What a region admitted beyond it is charged as debt in every region: it
 // is carried, not forgotten at a window's turn, so over a long period the
 // world's rate is exact.
@@ -49,15 +50,18 @@
 // A link to a peer is down once no exchange with it succeeded for
 // LinkTimeout (two intervals and two timeouts); the Exchange reports it once
 // (Events.LinkChanged) and once more when an exchange succeeds again.
-// While a link is down:
-//
-//   - the region that cannot reach a peer decides with its own share of
-//     the rate, rate / R (its buckets' period is stretched R times), since
-//     that peer counts it as admitting no more; what it could not send is
-//     dropped, not sent when the link heals (the share accounted for it);
-//   - the region that no longer sees a peer's mark in its own Redis
-//     counts that peer as admitting its share: it decides with the rate
-//     less rate / R for each such peer.
+// A peer is heard while its mark is in this region's Redis. Each
+// interval the Exchange counts the regions admitting up to the rate
+// (Links): this one, and each peer whose link is up and that is heard
+// (during LinkTimeout from the start, every peer: the fleet starts
+// together). The others are counted at their share, rate / R: a peer this
+// region cannot reach counts it at its share; one it does not hear from,
+// it counts at its share. A region decides with the rate of those
+// counted, k × rate / R (its buckets' period stretched R / k times); cut
+// off from every peer, its own share. What it could not send a peer
+// whose link is down is dropped, not sent when the link heals (the share
+// accounted for it). Links and marks are reported once as they fail and
+// once as they heal (Events.LinkChanged, Events.Heard).
 //
 // A rate that comes back when a link heals does not fill a bucket: a token
 // bucket's period shortening can only lower what it holds, so healing
@@ -68,7 +72,11 @@
 // # Invariants
 //
 //   - Requests never wait on a peer: Record and Policy take a mutex and
-//     no I/O (TestExchangeSlowPeer).
+//     no I/O (TestRegionsCutOff, TestRegionsEndToEnd: no decision waits
+//     on a cut-off peer).
+//   - Bound, the share of the burst and the rate of the regions counted
+//     as stated (TestBound, TestPolicyShare); Record counts only what a
+//     global zone admitted, not in dry run (TestRecord).
 //   - Regions together stay within Bound (TestRegionsBound; end to end,
 //     TestRegionsEndToEnd in internal/e2e).
 //   - A cut-off region decides with its share, and healing admits no burst

@@ -1,0 +1,65 @@
+package regions
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+)
+
+// TestBound: the package doc's example, and no bound for one region.
+func TestBound(t *testing.T) {
+	p := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 1000, Period: time.Minute, Burst: 1000}
+	if got := Bound(p, 3, time.Second, time.Second); math.Abs(got-(2+2*1000.0/60*2)) > 1e-9 {
+		t.Errorf("Bound of 1000r/m, burst 1000, 3 regions, 1s + 1s = %v; want 2 + 2 × 16.7 × 2", got)
+	}
+	if got := Bound(p, 1, time.Second, time.Second); got != 0 {
+		t.Errorf("Bound of one region = %v; want 0", got)
+	}
+}
+
+// TestPolicyShare: a region decides with ⌈burst/R⌉ and the rate of the
+// regions counted; other algorithms are left alone.
+func TestPolicyShare(t *testing.T) {
+	x := New(Config{This: "eu", Peers: map[string]Peer{"us": nil, "ap": nil}, Interval: time.Second, Timeout: time.Second})
+	p := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 100, Period: time.Second, Burst: 10}
+	if got := x.Policy(p); got.Burst != 4 || got.Period != time.Second || got.Rate != 100 {
+		t.Errorf("every region counted: %+v; want burst 4, the rate unchanged", got)
+	}
+	x.counted.Store(2)
+	if got := x.Policy(p); got.Period != 1500*time.Millisecond {
+		t.Errorf("two regions counted: period %s; want 1.5s (2/3 of the rate)", got.Period)
+	}
+	x.counted.Store(1)
+	if got := x.Policy(p); got.Period != 3*time.Second || got.Burst != 4 {
+		t.Errorf("cut off: %+v; want period 3s (a third of the rate), burst 4", got)
+	}
+	w := bucket.Policy{Algorithm: bucket.FixedWindow, Rate: 10, Period: time.Second, Burst: 10}
+	if got := x.Policy(w); got != w {
+		t.Errorf("a fixed window: %+v; want it unchanged", got)
+	}
+}
+
+// TestRecord: Record counts what global zones admitted, by bucket, with
+// the share of the burst a peer decides by; not what was refused, in dry
+// run, or of a zone that is not global.
+func TestRecord(t *testing.T) {
+	x := New(Config{This: "eu", Peers: map[string]Peer{"us": nil}, Interval: time.Second, Timeout: time.Second})
+	p := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 100, Period: time.Second, Burst: 10}
+	reqs := []bucket.Request{
+		{Zone: "z", Key: "a", Policy: p, Cost: 2, Global: true},
+		{Zone: "z", Key: "a", Policy: p, Cost: 3, Global: true},
+		{Zone: "z", Key: "b", Policy: p, Cost: 1, Global: true},               // refused
+		{Zone: "z", Key: "c", Policy: p, Cost: 1, Global: true, DryRun: true}, // dry run
+		{Zone: "n", Key: "a", Policy: p, Cost: 1},                             // not global
+	}
+	x.Record(reqs, func(i int) bool { return i != 2 })
+	if len(x.pending) != 1 {
+		t.Fatalf("pending %v; want key a alone", x.pending)
+	}
+	c := x.pending[bucket.IDOf(reqs[0])]
+	if c == nil || c.cost != 5 || c.req.Policy.Burst != 5 {
+		t.Fatalf("key a counted %+v; want 5, with burst 5 (the share of 10 among 2)", c)
+	}
+}
