@@ -3,6 +3,8 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -222,4 +224,101 @@ func banWithin(l *Limiter, req Request, d time.Duration, wait bool) (time.Durati
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestRegionsManyKeys: 10,000 client keys of a global zone, over every
+// master's slots in ap (a Cluster), paced through eu and ap (4,000 a
+// second, each key once in each) while us gets none of them: every
+// exchange succeeds, us's Redis holds every key's
+// charge (each bucket lacks what eu and ap admitted), and what the
+// exchanges cost us's Redis per request is logged (the figure of
+// BENCHMARKS.md: the scripts the exchanges ran there, and their CPU).
+func TestRegionsManyKeys(t *testing.T) {
+	const interval, keys = 200 * time.Millisecond, 10000
+	w := newWorld(t, 80*time.Millisecond, interval)
+	p := Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Hour, Burst: 30}
+	eu, us, ap := w.regions[0], w.regions[1], w.regions[2]
+	time.Sleep(3 * interval)
+	before := commandStats(t, us)
+	sent := 0
+	var wg sync.WaitGroup
+	start := time.Now()
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < 2*keys; i += 8 {
+				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / 4000))) // 4,000 a second in all
+				r := []*region{eu, ap}[i%2]
+				var v Verdict
+				r.l.Decide(context.Background(), time.Time{}, []Request{{Zone: "many", Key: fmt.Sprint("k", i%keys), Policy: p, Cost: 1, Global: true}}, Caller{}, &v)
+				if v.States[0] != Allowed {
+					t.Errorf("key %d refused in %s: %v", i%keys, r.name, v.States[0])
+				}
+				v.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	sent = 2 * keys
+	time.Sleep(4 * interval) // the last exchanges
+	after := commandStats(t, us)
+	calls, usec := after.scripts()
+	calls0, usec0 := before.scripts()
+	t.Logf("%d requests of %d keys through eu and ap: us's Redis ran %d exchange scripts (%.5f a request), %.1f µs of script CPU a request, "+
+		"the Lua calls within included; %d marks read",
+		sent, keys, calls-calls0, float64(calls-calls0)/float64(sent), float64(usec-usec0)/float64(sent), after["mget"][0]-before["mget"][0])
+	for _, r := range []*region{eu, ap} {
+		r.ev.mu.Lock()
+		t.Logf("%s: exchanges %v (ok, failed), first failures %v", r.name, r.ev.exchanges, r.ev.failures)
+		for peer, n := range r.ev.exchanges {
+			if n[1] > 0 || n[0] == 0 {
+				t.Errorf("%s: exchanges with %s %v (ok, failed); want only ok", r.name, peer, n)
+			}
+		}
+		r.ev.mu.Unlock()
+	}
+	for _, i := range []int{0, 1, keys / 2, keys - 1} {
+		d, err := us.l.Peek(context.Background(), Request{Zone: "many", Key: fmt.Sprint("k", i), Policy: p, Global: true})
+		if err != nil || d.Remaining != 10-2 { // us's share of 30, less one from eu and one from ap
+			t.Errorf("key %d in us: %+v (%v); want 8 left of 10: charged by eu and ap", i, d, err)
+		}
+	}
+}
+
+// cmdStats are INFO commandstats by command: calls and µs.
+type cmdStats map[string][2]int64
+
+// scripts is the calls of scripts (EVALSHA and EVAL) and their µs, the
+// commands they ran within included.
+func (c cmdStats) scripts() (calls, usec int64) {
+	return c["evalsha"][0] + c["eval"][0], c["evalsha"][1] + c["eval"][1]
+}
+
+// commandStats is r's Redis's INFO commandstats.
+func commandStats(t *testing.T, r *region) cmdStats {
+	t.Helper()
+	info, err := r.client(nil).Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats := cmdStats{}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":")
+		if !ok || !strings.HasPrefix(line, "cmdstat_") {
+			continue
+		}
+		var v [2]int64
+		for field := range strings.SplitSeq(rest, ",") {
+			k, n, _ := strings.Cut(field, "=")
+			switch k {
+			case "calls":
+				v[0], _ = strconv.ParseInt(n, 10, 64)
+			case "usec":
+				v[1], _ = strconv.ParseInt(n, 10, 64)
+			}
+		}
+		stats[name] = v
+	}
+	return stats
 }

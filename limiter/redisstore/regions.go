@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 )
 
 // The marks of the regions that exchange with this Redis's (see package
@@ -44,4 +48,24 @@ func (s *Store) RegionsSeen(ctx context.Context, regions []string) ([]bool, erro
 		seen[i] = i < len(vals) && vals[i] != nil
 	}
 	return seen, nil
+}
+
+// Prepare readies this Redis for exchanges from another region: it
+// connects to every master and loads there the scripts an exchange runs
+// (the token bucket's, the ban's), so that the first exchange costs one
+// round trip, not four or five (a connection, the slot map, NOSCRIPT,
+// the script's text).
+func (s *Store) Prepare(ctx context.Context) error {
+	load := func(ctx context.Context, c redis.Cmdable) error {
+		for _, src := range []string{luascripts.TokenBucket, luascripts.Ban} {
+			if err := c.ScriptLoad(ctx, src).Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if c, ok := s.client.(*redis.ClusterClient); ok {
+		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return load(ctx, n) })
+	}
+	return load(ctx, s.client)
 }

@@ -24,6 +24,9 @@ type Peer interface {
 	MarkRegion(ctx context.Context, region string, ttl time.Duration) error
 	// Ban bans r's client for left, unless it is banned longer.
 	Ban(ctx context.Context, r bucket.Request, left time.Duration) error
+	// Prepare connects and loads what an exchange runs, so that the
+	// first costs no more than the others.
+	Prepare(ctx context.Context) error
 }
 
 // Home is this region's own Redis, where the others mark themselves.

@@ -113,8 +113,20 @@ func (s *sender) add(counts map[bucket.ID]*count) {
 	}
 }
 
-// run exchanges with the peer whenever counts were added, until stop.
+// run exchanges with the peer whenever counts were added, until stop;
+// before the first, it prepares the peer (Peer.Prepare), within a few
+// timeouts: a peer that cannot be prepared is exchanged with all the same.
 func (s *sender) run(stop <-chan struct{}) {
+	ctx, cancel := context.WithTimeout(context.Background(), prepareTimeouts*s.x.cfg.Timeout)
+	go func() { // a Close does not wait for it
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	_ = s.peer.Prepare(ctx)
+	cancel()
 	for {
 		select {
 		case <-stop:
@@ -124,6 +136,10 @@ func (s *sender) run(stop <-chan struct{}) {
 		}
 	}
 }
+
+// prepareTimeouts is how many exchange timeouts a peer's preparation may
+// take: a connection to each node, the slot map, the scripts' loads.
+const prepareTimeouts = 4
 
 // exchange charges the peer the backlog, in parts (by node), and marks
 // this region there. A part certainly not run stays in the backlog; one
