@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
@@ -37,17 +38,27 @@ func anyGlobal(reqs []Request) bool {
 // admitted is recorded for the other regions. v.Requests are reqs, as
 // the caller gave them.
 func (l *Limiter) decideGlobal(ctx context.Context, now time.Time, reqs []Request, c Caller, v *Verdict) {
-	scaled := make([]Request, len(reqs))
-	copy(scaled, reqs)
+	buf := scaledRequests.Get().(*[]Request)
+	scaled := append((*buf)[:0], reqs...)
 	for i := range scaled {
 		if scaled[i].Global {
 			scaled[i].Policy = l.regions.Policy(scaled[i].Policy)
 		}
 	}
 	l.decide(ctx, now, scaled, c, v)
-	v.Requests = reqs
-	l.regions.Record(reqs, func(i int) bool { return v.States[i] == Allowed || v.States[i] == Unlimited })
+	v.Requests = reqs // Decide keeps no other reference to scaled
+	clear(scaled)
+	*buf = scaled[:0]
+	scaledRequests.Put(buf)
+	for i := range reqs {
+		if s := v.States[i]; s == Allowed || s == Unlimited {
+			l.regions.Record(&reqs[i])
+		}
+	}
 }
+
+// scaledRequests are the buffers of decideGlobal's scaled requests.
+var scaledRequests = sync.Pool{New: func() any { return new([]Request) }}
 
 // regional is req as this region decides it: a global zone's with the
 // region's share of its policy.

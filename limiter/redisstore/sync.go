@@ -30,6 +30,17 @@ const maxChargeBatch = 500
 // Groups splits reqs by node, then into batches of at most
 // maxChargeBatch.
 func (s *Store) Groups(ctx context.Context, reqs []bucket.Request) [][]int {
+	if !s.cluster { // one node: no lookups
+		var parts [][]int
+		for start := 0; start < len(reqs); start += maxChargeBatch {
+			part := make([]int, min(maxChargeBatch, len(reqs)-start))
+			for j := range part {
+				part[j] = start + j
+			}
+			parts = append(parts, part)
+		}
+		return parts
+	}
 	byNode := map[string][]int{}
 	var order []string
 	for i, r := range reqs {

@@ -157,39 +157,31 @@ func Bound(p bucket.Policy, regions int, interval, timeout time.Duration) float6
 	return float64(r*shareOf(p.Burst, r)-p.Burst) + float64(r-1)*rate*(interval+timeout).Seconds()
 }
 
-// Record counts what reqs, with the zones' policies (not scaled by
-// Policy), admitted (allowed(i)) in global zones, to tell the peers at the
-// next interval. A peer is charged with the policy its region decides by
-// while every link is up (the share of the burst).
-func (x *Exchange) Record(reqs []bucket.Request, allowed func(i int) bool) {
-	var locked bool
-	for i := range reqs {
-		r := &reqs[i]
-		if !r.Global || r.DryRun || r.Cost <= 0 || !allowed(i) {
-			continue
-		}
-		if !locked {
-			x.mu.Lock()
-			locked = true
-		}
-		id := bucket.IDOf(*r)
-		if c := x.pending[id]; c != nil {
-			c.cost = min(c.cost+r.Cost, math.MaxInt64/2)
-			continue
-		}
-		if len(x.pending) >= maxBacklog {
-			x.overflow++
-			continue
-		}
-		c := &count{req: *r, cost: r.Cost}
-		if c.req.Policy.Algorithm == bucket.TokenBucket {
-			c.req.Policy.Burst = shareOf(c.req.Policy.Burst, x.regions)
-		}
-		x.pending[id] = c
+// Record counts what r, with its zone's policy (not scaled by Policy),
+// admitted in a global zone, to tell the peers at the next interval. A
+// peer is charged with the policy its region decides by while every link
+// is up (the share of the burst). A request of a zone that is not global,
+// in dry run, or of no cost counts nothing.
+func (x *Exchange) Record(r *bucket.Request) {
+	if !r.Global || r.DryRun || r.Cost <= 0 {
+		return
 	}
-	if locked {
-		x.mu.Unlock()
+	id := bucket.IDOf(*r)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if c := x.pending[id]; c != nil {
+		c.cost = min(c.cost+r.Cost, math.MaxInt64/2)
+		return
 	}
+	if len(x.pending) >= maxBacklog {
+		x.overflow++
+		return
+	}
+	c := &count{req: *r, cost: r.Cost}
+	if c.req.Policy.Algorithm == bucket.TokenBucket {
+		c.req.Policy.Burst = shareOf(c.req.Policy.Burst, x.regions)
+	}
+	x.pending[id] = c
 }
 
 // Bound is Bound of p for this exchange's regions, interval and timeout.

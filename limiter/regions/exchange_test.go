@@ -42,19 +42,23 @@ func TestPolicyShare(t *testing.T) {
 }
 
 // TestRecord: Record counts what global zones admitted, by bucket, with
-// the share of the burst a peer decides by; not what was refused, in dry
-// run, or of a zone that is not global.
+// the share of the burst a peer decides by; not in dry run, or of a zone
+// that is not global.
 func TestRecord(t *testing.T) {
 	x := New(Config{This: "eu", Peers: map[string]Peer{"us": nil}, Interval: time.Second, Timeout: time.Second})
 	p := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 100, Period: time.Second, Burst: 10}
 	reqs := []bucket.Request{
 		{Zone: "z", Key: "a", Policy: p, Cost: 2, Global: true},
 		{Zone: "z", Key: "a", Policy: p, Cost: 3, Global: true},
-		{Zone: "z", Key: "b", Policy: p, Cost: 1, Global: true},               // refused
+		{Zone: "z", Key: "b", Policy: p, Cost: 1, Global: true},               // refused: not recorded
 		{Zone: "z", Key: "c", Policy: p, Cost: 1, Global: true, DryRun: true}, // dry run
 		{Zone: "n", Key: "a", Policy: p, Cost: 1},                             // not global
 	}
-	x.Record(reqs, func(i int) bool { return i != 2 })
+	for i := range reqs {
+		if i != 2 { // refused: not recorded
+			x.Record(&reqs[i])
+		}
+	}
 	if len(x.pending) != 1 {
 		t.Fatalf("pending %v; want key a alone", x.pending)
 	}

@@ -19,7 +19,7 @@ type sender struct {
 	name    string
 	peer    Peer
 	mu      sync.Mutex
-	backlog map[bucket.ID]*count // to charge the peer
+	backlog map[bucket.ID]count // to charge the peer
 	bans    map[bucket.ID]ban    // to tell the peer
 	dropped int                  // buckets dropped since the last report
 	wake    chan struct{}
@@ -43,7 +43,7 @@ func (s *sender) hear(seen bool) {
 }
 
 func newSender(x *Exchange, name string, p Peer) *sender {
-	return &sender{x: x, name: name, peer: p, backlog: map[bucket.ID]*count{}, bans: map[bucket.ID]ban{},
+	return &sender{x: x, name: name, peer: p, backlog: map[bucket.ID]count{}, bans: map[bucket.ID]ban{},
 		wake: make(chan struct{}, 1), up: true}
 }
 
@@ -95,16 +95,16 @@ func (s *sender) tellBans(ctx context.Context) error {
 func (s *sender) add(counts map[bucket.ID]*count) {
 	s.mu.Lock()
 	for id, c := range counts {
-		if b := s.backlog[id]; b != nil {
+		if b, ok := s.backlog[id]; ok {
 			b.cost = min(b.cost+c.cost, math.MaxInt64/2)
+			s.backlog[id] = b
 			continue
 		}
 		if len(s.backlog) >= maxBacklog {
 			s.dropped++
 			continue
 		}
-		cc := *c
-		s.backlog[id] = &cc
+		s.backlog[id] = *c
 	}
 	s.mu.Unlock()
 	select {
@@ -208,11 +208,12 @@ func (s *sender) giveBack(reqs []bucket.Request, ids []bucket.ID, part []int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, i := range part {
-		if b := s.backlog[ids[i]]; b != nil {
-			b.cost = min(b.cost+reqs[i].Cost, math.MaxInt64/2)
-		} else {
-			s.backlog[ids[i]] = &count{req: reqs[i], cost: reqs[i].Cost}
+		b, ok := s.backlog[ids[i]]
+		if !ok {
+			b.req = reqs[i]
 		}
+		b.cost = min(b.cost+reqs[i].Cost, math.MaxInt64/2)
+		s.backlog[ids[i]] = b
 	}
 }
 
