@@ -19,8 +19,14 @@
 // An Exchange is one instance's part of it: Record counts what this
 // instance admitted in global zones, by bucket; every interval the counts
 // are handed to each peer region's sender, which charges them to the
-// peer's Redis (Peer.ChargeAll, batched by node), then marks this region
-// there (Peer.MarkRegion, expiring after LinkTimeout). A peer that is slow
+// peer's Redis (Peer.ChargeAll, batched by node) and, at once, marks this
+// region there (Peer.MarkRegion, expiring after LinkTimeout): one round
+// trip. Before its first exchange a sender prepares the peer
+// (Peer.Prepare: connections, scripts loaded). A part that fails before
+// it was sent stays in the backlog; one that may have run (a timeout) is
+// counted told, never sent twice, as the Syncer's rounds do: what a slow
+// peer did not apply is lost to it, which the bound below does not cover
+// (region_exchanges_total{result="error"} counts such exchanges). A peer that is slow
 // or down holds only its own sender: requests never wait on a peer, and
 // the counts for it wait in its backlog (at most maxBacklog buckets).
 //

@@ -142,7 +142,7 @@ func (s *sender) run(stop <-chan struct{}) {
 const prepareTimeouts = 4
 
 // exchange charges the peer the backlog, in parts (by node), and marks
-// this region there. A part certainly not run stays in the backlog; one
+// this region there, all at once. A part certainly not run stays in the backlog; one
 // that may have run is counted charged (never sent twice). Once no
 // exchange succeeded for linkTimeout, the link is down: the backlog is
 // dropped (the peer counts this region at its share meanwhile).
@@ -152,13 +152,11 @@ func (s *sender) exchange() {
 	defer cancel()
 	start := time.Now()
 	reqs, ids := s.take()
-	bans := make(chan error, 1)
+	bans, mark := make(chan error, 1), make(chan error, 1) // at once with the charges: one round trip
 	go func() { bans <- s.tellBans(ctx) }()
+	go func() { mark <- s.peer.MarkRegion(ctx, x.cfg.This, LinkTimeout(x.cfg.Interval, x.cfg.Timeout)) }()
 	failed := s.charge(ctx, reqs, ids)
-	failed = errors.Join(failed, <-bans)
-	if failed == nil {
-		failed = s.peer.MarkRegion(ctx, x.cfg.This, LinkTimeout(x.cfg.Interval, x.cfg.Timeout))
-	}
+	failed = errors.Join(failed, <-bans, <-mark)
 	if ev := x.events(); ev != nil {
 		ev.Exchanged(s.name, len(reqs), time.Since(start), failed)
 	}
