@@ -20,8 +20,8 @@ type sender struct {
 	peer    Peer
 	mu      sync.Mutex
 	backlog map[bucket.ID]count // to charge the peer
-	bans    map[bucket.ID]ban    // to tell the peer
-	dropped int                  // buckets dropped since the last report
+	bans    map[bucket.ID]ban   // to tell the peer
+	dropped int                 // buckets dropped since the last report
 	wake    chan struct{}
 	lastOK  time.Time // the last exchange that succeeded (or the start)
 	up      bool
