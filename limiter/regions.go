@@ -51,7 +51,7 @@ func (l *Limiter) decideGlobal(ctx context.Context, now time.Time, reqs []Reques
 	*buf = scaled[:0]
 	scaledRequests.Put(buf)
 	for i := range reqs {
-		if s := v.States[i]; s == Allowed || s == Unlimited {
+		if v.States[i] == Allowed { // not what on_store_error allow let through uncounted
 			l.regions.Record(&reqs[i])
 		}
 	}

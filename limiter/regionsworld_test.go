@@ -80,6 +80,11 @@ func (e *linkEvents) Heard(peer string, heard bool) {
 // newWorld starts three regions whose links delay each way by delay; the
 // exchanges run every interval, each within a second.
 func newWorld(t *testing.T, delay, interval time.Duration) *world {
+	return newWorldTimeout(t, delay, interval, time.Second)
+}
+
+// newWorldTimeout is newWorld with exchanges within timeout.
+func newWorldTimeout(t *testing.T, delay, interval, timeout time.Duration) *world {
 	t.Helper()
 	prefix := fmt.Sprintf("regions%x:", rand.Uint64())
 	cl := redistest.NewClusterOf(t, 3, 0)
@@ -105,7 +110,7 @@ func newWorld(t *testing.T, delay, interval time.Duration) *world {
 			}
 		}
 		r.ev = &linkEvents{exchanges: map[string][2]int{}}
-		r.x = regions.New(regions.Config{This: r.name, Home: r.l.Redis(), Peers: peers, Interval: interval, Timeout: time.Second})
+		r.x = regions.New(regions.Config{This: r.name, Home: r.l.Redis(), Peers: peers, Interval: interval, Timeout: timeout})
 		r.x.OnEvents(r.ev)
 		r.l.SetRegions(r.x)
 	}
@@ -148,6 +153,20 @@ func (w *world) peerStore(t *testing.T, from, to *region, prefix string, delay t
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// cutLink cuts (or heals) the links between regions a and b, both ways.
+func (w *world) cutLink(t *testing.T, a, b string, cut bool) {
+	t.Helper()
+	for _, ends := range [][2]string{{a, b}, {b, a}} {
+		for _, p := range w.proxies[ends[0]][ends[1]] {
+			if cut {
+				p.Cut()
+			} else if err := p.Heal(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }
 
 // cut cuts (or heals) every link into and out of region name.

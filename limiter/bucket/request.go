@@ -59,6 +59,15 @@ func (r Request) WithDigest(h *KeyHasher) Request {
 	return r
 }
 
+// Anonymous is r without its client key and ID, its digest kept: all a
+// store needs to name its bucket, for what is kept long (a region's counts
+// for its peers).
+func (r Request) Anonymous() Request {
+	r.digest, r.hasDigest = r.Digest(), true
+	r.Key, r.ID = "", ""
+	return r
+}
+
 // Digest is the digest WithDigest computed, or else KeyHash(r.Key).
 func (r Request) Digest() [16]byte {
 	if r.hasDigest {

@@ -78,21 +78,22 @@ const linkTimeouts = 2
 // global zones, and scales their policies to the region's share (see the
 // package doc).
 type Exchange struct {
-	cfg      Config
-	regions  int64
-	mu       sync.Mutex
-	pending  map[bucket.ID]*count // admitted since the last interval
-	overflow int                  // requests not counted since the last interval: pending was full
-	peers    []*sender
-	names    []string
-	counted  atomic.Int64 // regions counted as admitting up to the rate (see Policy)
-	ev       atomic.Pointer[Events]
-	now      func() time.Time
-	started  time.Time // when Start ran
-	stop     chan struct{}
-	done     sync.WaitGroup
-	start    sync.Once
-	close    sync.Once
+	cfg              Config
+	regions          int64
+	mu               sync.Mutex
+	pending          map[bucket.ID]*count // admitted since the last interval
+	overflow         int                  // requests not counted since the last interval: pending was full
+	peers            []*sender
+	names            []string
+	counted          atomic.Int64 // regions counted as admitting up to the rate (see Policy)
+	ev               atomic.Pointer[Events]
+	now              func() time.Time
+	started          time.Time     // when Start ran
+	stop             chan struct{} // closed by Close: the ticker's last hand-out
+	stopSenders      chan struct{} // then the senders' last exchange
+	ticking, senders sync.WaitGroup
+	start            sync.Once
+	close            sync.Once
 }
 
 // count is what this instance admitted of one bucket.
@@ -104,7 +105,7 @@ type count struct {
 // New makes an Exchange of cfg; Start starts it.
 func New(cfg Config) *Exchange {
 	x := &Exchange{cfg: cfg, regions: int64(len(cfg.Peers) + 1), pending: map[bucket.ID]*count{},
-		now: time.Now, stop: make(chan struct{})}
+		now: time.Now, stop: make(chan struct{}), stopSenders: make(chan struct{})}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Peers)) {
 		x.peers = append(x.peers, newSender(x, name, cfg.Peers[name]))
 		x.names = append(x.names, name)
@@ -177,7 +178,7 @@ func (x *Exchange) Record(r *bucket.Request) {
 		x.overflow++
 		return
 	}
-	c := &count{req: *r, cost: r.Cost}
+	c := &count{req: r.Anonymous(), cost: r.Cost} // no client key kept
 	if c.req.Policy.Algorithm == bucket.TokenBucket {
 		c.req.Policy.Burst = shareOf(c.req.Policy.Burst, x.regions)
 	}
@@ -198,8 +199,8 @@ func (x *Exchange) Banned(r bucket.Request, left time.Duration) {
 	if !r.Global || left <= 0 {
 		return
 	}
-	until := x.now().Add(left)
+	until, anon := x.now().Add(left), r.Anonymous() // no client key kept
 	for _, s := range x.peers {
-		s.ban(r, until)
+		s.ban(anon, until)
 	}
 }

@@ -2,6 +2,7 @@ package regions
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
@@ -15,31 +16,37 @@ func (x *Exchange) Start() {
 		x.started = now
 		for _, s := range x.peers {
 			s.mu.Lock()
-			s.lastOK = now // a link is up until it fails for linkTimeout
+			s.lastOK = now // a link is up until it fails for LinkTimeout
 			s.mu.Unlock()
-			x.done.Add(1)
-			go func() { defer x.done.Done(); s.run(x.stop) }()
+			x.senders.Add(1)
+			go func() { defer x.senders.Done(); s.run(x.stopSenders) }()
 		}
-		x.done.Add(1)
-		go func() { defer x.done.Done(); x.tick() }()
+		x.ticking.Add(1)
+		go func() { defer x.ticking.Done(); x.tick() }()
 	})
 }
 
-// Close stops the exchanges; what was not told is dropped.
+// Close stops the exchanges: what was counted since the last interval is
+// handed out and told in a last exchange with each peer (within the
+// timeout), as a Syncer's last round charges what is left.
 func (x *Exchange) Close() {
 	x.close.Do(func() {
 		close(x.stop)
-		x.done.Wait()
+		x.ticking.Wait() // its last hand-out made
+		close(x.stopSenders)
+		x.senders.Wait()
 	})
 }
 
-// tick hands the counts to the senders and reads the marks every interval.
+// tick hands the counts to the senders and reads the marks every
+// interval, and hands out the last counts when the Exchange closes.
 func (x *Exchange) tick() {
 	t := time.NewTicker(x.cfg.Interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-x.stop:
+			x.handOut()
 			return
 		case <-t.C:
 			x.handOut()
@@ -62,18 +69,21 @@ func (x *Exchange) handOut() {
 	}
 }
 
-// count sets the regions counted as admitting up to the rate: this one
-// and the peers it exchanges with both ways (its link to the peer is up,
-// and the peer's mark is in this region's Redis, or LinkTimeout has not
-// passed since the start: a link is up until it fails that long). A peer it cannot reach
-// counts this region at its share; one it cannot hear from, it counts at
-// its share. When this region's Redis cannot tell the marks, only the
-// links count.
+// count sets the regions counted as admitting up to the rate: every
+// region while this one exchanges with each peer both ways (its link to
+// the peer is up, and the peer's mark is in this region's Redis); else
+// this one alone, deciding with its share, rate / R. A region cut off from
+// one peer only counts itself alone too: that peer may admit its own
+// share and more unseen, so no region but one that sees every other can
+// take the rate of another (see the package doc). While the fleet starts
+// (for LinkTimeout from Start, and only while no peer's mark is in this
+// region's Redis: a fleet starting together), every peer is heard. When
+// this region's Redis cannot tell the marks, only the links count.
 func (x *Exchange) count() {
 	ctx, cancel := context.WithTimeout(context.Background(), x.cfg.Timeout)
 	defer cancel()
 	seen, err := x.cfg.Home.RegionsSeen(ctx, x.names)
-	if err == nil && x.now().Sub(x.started) < LinkTimeout(x.cfg.Interval, x.cfg.Timeout) {
+	if err == nil && x.now().Sub(x.started) < LinkTimeout(x.cfg.Interval, x.cfg.Timeout) && !slices.Contains(seen, true) {
 		for i := range seen { // the peers start too: heard until they could have marked
 			seen[i] = true
 		}
@@ -84,7 +94,7 @@ func (x *Exchange) count() {
 			s.hear(seen[i])
 		}
 		if up, _ := s.isUp(); !up || err == nil && !seen[i] {
-			k--
+			k = 1
 		}
 	}
 	x.counted.Store(k)

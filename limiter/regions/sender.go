@@ -25,8 +25,10 @@ type sender struct {
 	wake    chan struct{}
 	lastOK  time.Time // the last exchange that succeeded (or the start)
 	up      bool
-	down    bool // reported down, not yet up again
-	unheard bool // its mark was missing at the last count: reported, not yet back
+	down    bool      // reported down, not yet up again
+	unheard bool      // its mark was missing at the last count: reported, not yet back
+	charged bool      // the last exchange's charges succeeded (or none was made yet)
+	taken   time.Time // the last take
 }
 
 // hear takes whether the peer's mark is in this region's Redis, and tells
@@ -44,7 +46,7 @@ func (s *sender) hear(seen bool) {
 
 func newSender(x *Exchange, name string, p Peer) *sender {
 	return &sender{x: x, name: name, peer: p, backlog: map[bucket.ID]count{}, bans: map[bucket.ID]ban{},
-		wake: make(chan struct{}, 1), up: true}
+		wake: make(chan struct{}, 1), up: true, charged: true}
 }
 
 // ban is a ban to tell a peer: its client's bucket, and when it ends.
@@ -65,31 +67,50 @@ func (s *sender) ban(r bucket.Request, until time.Time) {
 	s.bans[id] = ban{req: r, until: until}
 }
 
-// tellBans tells the peer the bans queued, at once; those that failed
-// are queued again (a ban is told again at no risk). It returns the
-// first error.
+// tellBans tells the peer the bans queued, at most maxBansTold an
+// exchange (the rest at the next), by banWorkers at once; those that
+// failed are queued again (a ban is told again at no risk). It returns
+// the first error.
 func (s *sender) tellBans(ctx context.Context) error {
 	s.mu.Lock()
-	bans := s.bans
-	s.bans = map[bucket.ID]ban{}
+	bans := make([]ban, 0, min(len(s.bans), maxBansTold))
+	for id, b := range s.bans {
+		if len(bans) == maxBansTold {
+			break
+		}
+		bans = append(bans, b)
+		delete(s.bans, id)
+	}
 	s.mu.Unlock()
 	now := s.x.now()
-	errs := make(chan error, len(bans))
-	for _, b := range bans {
+	errs := make([]error, len(bans))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(banWorkers, len(bans)) {
+		wg.Add(1)
 		go func() {
-			err := s.peer.Ban(ctx, b.req, b.until.Sub(now))
-			if err != nil {
-				s.ban(b.req, b.until)
+			defer wg.Done()
+			for i := range next {
+				if errs[i] = s.peer.Ban(ctx, bans[i].req, bans[i].until.Sub(now)); errs[i] != nil {
+					s.ban(bans[i].req, bans[i].until)
+				}
 			}
-			errs <- err
 		}()
 	}
-	var first error
-	for range bans {
-		first = cmp.Or(first, <-errs)
+	for i := range bans {
+		next <- i
 	}
-	return first
+	close(next)
+	wg.Wait()
+	return cmp.Or(errs...)
 }
+
+// At most maxBansTold bans are told a peer in an exchange, by banWorkers
+// calls at once.
+const (
+	maxBansTold = 1000
+	banWorkers  = 8
+)
 
 // add merges counts into the backlog, at most maxBacklog buckets.
 func (s *sender) add(counts map[bucket.ID]*count) {
@@ -130,6 +151,7 @@ func (s *sender) run(stop <-chan struct{}) {
 	for {
 		select {
 		case <-stop:
+			s.exchange() // the last counts, handed out as the Exchange closed
 			return
 		case <-s.wake:
 			s.exchange()
@@ -151,17 +173,40 @@ func (s *sender) exchange() {
 	ctx, cancel := context.WithTimeout(context.Background(), x.cfg.Timeout)
 	defer cancel()
 	start := time.Now()
-	reqs, ids := s.take()
+	reqs, ids := s.take(x.now())
 	bans, mark := make(chan error, 1), make(chan error, 1) // at once with the charges: one round trip
 	go func() { bans <- s.tellBans(ctx) }()
-	go func() { mark <- s.peer.MarkRegion(ctx, x.cfg.This, LinkTimeout(x.cfg.Interval, x.cfg.Timeout)) }()
-	failed := s.charge(ctx, reqs, ids)
-	failed = errors.Join(failed, <-bans, <-mark)
+	go func() { mark <- s.mark(ctx) }()
+	charged := s.charge(ctx, reqs, ids)
+	s.mu.Lock()
+	s.charged = charged == nil
+	s.mu.Unlock()
+	failed := errors.Join(charged, <-bans, <-mark)
 	if ev := x.events(); ev != nil {
-		ev.Exchanged(s.name, len(reqs), time.Since(start), failed)
+		n := len(reqs)
+		if charged != nil {
+			n = 0 // given back, or lost: not charged as far as it knows
+		}
+		ev.Exchanged(s.name, n, time.Since(start), failed)
 	}
 	s.settle(x.now(), failed)
 }
+
+// mark marks this region in the peer's Redis, unless the last exchange's
+// charges failed: a peer must not hear a region whose counts do not reach
+// it (it would count it at the whole rate). A mark skipped is a failure.
+func (s *sender) mark(ctx context.Context) error {
+	s.mu.Lock()
+	ok := s.charged
+	s.mu.Unlock()
+	if !ok {
+		return errNoMark
+	}
+	return s.peer.MarkRegion(ctx, s.x.cfg.This, LinkTimeout(s.x.cfg.Interval, s.x.cfg.Timeout))
+}
+
+// errNoMark: a mark skipped after charges that failed.
+var errNoMark = errors.New("not marked: the last charges failed")
 
 // charge charges reqs to the peer, its parts (by node) at once: an
 // exchange costs one round trip to the peer, not one per node.
@@ -186,19 +231,37 @@ func (s *sender) charge(ctx context.Context, reqs []bucket.Request, ids []bucket
 	return errors.Join(errs...)
 }
 
-// take empties the backlog into requests to charge.
-func (s *sender) take() ([]bucket.Request, []bucket.ID) {
+// take empties the backlog into requests to charge, at now. A bucket's
+// charge is at most twice what this instance can have admitted of it
+// since the last take (its share of the burst and the refill meanwhile):
+// what no decision here could have admitted is no one's to charge.
+func (s *sender) take(now time.Time) ([]bucket.Request, []bucket.ID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	elapsed := now.Sub(s.taken)
+	if s.taken.IsZero() {
+		elapsed = s.x.cfg.Interval
+	}
+	s.taken = now
 	reqs := make([]bucket.Request, 0, len(s.backlog))
 	ids := make([]bucket.ID, 0, len(s.backlog))
 	for id, c := range s.backlog {
 		r := c.req
-		r.Cost = c.cost
+		r.Cost = min(c.cost, maxCharge(r.Policy, elapsed))
 		reqs, ids = append(reqs, r), append(ids, id)
 	}
 	clear(s.backlog)
 	return reqs, ids
+}
+
+// maxCharge is twice what a bucket of policy p (its burst the region's
+// share) admits in elapsed, at least 1.
+func maxCharge(p bucket.Policy, elapsed time.Duration) int64 {
+	if p.Period <= 0 {
+		return math.MaxInt64 / 2
+	}
+	refill := float64(p.Rate) * float64(max(elapsed, 0)) / float64(p.Period)
+	return max(2*(p.Burst+int64(min(refill, float64(math.MaxInt64/8)))), 1)
 }
 
 // giveBack puts the requests of part, not charged, back in the backlog.
@@ -228,8 +291,7 @@ func (s *sender) settle(now time.Time, err error) {
 		changed, s.up = !s.down, false
 		s.down = true
 		dropped = len(s.backlog)
-		clear(s.backlog) // counted at this region's share by the peer
-		clear(s.bans)
+		clear(s.backlog) // counted at this region's share by the peer; bans kept: told again at no risk
 	}
 	dropped += s.dropped
 	s.dropped = 0
