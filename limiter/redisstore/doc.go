@@ -32,7 +32,7 @@
 // queues the commands (batcher.do) and waits for the replies or the budget;
 // sends again alone, through the client, what certainly did not run (MOVED,
 // ASK, errBatchElsewhere; NOSCRIPT as EVAL), counting the first node as
-// answered; and records each node's outcome (breakers.settle). take decodes
+// answered; and records each node's outcome (breakers.record). take decodes
 // the replies; when one run refused and others charged, it refunds those in a
 // second round trip, each at its take's time (the time given, else its
 // reply's, its node's clock) with each key's take as flag (takenFlag), under a
@@ -129,8 +129,8 @@
 //   - Only unavailability counts toward a breaker; a request's error is
 //     its own: TestUnavailable, TestAuthErrorsAreUnavailability,
 //     TestScriptErrorKeepsBreakerClosed, TestBatchFailsEachOnItsOwn.
-//   - Failure stays on its node; every call that starts settles its
-//     breaker: TestNodeBreakers, TestProbeOfAnAnsweringNodeSettles,
+//   - Failure stays on its node; every call that starts is recorded by its
+//     breaker: TestNodeBreakers, TestProbeOfAnAnsweringNodeIsRecorded,
 //     TestTimeoutRaceNeverPanics, TestBatcherCallerTimesOut.
 //   - Give-backs ignore breakers: TestRefundWhileBreakerOpen,
 //     TestFailedReleasesDoNotDelayProbes.

@@ -248,15 +248,15 @@ func TestTimeoutRaceNeverPanics(t *testing.T) {
 	wg.Wait()
 }
 
-// TestProbeOfAnAnsweringNodeSettles: a take spanning a half-open node A
+// TestProbeOfAnAnsweringNodeIsRecorded: a take spanning a half-open node A
 // (given the probe) and a slow node B times out; A answered, so its probe
-// is settled and A's breaker closes, instead of staying open for good.
-func TestProbeOfAnAnsweringNodeSettles(t *testing.T) {
+// is recorded and A's breaker closes, instead of staying open for good.
+func TestProbeOfAnAnsweringNodeIsRecorded(t *testing.T) {
 	s, _ := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "")
 	t0 := time.Unix(1000, 0)
 	a, b := "a:1", "b:1"
 	for range BreakerFailures {
-		s.breakers.settle([]string{a}, []error{context.DeadlineExceeded}, t0, true)
+		s.breakers.record([]string{a}, []error{context.DeadlineExceeded}, t0, true)
 	}
 	t1 := t0.Add(BreakerCooldown + time.Second)
 	s.now = func() time.Time { return t1 }
@@ -279,10 +279,10 @@ func TestFailedReleasesDoNotDelayProbes(t *testing.T) {
 	s, _ := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "")
 	t0 := time.Unix(1000, 0)
 	for range BreakerFailures {
-		s.breakers.settle([]string{"a:1"}, []error{context.DeadlineExceeded}, t0, true)
+		s.breakers.record([]string{"a:1"}, []error{context.DeadlineExceeded}, t0, true)
 	}
 	for k := 1; k <= 10; k++ { // a failed release every second
-		s.breakers.settle([]string{"a:1"}, []error{context.DeadlineExceeded}, t0.Add(time.Duration(k)*time.Second), false)
+		s.breakers.record([]string{"a:1"}, []error{context.DeadlineExceeded}, t0.Add(time.Duration(k)*time.Second), false)
 	}
 	if !s.Breaker("a:1").Allow(t0.Add(BreakerCooldown + time.Millisecond)) {
 		t.Fatal("no probe after the cool-down: failed releases delayed it")
@@ -301,7 +301,7 @@ func TestRefundWhileBreakerOpen(t *testing.T) {
 		t.Fatalf("take: %+v, %v", d, err)
 	}
 	for range BreakerFailures {
-		s.breakers.settle([]string{""}, []error{context.DeadlineExceeded}, time.Now(), true)
+		s.breakers.record([]string{""}, []error{context.DeadlineExceeded}, time.Now(), true)
 	}
 	if !s.Breaker("").Open() {
 		t.Fatal("breaker not open")

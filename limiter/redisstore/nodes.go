@@ -241,12 +241,12 @@ func (nb *nodeBreakers) admit(nodes []string, now time.Time) error {
 	return nil
 }
 
-// settle records the outcome of the calls to nodes: a node fails when any
-// of its calls found Redis unavailable, and succeeds otherwise (a script
-// error is an answer). Without failures (releases, which are sent whatever
-// the breaker says), only successes are recorded, so that a failed release
-// neither delays a breaker's probe nor reopens it.
-func (nb *nodeBreakers) settle(nodes []string, errs []error, now time.Time, failures bool) {
+// record takes the outcome of the calls to nodes into their breakers: a
+// node fails when any of its calls found Redis unavailable, and succeeds
+// otherwise (a script error is an answer). Without failures (releases,
+// which are sent whatever the breaker says), only successes are recorded,
+// so that a failed release neither delays a breaker's probe nor reopens it.
+func (nb *nodeBreakers) record(nodes []string, errs []error, now time.Time, failures bool) {
 	failed := map[string]bool{}
 	for i, node := range nodes {
 		failed[node] = failed[node] || Unavailable(errs[i])

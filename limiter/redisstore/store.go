@@ -331,7 +331,7 @@ func (s *Store) run(ctx context.Context, runs []scriptRun, now string, mode scri
 		if err := cmd.Err(); err != nil && (isRedirect(err) || redis.HasErrorPrefix(err, "NOSCRIPT") || err == errBatchElsewhere) {
 			cmd = s.resend(ctx, runs[i], cmd, now, mode, reqs)
 			runs[i].reply, errs[i] = cmd.Result()
-			s.breakers.settle(nodes[i:i+1], []error{nil}, s.now(), true) // the node answered
+			s.breakers.record(nodes[i:i+1], []error{nil}, s.now(), true) // the node answered
 			if err := errs[i]; err != nil {
 				return &NodeError{Err: err} // from another node: counted by none
 			}
@@ -339,7 +339,7 @@ func (s *Store) run(ctx context.Context, runs []scriptRun, now string, mode scri
 		}
 		runs[i].reply, errs[i] = cmd.Result()
 	}
-	s.breakers.settle(nodes, errs, s.now(), !givesBack(mode))
+	s.breakers.record(nodes, errs, s.now(), !givesBack(mode))
 	for i, err := range errs {
 		if err != nil {
 			return &NodeError{Node: nodes[i], Err: err}
@@ -368,7 +368,7 @@ func (s *Store) timedOut(nodes []string, cmds []onceCmd, answered []bool, err er
 			silent = node
 		}
 	}
-	s.breakers.settle(nodes, errs, s.now(), !givesBack(mode))
+	s.breakers.record(nodes, errs, s.now(), !givesBack(mode))
 	return &NodeError{Node: silent, Err: err}
 }
 
