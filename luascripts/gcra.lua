@@ -79,7 +79,7 @@ end
 -- in µs from now, rounded up to the ns (but for a hundredth of one: the
 -- error of a double counting µs over a day), as whole µs and ns, and the
 -- wait that it stands for (0, and nothing to store, when wait is)
-local function settle(g, wait)
+local function round_tat(g, wait)
   if wait <= 0 then
     return { wait = 0, ok = false, reset = 0, retry = 0, remaining = 0, delay = 0 }
   end

@@ -35,7 +35,7 @@ local function decide(key, k)
       retry = math.max(micros(wait - g.full), 1)
     end
   end
-  local s = settle(g, wait)
+  local s = round_tat(g, wait)
   s.ok, s.reset, s.retry, s.delay = ok, micros(s.wait), retry, delay
   -- the free places: one at the rate, the rest in the queue
   s.remaining = math.max(math.floor((g.room - s.wait) / g.interval) + 1, 0)

@@ -34,7 +34,7 @@ local function decide(key, k)
       wait = wait + cost * g.interval
     end
   end
-  local s = settle(g, wait)
+  local s = round_tat(g, wait)
   s.ok, s.reset, s.retry = ok, micros(s.wait), 0
   s.remaining = math.max(math.floor((g.room - s.wait) / g.interval), 0)
   if not ok and cost > k.burst then -- never passes: wait for a full bucket

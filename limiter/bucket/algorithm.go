@@ -252,7 +252,7 @@ func (p Policy) takeLeaky(b State, known bool, now, cost int64) (State, Decision
 	} else {
 		d.RetryAfter = time.Duration(max(nanosUp(wait-g.full), int64(time.Microsecond)))
 	}
-	keep, wait := g.settle(now, wait)
+	keep, wait := g.roundTAT(now, wait)
 	// the free places: one at the rate, the rest in the queue
 	d.Remaining = max(int64(math.Floor((g.room-wait)/g.interval))+1, 0)
 	d.Reset = at(now + nanosUp(wait))

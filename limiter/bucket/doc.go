@@ -49,12 +49,12 @@
 //	              delay = wait (0 with NoDelay); remaining = ⌊(room − wait') /
 //	              interval⌋ + 1; retry = max(wait − full, 1 µs)
 //
-// Times are Unix ns, rounded up (settle), so a bucket refills at most 1 ns per
-// charge late; slack, the resolution of Redis's clock, absorbs that rounding
-// (at most half an interval: no extra request passes). The token bucket's kept
-// time does not depend on the policy: when a zone's policy changes, its tokens
-// carry over, capped at the new burst, and a new rate changes the time they
-// took to refill.
+// Times are Unix ns, rounded up (roundTAT), so a bucket refills at most 1 ns
+// per charge late; slack, the resolution of Redis's clock, absorbs that
+// rounding (at most half an interval: no extra request passes). The token
+// bucket's kept time does not depend on the policy: when a zone's policy
+// changes, its tokens carry over, capped at the new burst, and a new rate
+// changes the time they took to refill.
 //
 // # Windows, log, counter, slots
 //

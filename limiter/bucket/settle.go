@@ -42,7 +42,7 @@ func (p Policy) giveBack(b State, known bool, now, at, end, cost int64) (State, 
 	case TokenBucket, LeakyBucket:
 		g := p.GCRA(b, known, now)
 		held := min(float64(cost)*g.interval, max(float64(end-now), 0))
-		keep, wait := g.settle(now, max(g.Wait-held, 0))
+		keep, wait := g.roundTAT(now, max(g.Wait-held, 0))
 		b = State{last: keep, IdleAt: now + nanosUp(wait)}
 	case FixedWindow: // while the take's window lasts
 		if b.last == at/period && at/period == now/period {
@@ -81,7 +81,7 @@ func (p Policy) Charge(b State, known bool, now, cost int64) (State, Decision) {
 	}
 	g := p.GCRA(b, known && b.IdleAt > now, now)
 	wait := min(g.Wait+float64(cost)*g.interval, g.full+float64(MaxDebt))
-	keep, wait := g.settle(now, wait)
+	keep, wait := g.roundTAT(now, wait)
 	d := Decision{Allowed: true, Limit: p.Limit(), Reset: at(now + nanosUp(wait)),
 		Remaining: max(int64(math.Floor((g.room-wait)/g.interval)), 0)}
 	if p.Algorithm == LeakyBucket { // one place at the rate, the rest in the queue

@@ -67,11 +67,11 @@ func (p Policy) GCRA(b State, known bool, now int64) gcraState {
 	return g
 }
 
-// settle is the time to keep for a TAT wait ns ahead of now, rounded up
+// roundTAT is the time to keep for a TAT wait ns ahead of now, rounded up
 // to the nanosecond (but for a hundredth of one: the error of the Lua
 // script's doubles, which count µs, over a day), and the wait it stands
 // for (0 when wait is: nothing is charged any more).
-func (g gcraState) settle(now int64, wait float64) (keep int64, settled float64) {
+func (g gcraState) roundTAT(now int64, wait float64) (keep int64, rounded float64) {
 	keep = now + int64(math.Ceil(wait-g.offset-1e-2))
 	if wait <= 0 {
 		return keep, 0
@@ -110,7 +110,7 @@ func (p Policy) takeToken(b State, known bool, now, cost int64) (State, Decision
 	if allowed {
 		wait += float64(cost) * g.interval
 	}
-	keep, wait := g.settle(now, wait)
+	keep, wait := g.roundTAT(now, wait)
 	toFull := nanosUp(wait)
 	d := Decision{
 		Allowed:   allowed,
