@@ -42,9 +42,10 @@
 // every entry (every walkEvery, a second) a round looks only at the entries
 // flagged as they were refused or spent half. Fleet.Groups splits the charges
 // into parts (by node, at most 500, in Redis), each applied on its own
-// (settled): a part certainly not sent is charged at the next round; one that
-// may have run (redisstore.MayHaveRun) is counted charged, and read next time:
-// nothing is sent twice. Close makes a last round that charges what is left.
+// (applyPart): a part certainly not sent is charged at the next round; one
+// that may have run (redisstore.MayHaveRun) is counted charged, and read next
+// time: nothing is sent twice. Close makes a last round that charges what is
+// left.
 //
 // The windows (fixed, sliding counter) sync as the token bucket does: the
 // window's limit is the burst, an allowance has no refill, and a bucket is

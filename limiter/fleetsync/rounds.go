@@ -88,7 +88,7 @@ func (s *Syncer) round(final bool) {
 	for _, part := range s.fleet.Groups(ctx, reqs) {
 		d, err := s.fleet.ChargeAll(ctx, bucket.Pick(reqs, part))
 		failed = cmp.Or(failed, err)
-		s.settled(now, part, es, d, err)
+		s.applyPart(now, part, es, d, err)
 	}
 	if ev := s.ev.Load(); ev != nil {
 		(*ev).Synced(len(reqs), time.Since(start), failed)
@@ -96,9 +96,9 @@ func (s *Syncer) round(final bool) {
 	s.failing.Store(failed != nil)
 }
 
-// settled applies a part's charge: the readings, and the new allowances
+// applyPart applies a part's charge: the readings, and the new allowances
 // (less what was admitted while the round was in flight).
-func (s *Syncer) settled(now time.Time, part []int, es []*syncEntry, d []bucket.Decision, err error) {
+func (s *Syncer) applyPart(now time.Time, part []int, es []*syncEntry, d []bucket.Decision, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for j, i := range part {

@@ -189,7 +189,7 @@ func (s *sender) exchange() {
 		}
 		ev.Exchanged(s.name, n, time.Since(start), failed)
 	}
-	s.settle(x.now(), failed)
+	s.record(x.now(), failed)
 }
 
 // mark marks this region in the peer's Redis, unless the last exchange's
@@ -278,9 +278,9 @@ func (s *sender) giveBack(reqs []bucket.Request, ids []bucket.ID, part []int) {
 	}
 }
 
-// settle takes an exchange's result at now: the link comes up at a
+// record takes an exchange's result at now: the link comes up at a
 // success, goes down after linkTimeout without one (reported once each).
-func (s *sender) settle(now time.Time, err error) {
+func (s *sender) record(now time.Time, err error) {
 	s.mu.Lock()
 	changed, dropped := false, 0
 	switch {
