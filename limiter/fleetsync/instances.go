@@ -127,7 +127,7 @@ func (s *Syncer) Count(ctx context.Context, every time.Duration) int {
 	return int(max(n, s.n.Load(), 1))
 }
 
-// Entries is how many buckets the Syncer holds a local view of.
+// Entries is how many buckets the Syncer holds a view of.
 func (s *Syncer) Entries() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -7,7 +7,7 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
-// read makes the entry of r's bucket from a reading of a local fleet
+// read makes the entry of r's bucket from a reading of an in-process fleet
 // (nothing charged), or gives old, its entry, a new allowance from one;
 // false past maxSyncEntries, or when the fleet cannot tell. The caller
 // holds mu.
@@ -15,7 +15,7 @@ func (s *Syncer) read(now time.Time, r bucket.Request, n int, old *syncEntry) (*
 	if old == nil && len(s.entries) >= maxSyncEntries {
 		return nil, false
 	}
-	gen := s.fleet.(localFleet).generation()
+	gen := s.fleet.(inProcessFleet).generation()
 	if count, err := s.fleet.RegisterSync(context.Background(), s.id, InstancesWindow); err == nil { // counted in memory
 		if old := s.n.Swap(max(count, 1)); old != max(count, 1) {
 			if ev := s.ev.Load(); ev != nil {
@@ -29,7 +29,7 @@ func (s *Syncer) read(now time.Time, r bucket.Request, n int, old *syncEntry) (*
 	if err == nil && d[0].Limit == 0 {
 		return nil, false
 	}
-	s.failing.Store(err != nil) // a local fleet tells at once
+	s.failing.Store(err != nil) // an in-process fleet tells at once
 	e := old
 	if e == nil {
 		e = &syncEntry{req: reading, used: now}
@@ -57,11 +57,11 @@ func windowTurns(now time.Time, p bucket.Policy) time.Time {
 	return time.Unix(0, ns-ns%w+w)
 }
 
-// room is what e's bucket holds, as a local fleet counts it now, less what
-// this instance admitted since its last round: a cost over the share is
-// decided on it. The caller holds mu.
+// room is what e's bucket holds, as an in-process fleet counts it now,
+// less what this instance admitted since its last round: a cost over the
+// share is decided on it. The caller holds mu.
 func (s *Syncer) room(e *syncEntry) int64 {
-	return s.fleet.(localFleet).Left(e.req) - e.spent
+	return s.fleet.(inProcessFleet).Left(e.req) - e.spent
 }
 
 // seeding is a bucket whose first requests here are in Redis: n of them,

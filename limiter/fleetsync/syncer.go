@@ -101,11 +101,11 @@ type Fleet interface {
 	CountSync(ctx context.Context, id string, window time.Duration) (int64, error)
 }
 
-// localFleet is a fleet whose ChargeAll is made in this process (the
+// inProcessFleet is a fleet whose ChargeAll is made in this process (the
 // storage fleet): readings cost nothing, so the Syncer reads a bucket
 // whenever the fleet has news of it, and charges admissions as they are
 // made.
-type localFleet interface {
+type inProcessFleet interface {
 	Fleet
 	// generation changes whenever the others' counts were read again.
 	generation() uint64
@@ -148,7 +148,7 @@ type Syncer struct {
 	highAt    time.Time    // the last that counted N or more
 }
 
-// syncEntry is one bucket's local view.
+// syncEntry is one bucket's view in this instance.
 type syncEntry struct {
 	req       bucket.Request // the bucket (zone, key, digest) and its latest policy
 	allowance int64          // tokens this instance may admit until its next sync
@@ -159,8 +159,8 @@ type syncEntry struct {
 	reset     time.Time      // when the bucket was full again, as last read
 	wants     bool           // refused for want of allowance: wants a reading
 	queued    bool           // in the Syncer's queue
-	gen       uint64         // a local fleet's generation at the last reading
-	turns     time.Time      // when the window of the last reading ends (windows); a local fleet reads again then
+	gen       uint64         // an in-process fleet's generation at the last reading
+	turns     time.Time      // when the window of the last reading ends (windows); an in-process fleet reads again then
 	used      time.Time      // last request
 	synced    time.Time      // last round that read it
 }
@@ -261,15 +261,15 @@ const (
 // it (see spend); the entry, or nil when it has none. The caller holds mu.
 func (s *Syncer) takeOne(now time.Time, r bucket.Request, n int) (*syncEntry, bucket.Decision, int) {
 	cost := bucket.BoundedCost(r.Cost)
-	lf, local := s.fleet.(localFleet)
-	if !local && !s.warm.Load() { // no share until the fleet is counted
+	ipf, inProcess := s.fleet.(inProcessFleet)
+	if !inProcess && !s.warm.Load() { // no share until the fleet is counted
 		return nil, bucket.Decision{}, tookExact
 	}
 	e, ok := s.entries[bucket.IDOf(r)]
-	if local && (!ok || e.gen != lf.generation() || !e.turns.IsZero() && !now.Before(e.turns)) {
+	if inProcess && (!ok || e.gen != ipf.generation() || !e.turns.IsZero() && !now.Before(e.turns)) {
 		e, ok = s.read(now, r, n, e) // news of the others, or a new window
 	}
-	if !ok && local { // past maxSyncEntries: the local share
+	if !ok && inProcess { // past maxSyncEntries: the local share
 		d, shared := s.shareOnly(now, r, n)
 		if shared {
 			return nil, d, tookShared
@@ -277,19 +277,19 @@ func (s *Syncer) takeOne(now time.Time, r bucket.Request, n int) (*syncEntry, bu
 		return nil, d, tookRefused
 	}
 	over := cost > share(r.Policy.Limit()+refill(r), s.instances(n))
-	if !ok || over && !local {
+	if !ok || over && !inProcess {
 		return nil, bucket.Decision{}, tookExact
 	}
 	s.update(e, r, n)
 	e.used = now
-	if !local && !e.turns.IsZero() && !now.Before(e.turns) { // a new window: read at the next round
+	if !inProcess && !e.turns.IsZero() && !now.Before(e.turns) { // a new window: read at the next round
 		e.turns, e.wants = windowTurns(now, r.Policy), true
 		s.flag(e)
 	}
 	room := e.allowance
 	if over { // the bucket's owner decides on the fleet's view, now; the others refuse
 		room = 0
-		if lf.owns(r) {
+		if ipf.owns(r) {
 			room = s.room(e)
 		}
 	}
@@ -301,12 +301,12 @@ func (s *Syncer) takeOne(now time.Time, r bucket.Request, n int) (*syncEntry, bu
 	return e, bucket.Decision{Allowed: true, Limit: r.Policy.Limit(), Remaining: e.allowance - cost, Reset: e.reset, At: now}, tookAllowed
 }
 
-// spend takes what reqs cost from their entries es (nil: none), charging a
-// local fleet at once; it reports whether it did (else the rounds charge
-// it). The caller holds mu.
+// spend takes what reqs cost from their entries es (nil: none), charging
+// an in-process fleet at once; it reports whether it did (else the rounds
+// charge it). The caller holds mu.
 func (s *Syncer) spend(reqs []bucket.Request, es []*syncEntry) bool {
-	_, local := s.fleet.(localFleet)
-	charged := local && s.chargeNow(reqs, es)
+	_, inProcess := s.fleet.(inProcessFleet)
+	charged := inProcess && s.chargeNow(reqs, es)
 	for i, e := range es {
 		if e == nil {
 			continue
@@ -323,9 +323,9 @@ func (s *Syncer) spend(reqs []bucket.Request, es []*syncEntry) bool {
 	return charged
 }
 
-// chargeNow charges a local fleet what the take of reqs admitted (the
-// entries es), as it is admitted: its window is the one it counts in, and
-// the others see it at this instance's next write. False when the fleet
+// chargeNow charges an in-process fleet what the take of reqs admitted
+// (the entries es), as it is admitted: its window is the one it counts in,
+// and the others see it at this instance's next write. False when the fleet
 // failed (charged nothing: the rounds charge it).
 func (s *Syncer) chargeNow(reqs []bucket.Request, es []*syncEntry) bool {
 	var charge []bucket.Request
@@ -354,7 +354,7 @@ func (s *Syncer) shareOnly(now time.Time, r bucket.Request, n int) (bucket.Decis
 }
 
 // giveBack undoes a take whose request another zone refused; charged:
-// the take charged a local fleet at once.
+// the take charged an in-process fleet at once.
 func (s *Syncer) giveBack(es []*syncEntry, reqs []bucket.Request, charged bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -372,7 +372,7 @@ func (s *Syncer) giveBack(es []*syncEntry, reqs []bucket.Request, charged bool) 
 		e.spent = max(e.spent-cost, e.sending)
 	}
 	if len(give) > 0 {
-		s.fleet.(localFleet).give(give)
+		s.fleet.(inProcessFleet).give(give)
 	}
 }
 
@@ -389,4 +389,4 @@ func (s *Syncer) refusal(e *syncEntry, cost int64, now time.Time) bucket.Decisio
 }
 
 // The fleets.
-var _ localFleet = (*StorageFleet)(nil)
+var _ inProcessFleet = (*StorageFleet)(nil)
