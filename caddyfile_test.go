@@ -426,7 +426,7 @@ func TestMemoryEvictionsReported(t *testing.T) {
 	t.Cleanup(func() { h.store.logger = old })
 	counted, evicted := testutil.ToFloat64(metrics.memoryEvictions), h.store.Memory().Evictions()
 	for i := range 200 {
-		r := crlRequest("GET", "/", "10.0.0.1")
+		r := clientRequest("GET", "/", "10.0.0.1")
 		r.Header.Set("X-Key", fmt.Sprint("client-", i))
 		if w := serve(h, r); w.Code != 200 {
 			t.Fatalf("client %d: status %d", i, w.Code)

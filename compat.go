@@ -121,22 +121,22 @@ func (h *Handler) provisionCompat() error {
 			z.noMetrics = h.DisableMetrics
 		}
 	}
-	h.crlDefaults()
+	h.compatDefaults()
 	return nil
 }
 
-// crlRefusalLogInterval is log_refusals' interval for a handler in
+// compatRefusalLogInterval is log_refusals' interval for a handler in
 // caddy-ratelimit's spelling: close to its line per refusal, with a bound.
-const crlRefusalLogInterval = time.Second
+const compatRefusalLogInterval = time.Second
 
-// crlDefaults gives a handler written in caddy-ratelimit's spelling (every
+// compatDefaults gives a handler written in caddy-ratelimit's spelling (every
 // zone a number of events in a window) caddy-ratelimit's responses,
 // unless an option of ours says otherwise: the 429 goes to handle_errors
 // (response), allowed responses get no limit headers and refusals only
 // Retry-After (headers), and refusals are logged at info level with its
 // message and fields (log_refusals, at most one line per client and zone
 // a second).
-func (h *Handler) crlDefaults() {
+func (h *Handler) compatDefaults() {
 	if len(h.Zones) == 0 {
 		return
 	}
@@ -148,7 +148,7 @@ func (h *Handler) crlDefaults() {
 	h.Response = cmp.Or(h.Response, "handle_errors")
 	h.Headers = cmp.Or(h.Headers, "none")
 	if h.LogRefusals == nil {
-		h.LogRefusals, h.crlLog = &RefusalLog{Interval: caddy.Duration(crlRefusalLogInterval)}, true
+		h.LogRefusals, h.compatLog = &RefusalLog{Interval: caddy.Duration(compatRefusalLogInterval)}, true
 	}
 }
 

@@ -12,28 +12,28 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/internal/crlconfigs"
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/compatconfigs"
 )
 
-// The configurations of caddy-ratelimit (internal/crlconfigs: its README's
+// The configurations of caddy-ratelimit (internal/compatconfigs: its README's
 // examples and its tests' configurations, verbatim), with the arguments
 // its tests give their formats.
 var (
-	crlTestCaddyfile     = fmt.Sprintf(crlconfigs.TestCaddyfile, 60, 10)
-	crlTestRateLimits    = fmt.Sprintf(crlconfigs.TestRateLimits, 60, 10)
-	crlTestDistinctZones = fmt.Sprintf(crlconfigs.TestDistinctZones, 10, 10)
-	crlTestMetrics       = fmt.Sprintf(crlconfigs.TestMetrics, 10, 2)
+	compatTestCaddyfile     = fmt.Sprintf(compatconfigs.TestCaddyfile, 60, 10)
+	compatTestRateLimits    = fmt.Sprintf(compatconfigs.TestRateLimits, 60, 10)
+	compatTestDistinctZones = fmt.Sprintf(compatconfigs.TestDistinctZones, 10, 10)
+	compatTestMetrics       = fmt.Sprintf(compatconfigs.TestMetrics, 10, 2)
 	// Its README's examples without distributed (each instance alone).
-	crlReadmeCaddyfileLocal = strings.Replace(crlconfigs.ReadmeCaddyfile, "\tdistributed\n", "", 1)
-	crlReadmeJSONLocal      = strings.Replace(crlconfigs.ReadmeJSON, "\"distributed\": {},\n", "", 1)
+	compatReadmeCaddyfileNoDistributed = strings.Replace(compatconfigs.ReadmeCaddyfile, "\tdistributed\n", "", 1)
+	compatReadmeJSONNoDistributed      = strings.Replace(compatconfigs.ReadmeJSON, "\"distributed\": {},\n", "", 1)
 )
 
-// crlSite makes a whole Caddyfile of a bare directive (the README's
+// compatSite makes a whole Caddyfile of a bare directive (the README's
 // snippets).
-func crlSite(directive string) string { return ":80\n\n" + directive + "\nrespond ok\n" }
+func compatSite(directive string) string { return ":80\n\n" + directive + "\nrespond ok\n" }
 
-// crlHandlerConfig makes a whole JSON config of a bare handler.
-func crlHandlerConfig(handler string) string {
+// compatHandlerConfig makes a whole JSON config of a bare handler.
+func compatHandlerConfig(handler string) string {
 	return `{"apps": {"http": {"servers": {"s": {"listen": [":80"], "routes": [{"handle": [` + handler + `]}]}}}}}`
 }
 
@@ -60,18 +60,18 @@ func TestCaddyRateLimitConfigsLoad(t *testing.T) {
 		name, format, src string
 		wantErr           []string // nil: it loads
 	}{
-		{"README Caddyfile example", "caddyfile", crlconfigs.ReadmeCaddyfile, nil},
-		{"README Caddyfile example without distributed", "caddyfile", crlReadmeCaddyfileLocal, nil},
-		{"README JSON example", "json", crlconfigs.ReadmeJSON, nil},
-		{"README JSON example without distributed", "json", crlReadmeJSONLocal, nil},
-		{"README order option", "caddyfile", crlconfigs.ReadmeOrder + crlSite(crlconfigs.ReadmePrefixCaddyfile), nil},
-		{"README prefix Caddyfile", "caddyfile", crlSite(crlconfigs.ReadmePrefixCaddyfile), nil},
-		{"README prefix JSON", "json", crlHandlerConfig(crlconfigs.ReadmePrefixJSON), nil},
-		{"caddyfile_test.go", "caddyfile", crlTestCaddyfile, nil},
-		{"handler_test.go TestRateLimits", "json", crlTestRateLimits, nil},
-		{"handler_test.go TestDistinctZonesAndKeys", "json", crlTestDistinctZones, nil},
-		{"metrics_test.go TestMetrics", "json", crlTestMetrics, nil},
-		{"distributed_test.go TestDistributed", "json", fmt.Sprintf(crlconfigs.TestDistributed, t.TempDir(), "z", 60, 10), nil},
+		{"README Caddyfile example", "caddyfile", compatconfigs.ReadmeCaddyfile, nil},
+		{"README Caddyfile example without distributed", "caddyfile", compatReadmeCaddyfileNoDistributed, nil},
+		{"README JSON example", "json", compatconfigs.ReadmeJSON, nil},
+		{"README JSON example without distributed", "json", compatReadmeJSONNoDistributed, nil},
+		{"README order option", "caddyfile", compatconfigs.ReadmeOrder + compatSite(compatconfigs.ReadmePrefixCaddyfile), nil},
+		{"README prefix Caddyfile", "caddyfile", compatSite(compatconfigs.ReadmePrefixCaddyfile), nil},
+		{"README prefix JSON", "json", compatHandlerConfig(compatconfigs.ReadmePrefixJSON), nil},
+		{"caddyfile_test.go", "caddyfile", compatTestCaddyfile, nil},
+		{"handler_test.go TestRateLimits", "json", compatTestRateLimits, nil},
+		{"handler_test.go TestDistinctZonesAndKeys", "json", compatTestDistinctZones, nil},
+		{"metrics_test.go TestMetrics", "json", compatTestMetrics, nil},
+		{"distributed_test.go TestDistributed", "json", fmt.Sprintf(compatconfigs.TestDistributed, t.TempDir(), "z", 60, 10), nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -88,9 +88,9 @@ func TestCaddyRateLimitConfigsLoad(t *testing.T) {
 	}
 }
 
-// crlHandler is the first rate_limit handler of a config, as Caddy
+// compatHandler is the first rate_limit handler of a config, as Caddy
 // decodes it (unknown fields are errors), with a clock of its own.
-func crlHandler(t *testing.T, format, src string) (*Handler, *fakeClock) {
+func compatHandler(t *testing.T, format, src string) (*Handler, *fakeClock) {
 	t.Helper()
 	if format == "caddyfile" {
 		out, err := adapt(t, src)
@@ -157,20 +157,20 @@ func findHandler(t *testing.T, config []byte) json.RawMessage {
 // same clock: events 10, window 60s, on GET only.
 func TestCaddyRateLimitBehaviour(t *testing.T) {
 	for _, c := range []struct{ name, format, src string }{
-		{"caddyfile_test.go", "caddyfile", crlTestCaddyfile},
-		{"handler_test.go", "json", crlTestRateLimits},
+		{"caddyfile_test.go", "caddyfile", compatTestCaddyfile},
+		{"handler_test.go", "json", compatTestRateLimits},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h, clock := crlHandler(t, c.format, c.src)
+			h, clock := compatHandler(t, c.format, c.src)
 			for range 10 {
-				expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 200, "")
+				expectStatus(t, h, clientRequest("GET", "/", "10.0.0.1"), 200, "")
 			}
-			expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 429, "60")
-			expectStatus(t, h, crlRequest("POST", "/", "10.0.0.1"), 200, "")
+			expectStatus(t, h, clientRequest("GET", "/", "10.0.0.1"), 429, "60")
+			expectStatus(t, h, clientRequest("POST", "/", "10.0.0.1"), 200, "")
 			clock.Advance(30 * time.Second) // advanceTime(window / 2)
-			expectStatus(t, h, crlRequest("GET", "/", "10.0.0.2"), 429, "30")
+			expectStatus(t, h, clientRequest("GET", "/", "10.0.0.2"), 429, "30")
 			clock.Advance(30 * time.Second) // advanceTime(window)
-			expectStatus(t, h, crlRequest("GET", "/", "10.0.0.3"), 200, "")
+			expectStatus(t, h, clientRequest("GET", "/", "10.0.0.3"), 200, "")
 		})
 	}
 }
@@ -179,13 +179,13 @@ func TestCaddyRateLimitBehaviour(t *testing.T) {
 // TestDistinctZonesAndKeys (handler_test.go): zones by method, keys by
 // path, each counted on its own.
 func TestCaddyRateLimitDistinctZonesAndKeys(t *testing.T) {
-	h, _ := crlHandler(t, "json", crlTestDistinctZones)
+	h, _ := compatHandler(t, "json", compatTestDistinctZones)
 	for _, method := range []string{"GET", "DELETE"} {
 		for _, path := range []string{"/path1", "/path2"} {
 			for range 10 {
-				expectStatus(t, h, crlRequest(method, path, "10.0.0.1"), 200, "")
+				expectStatus(t, h, clientRequest(method, path, "10.0.0.1"), 200, "")
 			}
-			expectStatus(t, h, crlRequest(method, path, "10.0.0.1"), 429, "60")
+			expectStatus(t, h, clientRequest(method, path, "10.0.0.1"), 429, "60")
 		}
 	}
 }
@@ -196,33 +196,33 @@ func TestCaddyRateLimitDistinctZonesAndKeys(t *testing.T) {
 // per_network: IPv6 clients of one /64 share a bucket.
 func TestCaddyRateLimitReadmeExamples(t *testing.T) {
 	for _, c := range []struct{ name, format, src string }{
-		{"Caddyfile", "caddyfile", crlReadmeCaddyfileLocal},
-		{"JSON", "json", crlReadmeJSONLocal},
+		{"Caddyfile", "caddyfile", compatReadmeCaddyfileNoDistributed},
+		{"JSON", "json", compatReadmeJSONNoDistributed},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h, clock := crlHandler(t, c.format, c.src)
-			expectStatus(t, h, crlRequest("POST", "/", "10.0.0.1"), 200, "")
-			expectStatus(t, h, crlRequest("POST", "/", "10.0.0.1"), 200, "")
-			expectStatus(t, h, crlRequest("POST", "/", "10.0.0.1"), 429, "5")
+			h, clock := compatHandler(t, c.format, c.src)
+			expectStatus(t, h, clientRequest("POST", "/", "10.0.0.1"), 200, "")
+			expectStatus(t, h, clientRequest("POST", "/", "10.0.0.1"), 200, "")
+			expectStatus(t, h, clientRequest("POST", "/", "10.0.0.1"), 429, "5")
 			for i := range 100 { // 50 clients, 2 GETs each: the static zone's 100
-				expectStatus(t, h, crlRequest("GET", "/", "10.0.1."+strconv.Itoa(i/2)), 200, "")
+				expectStatus(t, h, clientRequest("GET", "/", "10.0.1."+strconv.Itoa(i/2)), 200, "")
 			}
-			expectStatus(t, h, crlRequest("GET", "/", "10.0.2.1"), 429, "60")
+			expectStatus(t, h, clientRequest("GET", "/", "10.0.2.1"), 429, "60")
 			clock.Advance(5 * time.Second)
-			expectStatus(t, h, crlRequest("POST", "/", "10.0.0.1"), 200, "")
+			expectStatus(t, h, clientRequest("POST", "/", "10.0.0.1"), 200, "")
 		})
 	}
 	for _, c := range []struct{ name, format, src string }{
-		{"prefix Caddyfile", "caddyfile", crlSite(crlconfigs.ReadmePrefixCaddyfile)},
-		{"prefix JSON", "json", crlHandlerConfig(crlconfigs.ReadmePrefixJSON)},
+		{"prefix Caddyfile", "caddyfile", compatSite(compatconfigs.ReadmePrefixCaddyfile)},
+		{"prefix JSON", "json", compatHandlerConfig(compatconfigs.ReadmePrefixJSON)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h, _ := crlHandler(t, c.format, c.src)
+			h, _ := compatHandler(t, c.format, c.src)
 			for i := range 100 {
-				expectStatus(t, h, crlRequest("GET", "/", fmt.Sprintf("[2001:db8:1:2::%x]", i+1)), 200, "")
+				expectStatus(t, h, clientRequest("GET", "/", fmt.Sprintf("[2001:db8:1:2::%x]", i+1)), 200, "")
 			}
-			expectStatus(t, h, crlRequest("GET", "/", "[2001:db8:1:2:ffff::1]"), 429, "60")
-			expectStatus(t, h, crlRequest("GET", "/", "[2001:db8:1:3::1]"), 200, "")
+			expectStatus(t, h, clientRequest("GET", "/", "[2001:db8:1:2:ffff::1]"), 429, "60")
+			expectStatus(t, h, clientRequest("GET", "/", "[2001:db8:1:3::1]"), 200, "")
 		})
 	}
 }
@@ -359,9 +359,9 @@ func TestStaticBucketWithoutKey(t *testing.T) {
 	if err := provision(t, h); err != nil {
 		t.Fatal(err)
 	}
-	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 200, "")
-	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.2"), 200, "")
-	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.3"), 429, "60")
+	expectStatus(t, h, clientRequest("GET", "/", "10.0.0.1"), 200, "")
+	expectStatus(t, h, clientRequest("GET", "/", "10.0.0.2"), 200, "")
+	expectStatus(t, h, clientRequest("GET", "/", "10.0.0.3"), 429, "60")
 }
 
 // TestSubSecondWindow: events 2 in any 500ms; Retry-After says 1, the
@@ -373,13 +373,13 @@ func TestSubSecondWindow(t *testing.T) {
 	if err := provision(t, h); err != nil {
 		t.Fatal(err)
 	}
-	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 200, "")
+	expectStatus(t, h, clientRequest("GET", "/", "10.0.0.1"), 200, "")
 	clock.Advance(300 * time.Millisecond)
-	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 200, "")
-	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 429, "1")
+	expectStatus(t, h, clientRequest("GET", "/", "10.0.0.1"), 200, "")
+	expectStatus(t, h, clientRequest("GET", "/", "10.0.0.1"), 429, "1")
 	clock.Advance(200 * time.Millisecond) // the first leaves the window
-	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 200, "")
-	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 429, "1")
+	expectStatus(t, h, clientRequest("GET", "/", "10.0.0.1"), 200, "")
+	expectStatus(t, h, clientRequest("GET", "/", "10.0.0.1"), 429, "1")
 }
 
 func TestHandlerCompatOptions(t *testing.T) {
@@ -441,7 +441,7 @@ func TestCaddyfileCompat(t *testing.T) {
 			t.Errorf("adapted config lacks\n%s\nin\n%s", want, out)
 		}
 	}
-	h, _ := crlHandler(t, "caddyfile", `:8080 {
+	h, _ := compatHandler(t, "caddyfile", `:8080 {
 	rate_limit {
 		zone a {
 			key {client_ip}

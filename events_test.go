@@ -14,8 +14,8 @@ func TestExceededEvent(t *testing.T) {
 	}
 	rec := new(eventRecorder)
 	withEvents(t, h, rec)
-	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 200, "")
-	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 429, "60")
+	expectStatus(t, h, clientRequest("GET", "/", "10.0.0.1"), 200, "")
+	expectStatus(t, h, clientRequest("GET", "/", "10.0.0.1"), 429, "60")
 	if len(rec.events) != 1 {
 		t.Fatalf("%d events; want 1, for the refusal only", len(rec.events))
 	}

@@ -70,8 +70,8 @@ func adapt(t *testing.T, src string) (string, error) {
 	return string(out), err
 }
 
-// crlRequest is a request to path with a method, from a client address.
-func crlRequest(method, path, remote string) *http.Request {
+// clientRequest is a request to path with a method, from a client address.
+func clientRequest(method, path, remote string) *http.Request {
 	r := httptest.NewRequest(method, path, nil)
 	r.RemoteAddr = remote + ":4321"
 	orig := *r // {http.request.orig_uri.*}, which Caddy's server sets

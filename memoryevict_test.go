@@ -24,7 +24,7 @@ func TestMemoryFloodSparesOtherZones(t *testing.T) {
 	// back in 100 s, long after the test.
 	login, quota, api := handler("evict_login", "3r/5m"), handler("evict_quota", "10r/h"), handler("evict_api", "100r/s")
 	send := func(h *Handler, key string) int {
-		r := crlRequest("GET", "/", "10.0.0.1")
+		r := clientRequest("GET", "/", "10.0.0.1")
 		r.Header.Set("X-Key", key)
 		return serve(h, r).Code
 	}

@@ -14,8 +14,8 @@ func TestDisableMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := metricCount(t, "quiet_zone")
-	serve(h, crlRequest("GET", "/", "10.0.0.1"))
-	serve(h, crlRequest("GET", "/", "10.0.0.1"))
+	serve(h, clientRequest("GET", "/", "10.0.0.1"))
+	serve(h, clientRequest("GET", "/", "10.0.0.1"))
 	if after := metricCount(t, "quiet_zone"); after != before {
 		t.Fatalf("decisions of quiet_zone went from %v to %v", before, after)
 	}
@@ -23,7 +23,7 @@ func TestDisableMetrics(t *testing.T) {
 	if err := provision(t, h2); err != nil {
 		t.Fatal(err)
 	}
-	serve(h2, crlRequest("GET", "/", "10.0.0.1"))
+	serve(h2, clientRequest("GET", "/", "10.0.0.1"))
 	if metricCount(t, "loud_zone") == 0 {
 		t.Fatal("a handler without disable_metrics counted nothing")
 	}

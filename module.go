@@ -223,7 +223,7 @@ type Handler struct {
 	events       *caddyevents.App     // Caddy's events app, for rate_limit_exceeded; nil in tests without one
 	eventCtx     caddy.Context        // the context events are emitted in: this handler's
 	refusals     *refusalThrottle     // LogRefusals' memory of clients logged; nil without LogRefusals
-	crlLog       bool                 // LogRefusals' lines are caddy-ratelimit's (its spelling, no log_refusals)
+	compatLog    bool                 // LogRefusals' lines are caddy-ratelimit's (its spelling, no log_refusals)
 	storage      certmagic.Storage    // where Distributed shares the zones without Redis; nil with Redis
 	storageLabel string               // storage's name in logs and metrics
 	claimConfig  *prometheus.Registry // the config whose zone names h claimed (zonenames.go)

@@ -138,7 +138,7 @@ func (h *Handler) reportRefusal(r *http.Request, repl *caddy.Replacer, o outcome
 // client address first so that a filter can match it right after the
 // zone (see the fail2ban filter in docs/operations.md).
 func (h *Handler) logRefusalInfo(r *http.Request, o outcome, remote, client string) {
-	if h.crlLog { // caddy-ratelimit's line, field for field
+	if h.compatLog { // caddy-ratelimit's line, field for field
 		fields := []zap.Field{zap.String("zone", o.zone), zap.Duration("wait", o.d.RetryAfter), zap.String("remote_ip", remote)}
 		if h.LogKeys {
 			fields = append(fields, zap.String("key", o.req.Key))

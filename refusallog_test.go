@@ -24,7 +24,7 @@ func TestExceededNamePlaceholder(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, want := range []string{"", "tight"} {
-		r := crlRequest("GET", "/", "10.0.0.1")
+		r := clientRequest("GET", "/", "10.0.0.1")
 		repl := caddyhttp.NewTestReplacer(r)
 		_ = h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
 		if got, _ := repl.GetString("http.rate_limit.exceeded.name"); got != want {
@@ -57,7 +57,7 @@ func refusalLogHandler(t *testing.T, logKeys bool) (*Handler, *observer.Observed
 func TestRefusalLog(t *testing.T) {
 	h, logs, clock := refusalLogHandler(t, false)
 	send := func(path, client string) {
-		r := crlRequest("GET", path, client)
+		r := clientRequest("GET", path, client)
 		r.Header.Set("X-API-Key", "secret-key-"+client)
 		serve(h, r)
 	}
@@ -98,7 +98,7 @@ func TestRefusalLog(t *testing.T) {
 	}
 	h, logs, _ = refusalLogHandler(t, true)
 	for range 2 {
-		r := crlRequest("GET", "/a", "10.0.0.9")
+		r := clientRequest("GET", "/a", "10.0.0.9")
 		r.Header.Set("X-API-Key", "k-9")
 		serve(h, r)
 	}
@@ -113,7 +113,7 @@ func TestRefusalLog(t *testing.T) {
 func TestRefusalLogSubnet(t *testing.T) {
 	h, logs, _ := refusalLogHandler(t, false)
 	for i := range 300 {
-		r := crlRequest("GET", "/a", "")
+		r := clientRequest("GET", "/a", "")
 		r.RemoteAddr = fmt.Sprintf("[2001:db8:0:1::%x]:4321", i+1)
 		r.Header.Set("X-API-Key", "one-key")
 		serve(h, r)
@@ -158,7 +158,7 @@ func TestDryRunLoggedAtInfo(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, client := range []string{"10.0.0.1", "10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"} {
-		if w := serve(h, crlRequest("GET", "/", client)); w.Code != http.StatusOK {
+		if w := serve(h, clientRequest("GET", "/", client)); w.Code != http.StatusOK {
 			t.Fatalf("a dry-run zone refused: %d", w.Code)
 		}
 	}

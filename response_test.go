@@ -394,10 +394,10 @@ func TestJitterProportional(t *testing.T) {
 	if err := provision(t, h); err != nil {
 		t.Fatal(err)
 	}
-	expectStatus(t, h, crlRequest("GET", "/", "10.0.0.1"), 200, "")
+	expectStatus(t, h, clientRequest("GET", "/", "10.0.0.1"), 200, "")
 	seen := map[int]bool{}
 	for range 200 {
-		w := serve(h, crlRequest("GET", "/", "10.0.0.1"))
+		w := serve(h, clientRequest("GET", "/", "10.0.0.1"))
 		n, err := strconv.Atoi(w.Header().Get("Retry-After"))
 		if w.Code != 429 || err != nil || n < 60 || n > 90 {
 			t.Fatalf("status %d, Retry-After %q; want 429 and 60 to 90", w.Code, w.Header().Get("Retry-After"))

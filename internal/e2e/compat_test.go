@@ -15,11 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/internal/crlconfigs"
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/compatconfigs"
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/testcaddy"
 )
 
-// caddy-ratelimit's configurations (internal/crlconfigs, verbatim)
+// caddy-ratelimit's configurations (internal/compatconfigs, verbatim)
 // through a real Caddy.
 
 // send sends a request with method to path and returns the response and
@@ -74,7 +74,7 @@ func loadJSON(c *testcaddy.Caddy, config string) error {
 // and 30 s later Retry-After says 30 (in real time).
 func TestCompatCaddyfile(t *testing.T) {
 	t.Parallel()
-	_, site, _ := strings.Cut(fmt.Sprintf(crlconfigs.TestCaddyfile, 60, 10), "localhost:8080")
+	_, site, _ := strings.Cut(fmt.Sprintf(compatconfigs.TestCaddyfile, 60, 10), "localhost:8080")
 	c := testcaddy.Start(t, site, "skip_install_trust")
 	start := time.Now()
 	for range 10 {
@@ -92,7 +92,7 @@ func TestCompatCaddyfile(t *testing.T) {
 func TestCompatJSON(t *testing.T) {
 	t.Parallel()
 	c := testcaddy.Start(t, `respond "ok"`)
-	if err := loadJSON(c, fmt.Sprintf(crlconfigs.TestRateLimits, 60, 10)); err != nil {
+	if err := loadJSON(c, fmt.Sprintf(compatconfigs.TestRateLimits, 60, 10)); err != nil {
 		t.Fatal(err)
 	}
 	// As with caddy-ratelimit: no limit headers on the allowed responses,
@@ -107,7 +107,7 @@ func TestCompatJSON(t *testing.T) {
 		t.Errorf("429 body %q; want caddy-ratelimit's empty one", body)
 	}
 
-	if err := loadJSON(c, fmt.Sprintf(crlconfigs.TestMetrics, 10, 2)); err != nil {
+	if err := loadJSON(c, fmt.Sprintf(compatconfigs.TestMetrics, 10, 2)); err != nil {
 		t.Fatal(err)
 	}
 	expectRetry(t, c, "GET", 200, "")
@@ -129,7 +129,7 @@ func TestCompatJSON(t *testing.T) {
 	// distributed through the file system storage the config sets: this
 	// instance alone in it admits the whole limit
 	dir := t.TempDir()
-	if err := loadJSON(c, fmt.Sprintf(crlconfigs.TestDistributed, dir, "peer_zone", 60, 10)); err != nil {
+	if err := loadJSON(c, fmt.Sprintf(compatconfigs.TestDistributed, dir, "peer_zone", 60, 10)); err != nil {
 		t.Fatal(err)
 	}
 	for range 10 {
@@ -302,7 +302,7 @@ func fail2banRegex(t *testing.T, filter, line string) {
 // (response json, headers) gives ours back.
 func TestCompatBehaviour(t *testing.T) {
 	t.Parallel()
-	_, site, _ := strings.Cut(strings.Replace(crlconfigs.ReadmeCaddyfile, "\tdistributed\n", "", 1), ":80\n")
+	_, site, _ := strings.Cut(strings.Replace(compatconfigs.ReadmeCaddyfile, "\tdistributed\n", "", 1), ":80\n")
 	site += "handle_errors {\n\trespond \"custom {err.status_code} {http.rate_limit.exceeded.name}\"\n}\n"
 	c := testcaddy.Start(t, site)
 	for range 2 {

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/internal/crlconfigs"
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/compatconfigs"
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/testcaddy"
 )
@@ -31,7 +31,7 @@ import (
 // added, the same through Redis.
 func TestCompatDistributed(t *testing.T) {
 	t.Parallel()
-	_, site, _ := strings.Cut(crlconfigs.ReadmeCaddyfile, ":80\n")
+	_, site, _ := strings.Cut(compatconfigs.ReadmeCaddyfile, ":80\n")
 	t.Run("storage", func(t *testing.T) {
 		t.Parallel()
 		dir := t.TempDir()
@@ -43,7 +43,7 @@ func TestCompatDistributed(t *testing.T) {
 		// the default 100 ms on a loaded machine is a Redis failure, and
 		// each instance then admits its local share beyond its allowance
 		// (on_store_error local), which this test is not about.
-		redis := fmt.Sprintf("\tredis {\n\t\taddresses %s\n\t\tkey_prefix crl%d:\n\t\ttimeout 5s\n\t}\n", redistest.StandaloneAddr(t), time.Now().UnixNano())
+		redis := fmt.Sprintf("\tredis {\n\t\taddresses %s\n\t\tkey_prefix compat%d:\n\t\ttimeout 5s\n\t}\n", redistest.StandaloneAddr(t), time.Now().UnixNano())
 		testDistributed(t, strings.Replace(site, "\tdistributed\n", "\tdistributed\n"+redis, 1), "", `"zone syncs with Redis`, 5, "")
 	})
 }

@@ -1,11 +1,11 @@
-// Package crlconfigs holds caddy-ratelimit's documented configurations
+// Package compatconfigs holds caddy-ratelimit's documented configurations
 // and the configurations of its tests, copied verbatim from
 // github.com/mholt/caddy-ratelimit (Apache License 2.0) at commit
 // 5625512f24f6f59d6f64fb3aafe5eecff0b286db, each under a comment that
 // names its file. The tests of this module load them unchanged
 // (compat_test.go, internal/e2e/compat_test.go). The test configurations
 // are fmt formats, as there: their comments give the arguments.
-package crlconfigs
+package compatconfigs
 
 // ReadmeOrder: README.md, "Caddyfile config": the order global option.
 const ReadmeOrder = `{
