@@ -124,7 +124,7 @@ func TestRemoteUnknownKIDsFetchOncePerInterval(t *testing.T) {
 		}
 	}
 	randomKIDs() // within the interval of the first fetch: none
-	settle()
+	letFetcherAct()
 	if n := fetches(); n != 1 {
 		t.Fatalf("%d fetches after 1,000 unknown kids within the interval; want 1 (the first)", n)
 	}
@@ -135,7 +135,7 @@ func TestRemoteUnknownKIDsFetchOncePerInterval(t *testing.T) {
 		jwkstest.Eventually(t, "a fetch for the unknown kids", func() bool { return fetches() >= round })
 		f.clock.Add(interval / 2) // still within the interval of that fetch
 		randomKIDs()
-		settle()
+		letFetcherAct()
 		if n := fetches(); n != round {
 			t.Fatalf("%d fetches after 2,000 unknown kids in interval %d; want %d", n, round, round)
 		}
@@ -145,9 +145,9 @@ func TestRemoteUnknownKIDsFetchOncePerInterval(t *testing.T) {
 	}
 }
 
-// settle gives the key set's goroutine time to act on a request to fetch,
-// if one was wrongly let through.
-func settle() { time.Sleep(50 * time.Millisecond) }
+// letFetcherAct gives the key set's goroutine time to act on a request to
+// fetch, if one was wrongly let through.
+func letFetcherAct() { time.Sleep(50 * time.Millisecond) }
 
 func TestRemoteVerifyNeverWaits(t *testing.T) {
 	f := newRemote(t, RemoteOptions{RefreshMin: 100 * time.Millisecond, RefreshMax: time.Hour})

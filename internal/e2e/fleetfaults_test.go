@@ -79,15 +79,15 @@ func failover(t *testing.T, cl *redistest.Cluster, addr string) {
 			t.Fatalf("%s is no master after %d CLUSTER FAILOVERs", addr, attempt)
 		}
 	}
-	settle(t, cl)
+	waitMastersAgree(t, cl)
 }
 
-// settle waits until the cluster serves every slot and its nodes agree
-// on the masters: half its nodes, each with one replica, and each knowing
-// its replica (a demoted master learns of the failover from the others'
-// gossip, and a master that does not know its replica ignores its CLUSTER
-// FAILOVER).
-func settle(t *testing.T, cl *redistest.Cluster) {
+// waitMastersAgree waits until the cluster serves every slot and its
+// nodes agree on the masters: half its nodes, each with one replica, and
+// each knowing its replica (a demoted master learns of the failover from
+// the others' gossip, and a master that does not know its replica ignores
+// its CLUSTER FAILOVER).
+func waitMastersAgree(t *testing.T, cl *redistest.Cluster) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if err := cl.WaitOK(30 * time.Second); err != nil {
@@ -151,7 +151,7 @@ func restartMaster(t *testing.T, cl *redistest.Cluster, addr string) {
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
-	settle(t, cl)
+	waitMastersAgree(t, cl)
 	if m, _ := role(t, addr); !m {
 		failover(t, cl, addr)
 	}
