@@ -174,6 +174,7 @@ func (h *Handler) logRegionBounds() {
 	down := []string{}
 	for _, l := range links {
 		regionMetrics.linkUp.WithLabelValues(l.Region).Set(boolGauge(l.Up))
+		regionMetrics.heard.WithLabelValues(l.Region).Set(boolGauge(l.Heard))
 		if !l.Up {
 			down = append(down, l.Region)
 		}

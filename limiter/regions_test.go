@@ -17,13 +17,14 @@ import (
 // decision.
 type pacedResult struct {
 	admitted map[string]int
+	sent     map[string]int
 	slowest  time.Duration
 	span     time.Duration
 	failures int // decisions that were not the store's
 }
 
 func pace(w *world, key string, p Policy, tick time.Duration, global bool, stop <-chan struct{}) pacedResult {
-	res := pacedResult{admitted: map[string]int{}}
+	res := pacedResult{admitted: map[string]int{}, sent: map[string]int{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -41,9 +42,10 @@ func pace(w *world, key string, p Policy, tick time.Duration, global bool, stop 
 				}
 				began := time.Now()
 				var v Verdict
-				r.l.Decide(context.Background(), time.Time{}, []Request{{Zone: "api", Key: key, Policy: p, Cost: 1, Global: global}}, Caller{}, &v)
+				r.l.Decide(context.Background(), time.Time{}, []Request{{Zone: "api", Key: key, Policy: p, Cost: 1, Global: global}}, Caller{Events: quietEvents{}}, &v)
 				took := time.Since(began)
 				mu.Lock()
+				res.sent[r.name]++
 				if v.States[0] == Allowed {
 					res.admitted[r.name]++
 				}
@@ -95,7 +97,7 @@ func TestRegionsBound(t *testing.T) {
 		t.Errorf("%d admitted in all regions; want at most the exact %.0f plus the bound %.0f", res.total(), exact, bound)
 	}
 	if float64(res.total()) < 0.7*exact {
-		t.Errorf("%d admitted in all regions; want most of the exact %.0f", res.total(), exact)
+		t.Errorf("%d admitted in all regions (%v sent); want most of the exact %.0f", res.total(), res.sent, exact)
 	}
 	for _, r := range w.regions {
 		r.ev.mu.Lock()
@@ -108,8 +110,9 @@ func TestRegionsBound(t *testing.T) {
 	local := runPaced(w, "per-region", p, 10*time.Millisecond, 2*time.Second, false)
 	t.Logf("not global: admitted %v in %s", local.admitted, local.span.Round(time.Millisecond))
 	for name, n := range local.admitted {
-		if float64(n) < 0.8*(float64(p.Burst)+100*local.span.Seconds()) {
-			t.Errorf("not global: %s admitted %d; want its own whole limit", name, n)
+		// A loaded machine may send fewer than the pace asks.
+		if want := 0.8 * min(float64(local.sent[name]), float64(p.Burst)+100*local.span.Seconds()); float64(n) < want {
+			t.Errorf("not global: %s admitted %d of %d sent; want its own whole limit, %.0f at least", name, n, local.sent[name], want)
 		}
 	}
 }
@@ -251,7 +254,7 @@ func TestRegionsManyKeys(t *testing.T) {
 				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / 4000))) // 4,000 a second in all
 				r := []*region{eu, ap}[i%2]
 				var v Verdict
-				r.l.Decide(context.Background(), time.Time{}, []Request{{Zone: "many", Key: fmt.Sprint("k", i%keys), Policy: p, Cost: 1, Global: true}}, Caller{}, &v)
+				r.l.Decide(context.Background(), time.Time{}, []Request{{Zone: "many", Key: fmt.Sprint("k", i%keys), Policy: p, Cost: 1, Global: true}}, Caller{Events: quietEvents{}}, &v)
 				if v.States[0] != Allowed {
 					t.Errorf("key %d refused in %s: %v", i%keys, r.name, v.States[0])
 				}

@@ -58,22 +58,29 @@
 // (Events.LinkChanged) and once more when an exchange succeeds again.
 // A peer is heard while its mark is in this region's Redis. Each
 // interval the Exchange counts the regions admitting up to the rate
-// (Links): this one, and each peer whose link is up and that is heard
-// (during LinkTimeout from the start, every peer: the fleet starts
-// together). The others are counted at their share, rate / R: a peer this
-// region cannot reach counts it at its share; one it does not hear from,
-// it counts at its share. A region decides with the rate of those
-// counted, k × rate / R (its buckets' period stretched R / k times); cut
-// off from every peer, its own share. What it could not send a peer
-// whose link is down is dropped, not sent when the link heals (the share
-// accounted for it). Links and marks are reported once as they fail and
-// once as they heal (Events.LinkChanged, Events.Heard).
+// (Links): every region while this one's link to each peer is up and each
+// peer is heard, else this one alone. A region decides with the rate of
+// those counted, k × rate / R (its buckets' period stretched R / k
+// times): the whole rate, or its own share. Counting any fewer than all
+// is unsound: a peer cut off from this region only may still count
+// itself with the others, and admit its share and more unseen here
+// (TestRegionsOneLinkCut). While a fleet starts together (LinkTimeout
+// from Start, while no peer's mark is in this region's Redis) every peer
+// is heard. A sender marks its region in a peer only while its charges
+// there succeed. What it could not send a peer whose link is down is
+// dropped, not sent when the link heals (the peer counted this region at
+// its share meanwhile); bans wait, and are told when it heals. Links and
+// marks are reported once as they fail and once as they heal
+// (Events.LinkChanged, Events.Heard). What on_store_error allow let
+// through is not recorded, and a bucket's charge to a peer is at most
+// twice what the instance can have admitted since its last exchange
+// (maxCharge). Close hands out the last counts and makes a last exchange.
 //
 // A rate that comes back when a link heals does not fill a bucket: a token
 // bucket's period shortening can only lower what it holds, so healing
 // admits no burst. Each link failure may add once, before it is seen, what
-// a region admits in LinkTimeout unseen: at most ⌈burst/R⌉ + rate ×
-// LinkTimeout per region cut off.
+// a region admits unseen until then: at most ⌈burst/R⌉ + rate ×
+// (LinkTimeout + interval) per region cut off.
 //
 // # Invariants
 //
@@ -86,7 +93,8 @@
 //   - Regions together stay within Bound (TestRegionsBound; end to end,
 //     TestRegionsEndToEnd in internal/e2e).
 //   - A cut-off region decides with its share, and healing admits no burst
-//     (TestRegionsCutOff; end to end, TestRegionsEndToEnd).
+//     (TestRegionsCutOff; end to end, TestRegionsEndToEnd); one link cut
+//     keeps the bound too (TestRegionsOneLinkCut).
 //   - A ban of a global zone reaches every region; another zone's does
 //     not (TestRegionsBanGlobal).
 //

@@ -104,6 +104,7 @@ func (x *Exchange) count() {
 type Link struct {
 	Region string
 	Up     bool
+	Heard  bool      // its mark was in this region's Redis at the last count
 	LastOK time.Time // the last exchange that succeeded
 }
 
@@ -113,7 +114,10 @@ func (x *Exchange) Links() ([]Link, int) {
 	links := make([]Link, len(x.peers))
 	for i, s := range x.peers {
 		up, at := s.isUp()
-		links[i] = Link{Region: s.name, Up: up, LastOK: at}
+		s.mu.Lock()
+		heard := !s.unheard
+		s.mu.Unlock()
+		links[i] = Link{Region: s.name, Up: up, Heard: heard, LastOK: at}
 	}
 	return links, int(x.counted.Load())
 }
