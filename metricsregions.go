@@ -28,7 +28,7 @@ func initRegionMetrics() {
 	m.exchangedKeys = counterVec("region_exchanged_keys_total",
 		"Buckets of global zones whose admissions this instance charged to a peer region's Redis.", "region")
 	m.dropped = counterVec("region_dropped_keys_total",
-		"Buckets whose admissions were not told to a peer region: its link was down (the peer counted this region at its share meanwhile), or more buckets than an instance keeps (region all).", "region")
+		"Buckets whose admissions were not told to a peer region: its link was down (the peer counted this region at its share meanwhile); with region all, requests not counted because more buckets than an instance keeps were waiting.", "region")
 	m.exchangeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "region_exchange_duration_seconds",
 		Help:    "Time an exchange with a peer region took, errors included.",
@@ -40,4 +40,15 @@ func initRegionMetrics() {
 func regionCollectors() []prometheus.Collector {
 	m := &regionMetrics
 	return []prometheus.Collector{m.linkUp, m.heard, m.lastExchange, m.exchanges, m.exchangedKeys, m.dropped, m.exchangeDuration}
+}
+
+// deleteRegionSeries deletes the series of peer region name.
+func deleteRegionSeries(name string) {
+	if regionMetrics.linkUp == nil {
+		return // never initialised: no handler registered the metrics
+	}
+	m := &regionMetrics
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.linkUp, m.heard, m.lastExchange, m.exchanges, m.exchangedKeys, m.dropped, m.exchangeDuration} {
+		v.DeletePartialMatch(prometheus.Labels{"region": name})
+	}
 }

@@ -51,6 +51,9 @@ type peerStores struct {
 func (p *peerStores) close() {
 	if p.copies != nil {
 		p.copies.close()
+		for name := range p.copies.peers { // a store of the same peers recreates them at its next exchange
+			deleteRegionSeries(name)
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
