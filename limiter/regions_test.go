@@ -275,8 +275,10 @@ func TestRegionsManyKeys(t *testing.T) {
 		r.ev.mu.Lock()
 		t.Logf("%s: exchanges %v (ok, failed), first failures %v", r.name, r.ev.exchanges, r.ev.failures)
 		for peer, n := range r.ev.exchanges {
-			if n[1] > 0 || n[0] == 0 {
-				t.Errorf("%s: exchanges with %s %v (ok, failed); want only ok", r.name, peer, n)
+			// A loaded machine may keep an exchange past its 1 s timeout:
+			// at most two of them, and ten that succeed.
+			if n[1] > 2 || n[0] < 10 {
+				t.Errorf("%s: exchanges with %s %v (ok, failed); want at least 10 ok, at most 2 failed", r.name, peer, n)
 			}
 		}
 		r.ev.mu.Unlock()
