@@ -132,7 +132,7 @@ func TestRegionsCutOff(t *testing.T) {
 	time.Sleep(3 * interval)
 	bound := regions.Bound(p, 3, interval, time.Second)
 	link := regions.LinkTimeout(interval, time.Second)
-	cutExtra := 10 + 100*link.Seconds()
+	cutExtra := 10 + 100*(link+interval).Seconds() // ⌈burst/R⌉ + rate × (LinkTimeout + interval)
 	check := func(phase string, res pacedResult, extra float64) {
 		t.Helper()
 		exact := float64(p.Burst) + 100*res.span.Seconds()
@@ -357,4 +357,33 @@ func TestRegionsOneLinkCut(t *testing.T) {
 		}
 	}
 	w.cutLink(t, "eu", "us", false)
+}
+
+// TestRegionsRollout: a zone global in eu and not (yet) in us, as while
+// global rolls out region by region: what eu admits is charged to the
+// zone's global bucket in us, never to the bucket us decides by, and us
+// keeps its own limit.
+func TestRegionsRollout(t *testing.T) {
+	const interval = 200 * time.Millisecond
+	w := newWorld(t, 20*time.Millisecond, interval)
+	p := Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Hour, Burst: 30}
+	eu, us := w.regions[0], w.regions[1]
+	decide := func(r *region, global bool) State {
+		var v Verdict
+		r.l.Decide(context.Background(), time.Time{}, []Request{{Zone: "rollout", Key: "k", Policy: p, Cost: 1, Global: global}}, Caller{Events: quietEvents{}}, &v)
+		defer v.Release()
+		return v.States[0]
+	}
+	for range 10 {
+		decide(eu, true)
+	}
+	time.Sleep(5 * interval) // exchanges
+	d, err := us.l.Peek(context.Background(), Request{Zone: "rollout", Key: "k", Policy: p})
+	if err != nil || d.Remaining != 30 {
+		t.Fatalf("us's own bucket of the zone after eu admitted 10 as global: %+v (%v); want 30 left, untouched", d, err)
+	}
+	g, err := us.l.Peek(context.Background(), Request{Zone: "rollout", Key: "k", Policy: p, Global: true})
+	if err != nil || g.Remaining != 0 {
+		t.Errorf("us's global bucket after eu admitted 10: %+v (%v); want its share of 10, charged 10", g, err)
+	}
 }

@@ -176,7 +176,7 @@ func TestRegionsEndToEnd(t *testing.T) {
 
 	link := 2 * (regionsSync + time.Second) // regions.LinkTimeout
 	w.cut("eu", true)
-	w.check("eu cut off", w.paced("/api", "cut", link+2*time.Second), bound+10+100*link.Seconds())
+	w.check("eu cut off", w.paced("/api", "cut", link+2*time.Second), bound+10+100*(link+regionsSync).Seconds())
 	w.cut("eu", false)
 	time.Sleep(link)
 	w.check("healed", w.paced("/api", "cut", 3*time.Second), bound)

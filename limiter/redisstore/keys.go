@@ -48,9 +48,17 @@ func redisKey(prefix, zone string, digest [16]byte, suffix string) string {
 	return prefix + "{" + string(tag[:]) + "}:" + zone + suffix
 }
 
+// globalSuffix ends the key of a global zone's token bucket (package
+// limiter/regions): the regions charge it, and a region where the zone is
+// not global (yet, while global rolls out) keeps its own bucket apart.
+const globalSuffix = ":g"
+
 // key is the Redis key of r's state (see RedisKey and keySuffixes).
 func (s *Store) key(r bucket.Request) string {
 	a := r.Policy.Algorithm
+	if r.Global && a == bucket.TokenBucket {
+		return redisKey(s.prefix, r.Zone, r.Digest(), globalSuffix)
+	}
 	if int(a) < len(keySuffixes) {
 		return redisKey(s.prefix, r.Zone, r.Digest(), keySuffixes[a])
 	}
