@@ -93,7 +93,13 @@ func passedAcross(t *testing.T, fleet []*testcaddy.Caddy, key string, n int) int
 // limitOf is the X-RateLimit-Limit c shows for key.
 func limitOf(t *testing.T, c *testcaddy.Caddy, key string) string {
 	t.Helper()
-	resp, _, err := c.Get("/", "X-API-Key", key)
+	return limitOn(t, c, "/", key)
+}
+
+// limitOn is the X-RateLimit-Limit c shows for key on path.
+func limitOn(t *testing.T, c *testcaddy.Caddy, path, key string) string {
+	t.Helper()
+	resp, _, err := c.Get(path, "X-API-Key", key)
 	if err != nil {
 		t.Fatal(err)
 	}

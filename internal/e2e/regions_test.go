@@ -256,7 +256,7 @@ func TestRegionsOverrides(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		if got := apiLimit(t, c); got != "3" { // burst 7: ⌈7/3⌉ in each region
+		if got := limitOn(t, c, "/api", "override"); got != "3" { // burst 7: ⌈7/3⌉ in each region
 			t.Errorf("Caddy %d (%s): limit %q under the override; want 3, the region's share of 7", i, w.region[i], got)
 		}
 		if has := strings.Contains(listed(t, c), `"zone":"local"`); has != (w.region[i] == "eu") {
@@ -293,14 +293,4 @@ func listed(t *testing.T, c *testcaddy.Caddy) string {
 	t.Helper()
 	_, _, body := admin(t, c, http.MethodGet, "/rate_limit/overrides")
 	return body
-}
-
-// apiLimit is the X-RateLimit-Limit c shows on /api.
-func apiLimit(t *testing.T, c *testcaddy.Caddy) string {
-	t.Helper()
-	resp, _, err := c.Get("/api", "X-API-Key", "override")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.Header.Get("X-Ratelimit-Limit")
 }

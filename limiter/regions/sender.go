@@ -116,16 +116,11 @@ const (
 func (s *sender) add(counts map[bucket.ID]*count) {
 	s.mu.Lock()
 	for id, c := range counts {
-		if b, ok := s.backlog[id]; ok {
-			b.cost = min(b.cost+c.cost, math.MaxInt64/2)
-			s.backlog[id] = b
-			continue
-		}
-		if len(s.backlog) >= maxBacklog {
+		if _, ok := s.backlog[id]; !ok && len(s.backlog) >= maxBacklog {
 			s.dropped++
 			continue
 		}
-		s.backlog[id] = *c
+		s.merge(id, c.req, c.cost)
 	}
 	s.mu.Unlock()
 	select {
@@ -269,17 +264,22 @@ func (s *sender) giveBack(reqs []bucket.Request, ids []bucket.ID, part []int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, i := range part {
-		b, ok := s.backlog[ids[i]]
-		if !ok {
-			b.req = reqs[i]
-		}
-		b.cost = min(b.cost+reqs[i].Cost, math.MaxInt64/2)
-		s.backlog[ids[i]] = b
+		s.merge(ids[i], reqs[i], reqs[i].Cost)
 	}
 }
 
+// merge adds cost to the backlog's count of id (r's bucket); s.mu held.
+func (s *sender) merge(id bucket.ID, r bucket.Request, cost int64) {
+	b, ok := s.backlog[id]
+	if !ok {
+		b.req = r
+	}
+	b.cost = min(b.cost+cost, math.MaxInt64/2)
+	s.backlog[id] = b
+}
+
 // record takes an exchange's result at now: the link comes up at a
-// success, goes down after linkTimeout without one (reported once each).
+// success, goes down after LinkTimeout without one (reported once each).
 func (s *sender) record(now time.Time, err error) {
 	s.mu.Lock()
 	changed, dropped := false, 0
