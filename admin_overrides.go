@@ -245,7 +245,7 @@ func putOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b ove
 	}
 	out := overrideView(entry)
 	out.Store = t.store.label()
-	out.Regions = t.copyToRegions(&o) // regionsoverrides.go
+	out.Regions = t.copyToRegions(&o)
 	return writeJSON(w, out)
 }
 
@@ -275,6 +275,16 @@ func (t overrideTarget) digestPtr() *[16]byte {
 		return &t.digest
 	}
 	return nil
+}
+
+// copyToRegions copies a change of t's override (o nil: deleted) to the
+// peer regions when t's zone is global, and tells how each took it; nil
+// when it is not copied.
+func (t overrideTarget) copyToRegions(o *overrides.Override) map[string]string {
+	if !slices.ContainsFunc(t.refs, func(r zoneRef) bool { return r.z.Global }) {
+		return nil
+	}
+	return t.store.CopyOverride(t.zone, t.digestPtr(), o)
 }
 
 // deleteOverride removes the override.

@@ -7,12 +7,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 )
 
 func init() {
@@ -176,7 +175,7 @@ var handlerOptions = map[string]func(*caddyfile.Dispenser, *Handler) error{
 		return err
 	},
 	"memory_capacity": func(d *caddyfile.Dispenser, h *Handler) error {
-		return intArg(d, &h.MemoryCapacity, memstore.MinCapacity)
+		return intArg(d, &h.MemoryCapacity, limiter.MinMemoryCapacity)
 	},
 	// caddy-ratelimit's options (compat.go, distributed.go)
 	"log_key":         func(d *caddyfile.Dispenser, h *Handler) error { return noArgs(d, &h.LogKeys) },

@@ -386,7 +386,7 @@ func TestCaddyfileMemoryCapacity(t *testing.T) {
 		return h
 	}
 	unset := handler(0)
-	capacity := func() int { return unset.store.Memory().Capacity() }
+	capacity := func() int { return unset.store.MemoryStats().Capacity }
 	if got := capacity(); got != memstore.DefaultCapacity {
 		t.Fatalf("capacity %d with none set; want the default, %d", got, memstore.DefaultCapacity)
 	}
@@ -424,7 +424,7 @@ func TestMemoryEvictionsReported(t *testing.T) {
 	h.store.logger = zap.New(core)
 	h.store.evictionLogged.Store(0) // whatever an earlier test evicted in this shared store
 	t.Cleanup(func() { h.store.logger = old })
-	counted, evicted := testutil.ToFloat64(metrics.memoryEvictions), h.store.Memory().Evictions()
+	counted, evicted := testutil.ToFloat64(metrics.memoryEvictions), h.store.MemoryStats().Evictions
 	for i := range 200 {
 		r := clientRequest("GET", "/", "10.0.0.1")
 		r.Header.Set("X-Key", fmt.Sprint("client-", i))
@@ -432,10 +432,10 @@ func TestMemoryEvictionsReported(t *testing.T) {
 			t.Fatalf("client %d: status %d", i, w.Code)
 		}
 	}
-	if n := h.store.Memory().Len(); n > 64 {
+	if n := h.store.MemoryStats().Buckets; n > 64 {
 		t.Fatalf("%d buckets kept; want at most the capacity, 64", n)
 	}
-	got, want := testutil.ToFloat64(metrics.memoryEvictions)-counted, float64(h.store.Memory().Evictions()-evicted)
+	got, want := testutil.ToFloat64(metrics.memoryEvictions)-counted, float64(h.store.MemoryStats().Evictions-evicted)
 	if want < 200-64 || got != want {
 		t.Fatalf("memory_evictions_total grew by %v; the store evicted %v, want at least %d", got, want, 200-64)
 	}

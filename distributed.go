@@ -19,8 +19,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/fleetsync"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
 // caddy-ratelimit's distributed mode: its zones shared by the instances
@@ -29,7 +27,7 @@ import (
 // one (every zone that can sync does, every interval of the two; the
 // others stay exact), else through the storage (Handler.Storage, or
 // Caddy's), where each instance writes its counts to a file of its own
-// and reads the others' (limiter/fleetsync/storage.go). A zone in
+// and reads the others' (package limiter/fleetsync). A zone in
 // caddy-ratelimit's spelling (events in a window, the sliding log) counts
 // with the sliding window counter, which can sync.
 
@@ -207,21 +205,19 @@ func (h *Handler) provisionStorage() error {
 	return h.loadStore(h.storagePoolKey(), func() (caddy.Destructor, error) {
 		s := newSharedStore("")
 		s.namespace = label
-		s.Limiter = limiter.NewStorageLimiter(fleetStorage(st), fleetsync.StorageOptions{WriteEvery: write, ReadEvery: read,
-			PurgeAge: time.Duration(h.Distributed.PurgeAge), Events: storageEvents{s}, Read: countSync})
-		s.Limiter.OnSync(s)
-		s.overrides = overrides.NewMemory(overrideEvents{s})
-		return s, nil
+		return s.made(limiter.New(limiter.Config{Storage: fleetStorage(st), Sync: s, Overrides: overrideEvents{s},
+			StorageOptions: limiter.StorageOptions{WriteEvery: write, ReadEvery: read, PurgeAge: time.Duration(h.Distributed.PurgeAge),
+				Events: storageEvents{s}, Read: countSync}}))
 	})
 }
 
 // fleetStorage is st as the fleet reads it: telling its files' sizes
-// (fleetsync.Sizer), so that none too large is read, and, when st is a file
-// system (file_system), its files' paths (fleetsync.FileSystem), so that the
+// (limiter.Sizer), so that none too large is read, and, when st is a file
+// system (file_system), its files' paths (limiter.FileSystem), so that the
 // fleet reads only regular files, each with a byte limit, and follows a
 // symlinked directory.
-func fleetStorage(st certmagic.Storage) fleetsync.Storage {
-	if fsys, ok := st.(fleetsync.FileSystem); ok {
+func fleetStorage(st certmagic.Storage) limiter.Storage {
+	if fsys, ok := st.(limiter.FileSystem); ok {
 		return fileSystemStorage{sizedStorage{st}, fsys}
 	}
 	return sizedStorage{st}
@@ -233,7 +229,7 @@ type sizedStorage struct{ certmagic.Storage }
 // fileSystemStorage is a Caddy storage of the file system.
 type fileSystemStorage struct {
 	sizedStorage
-	fleetsync.FileSystem
+	limiter.FileSystem
 }
 
 func (s sizedStorage) Size(ctx context.Context, key string) (int64, error) {
@@ -270,11 +266,11 @@ func syncHint(z *Zone) string {
 	return ""
 }
 
-// storageEvents logs the storage's failures (fleetsync.StorageEvents).
+// storageEvents logs the storage's failures (limiter.StorageEvents).
 type storageEvents struct{ s *sharedStore }
 
 // label is the store's, in the logs: its namespace (s.Limiter is not set
-// during the first read, which NewStorageLimiter makes).
+// during the first read, which limiter.New makes).
 func (e storageEvents) label() string { return e.s.namespace }
 
 func (e storageEvents) StorageFailing(err error) {

@@ -10,7 +10,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // metrics are the limiter's Prometheus collectors. They live as long as
@@ -240,7 +239,7 @@ type decisionEvents struct {
 // StoreFailing logs, once, that Redis began to fail.
 func (e decisionEvents) StoreFailing(err error) {
 	msg := "redis store failing; on_store_error applies until it answers again"
-	if redisstore.AuthFailed(err) {
+	if limiter.AuthFailed(err) {
 		msg = "redis store failing: it refuses the credentials (check username, password and the ACL user's permissions); on_store_error applies until it accepts them"
 	}
 	e.logger.Error(msg, zap.String("on_store_error", e.mode), zap.Error(err))

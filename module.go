@@ -47,7 +47,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/certmagic"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/clientkey"
@@ -56,7 +55,7 @@ import (
 
 func init() {
 	caddy.RegisterModule(Handler{})
-	redis.SetLogger(redisLogger{})
+	limiter.SetRedisLogger(func(msg string) { caddy.Log().Named("http.handlers.rate_limit.redis").Debug(msg) })
 }
 
 // Handler limits the rate of requests, per client, in zones. Every zone

@@ -17,12 +17,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // maxBlockRetry is the Retry-After of a block without an expiry.
@@ -247,12 +245,11 @@ func (s *sharedStore) Synced(keys int, took time.Duration, err error) {
 // syncFailure says what made a round fail: a reply of Redis's that is an
 // error (the store answered: the error's code), a time-out, or no answer.
 func (s *sharedStore) syncFailure(err error) string {
-	var reply redis.Error
+	code, replied := limiter.ReplyCode(err)
 	switch {
-	case errors.Is(err, redisstore.ErrBreakerOpen):
+	case errors.Is(err, limiter.ErrBreakerOpen):
 		return "the circuit breaker skips " + s.fleetName() + " after its failures"
-	case errors.As(err, &reply) && !errors.Is(err, redis.ErrClosed):
-		code, _, _ := strings.Cut(reply.Error(), " ")
+	case replied:
 		return s.fleetName() + " answered with the error " + code
 	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		return s.fleetName() + " did not answer within the timeout"

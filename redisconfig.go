@@ -16,14 +16,10 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // RedisConfig says how to reach Redis. Addresses, username, password and
@@ -152,7 +148,7 @@ func sharedKeyHasher(block, keySecret string) (*limiter.KeyHasher, error) {
 const defaultRedisTimeout = 100 * time.Millisecond
 
 // provisionRedis acquires the Redis store of h.Redis, shared by every
-// handler with the same configuration.
+// handler with the same configuration (and regions).
 func (h *Handler) provisionRedis() error {
 	cfg, err := h.Redis.resolve()
 	if err != nil {
@@ -162,13 +158,13 @@ func (h *Handler) provisionRedis() error {
 	if err != nil {
 		return fmt.Errorf("redis: tls: %w", err)
 	}
-	opts, err := cfg.options(files)
-	if err != nil {
-		return fmt.Errorf("redis: %w", err)
-	}
 	key, err := cfg.poolKey(files)
 	if err != nil {
 		return err
+	}
+	var lc limiter.Config
+	if lc.Redis, err = cfg.options(files); err != nil {
+		return fmt.Errorf("redis: %w", err)
 	}
 	if h.Regions != nil {
 		rk, err := h.Regions.regionsKey()
@@ -176,21 +172,15 @@ func (h *Handler) provisionRedis() error {
 			return err
 		}
 		key += rk
+		if lc.Regions, err = h.Regions.limiterRegions(); err != nil {
+			return err
+		}
 	}
+	lc.LocalCache, lc.LocalCacheMaxAge = localCacheSize(cfg.LocalCache), localCacheMaxAge
 	created := false
 	err = h.loadStore(key, func() (caddy.Destructor, error) {
 		created = true
-		s, err := newSharedRedis(cfg, opts)
-		if err != nil {
-			return nil, err
-		}
-		if h.Regions != nil {
-			if err := s.startRegions(h.Regions); err != nil {
-				_ = s.Close()
-				return nil, err
-			}
-		}
-		return s, nil
+		return newSharedRedis(cfg, lc)
 	})
 	if err == nil && created {
 		h.checkRedis(time.Duration(cfg.Timeout))
@@ -198,24 +188,17 @@ func (h *Handler) provisionRedis() error {
 	return err
 }
 
-// newSharedRedis makes the store of cfg: Redis, whose node breakers show
-// in the metrics and logs, with the cache of refused clients.
-func newSharedRedis(cfg RedisConfig, opts *redis.UniversalOptions) (*sharedStore, error) {
+// newSharedRedis makes the store of cfg, whose limiter is made of lc:
+// Redis, whose nodes' breakers, rounds, links to other regions and
+// overrides show in the metrics and logs.
+func newSharedRedis(cfg RedisConfig, lc limiter.Config) (*sharedStore, error) {
 	s := newSharedStore(strings.Join(cfg.Addresses, ",")) // the label outside a cluster
-	client := redis.NewUniversalClient(opts)
-	l, err := limiter.NewRedisLimiter(client, limiter.RedisOptions{
-		KeyPrefix: cfg.KeyPrefix, Timeout: time.Duration(cfg.Timeout),
-		LocalCache: localCacheSize(cfg.LocalCache), LocalCacheMaxAge: localCacheMaxAge,
-	}, s)
-	if err != nil {
-		return nil, err
+	s.namespace = overridesLabel(cfg, cfg.KeyPrefix)
+	lc.Nodes, lc.Sync, lc.Overrides = s, s, overrideEvents{s}
+	if lc.Regions != nil {
+		lc.RegionEvents = regionEvents{s}
 	}
-	s.Limiter = l
-	l.OnSync(s)
-	prefix := cmp.Or(cfg.KeyPrefix, redisstore.DefaultKeyPrefix)
-	s.overrides = overrides.NewRedis(client, prefix, cfg.DB, overrideEvents{s})
-	s.namespace = overridesLabel(cfg, prefix)
-	return s, nil
+	return s.made(limiter.New(lc))
 }
 
 // overridesLabel names the overrides of a Redis store: where they live
@@ -231,7 +214,7 @@ func overridesLabel(cfg RedisConfig, prefix string) string {
 	if cfg.DB != 0 {
 		label += fmt.Sprintf(" db %d", cfg.DB)
 	}
-	if prefix != redisstore.DefaultKeyPrefix {
+	if prefix != limiter.DefaultKeyPrefix {
 		label += " prefix " + prefix
 	}
 	if cfg.KeySecret != "" {
@@ -249,7 +232,7 @@ func (h *Handler) checkRedis(timeout time.Duration) {
 	err := h.store.Ping(ctx)
 	switch {
 	case err == nil:
-	case redisstore.AuthFailed(err):
+	case limiter.AuthFailed(err):
 		h.logger.Error("redis refuses the credentials at start (check username, password and the ACL user's permissions); on_store_error applies until it accepts them",
 			zap.Strings("addresses", h.Redis.Addresses), zap.String("on_store_error", h.onError.Mode), zap.Error(err))
 	default:
@@ -275,7 +258,7 @@ func (c *RedisConfig) resolve() (RedisConfig, error) {
 			return r, fmt.Errorf("%s %q resolves to nothing (an unset environment variable?)", name, v[0])
 		}
 	}
-	r.KeyPrefix = cmp.Or(c.KeyPrefix, redisstore.DefaultKeyPrefix)
+	r.KeyPrefix = cmp.Or(c.KeyPrefix, limiter.DefaultKeyPrefix)
 	r.Timeout = cmp.Or(c.Timeout, caddy.Duration(defaultRedisTimeout))
 	return r, r.check()
 }
@@ -309,42 +292,33 @@ func checkKeyPrefix(prefix string) error {
 	return nil
 }
 
-// options are the go-redis options of c, with the TLS files' contents:
-// every wait bounded by Timeout.
-func (c *RedisConfig) options(files tlsFiles) (*redis.UniversalOptions, error) {
-	t := time.Duration(c.Timeout)
-	opts := &redis.UniversalOptions{
-		Addrs:                 c.Addresses,
-		IsClusterMode:         c.Cluster,
-		MasterName:            c.MasterName,
-		Username:              c.Username,
-		Password:              c.Password,
-		DB:                    c.DB,
-		PoolSize:              c.PoolSize,
-		DialTimeout:           max(t, time.Second),
-		ReadTimeout:           t,
-		WriteTimeout:          t,
-		PoolTimeout:           t,
-		ContextTimeoutEnabled: true,
-		MaxRetries:            -1, // a script that may have run is not sent again
-		// One dial per call: a refused connection fails the call at once,
-		// with its own error, not a timeout after dials tried again.
-		DialerRetries: 1,
-		// No CLIENT SETINFO nor CLIENT MAINT_NOTIFICATIONS on connecting:
-		// Redis before 7.2 (and any but Redis Enterprise, for the second)
-		// answers them with an error, which its errorstats count (noise
-		// under an alert on Redis's errors).
-		DisableIdentity:          true,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+// limiterOptions are the limiter's options of c: resolved, its TLS
+// files read.
+func (c *RedisConfig) limiterOptions() (*limiter.RedisOptions, error) {
+	cfg, err := c.resolve()
+	if err != nil {
+		return nil, err
 	}
+	files, err := cfg.TLS.read()
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	return cfg.options(files)
+}
+
+// options are the limiter's options of c, with the TLS files' contents.
+func (c *RedisConfig) options(files tlsFiles) (*limiter.RedisOptions, error) {
+	o := &limiter.RedisOptions{Addresses: c.Addresses, Cluster: c.Cluster, MasterName: c.MasterName,
+		Username: c.Username, Password: c.Password, DB: c.DB, PoolSize: c.PoolSize,
+		Timeout: time.Duration(c.Timeout), KeyPrefix: c.KeyPrefix}
 	if c.TLS != nil {
 		tlsConfig, err := c.TLS.config(files)
 		if err != nil {
 			return nil, fmt.Errorf("tls: %w", err)
 		}
-		opts.TLSConfig = tlsConfig
+		o.TLS = tlsConfig
 	}
-	return opts, nil
+	return o, nil
 }
 
 // tlsFiles are the contents of the files a RedisTLS names, read once per
@@ -417,12 +391,4 @@ func (c *RedisConfig) poolKey(files tlsFiles) (string, error) {
 		h.Write(f)
 	}
 	return "redis:" + hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// redisLogger routes go-redis's own log lines (failed dials and the like)
-// to Caddy's logger at debug level: the handler logs failures once.
-type redisLogger struct{}
-
-func (redisLogger) Printf(_ context.Context, format string, v ...any) {
-	caddy.Log().Named("http.handlers.rate_limit.redis").Debug(fmt.Sprintf(format, v...))
 }

@@ -17,7 +17,6 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // RegionsConfig is the regions a fleet spans, each deciding from its own
@@ -111,10 +110,10 @@ func (h *Handler) checkRegions() error {
 // buckets: a region charges the others' buckets by their keys, the key
 // prefix and the digest of the client key (keyed by key_secret).
 func (c *RegionsConfig) checkKeys(home *RedisConfig) error {
-	prefix := cmp.Or(home.KeyPrefix, redisstore.DefaultKeyPrefix)
+	prefix := cmp.Or(home.KeyPrefix, limiter.DefaultKeyPrefix)
 	for _, name := range slices.Sorted(maps.Keys(c.Peers)) {
 		p := c.Peers[name]
-		if got := cmp.Or(p.KeyPrefix, redisstore.DefaultKeyPrefix); got != prefix {
+		if got := cmp.Or(p.KeyPrefix, limiter.DefaultKeyPrefix); got != prefix {
 			return fmt.Errorf("regions: region %q: key_prefix %q is not this region's %q: every region keeps a global zone's buckets "+
 				"under one prefix, and charges the others' by name; give each region's Redis the same key_prefix", name, got, prefix)
 		}

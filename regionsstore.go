@@ -1,11 +1,10 @@
 package ratelimit
 
 // The exchange of a Redis store's global zones with the other regions
-// (package limiter/regions): built with the store, the peers' clients
-// closed with it, its links in the metrics and logs.
+// (package limiter/regions): its peers' options, its links in the
+// metrics and logs, and the bounds of its global zones.
 
 import (
-	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -13,16 +12,11 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"sync"
 	"time"
 
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddyserver/caddy/v2"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
-
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/regions"
 )
 
 // defaultPeerTimeout is a peer region's Redis timeout when its block sets
@@ -41,78 +35,23 @@ func (c *RegionsConfig) regionsKey() (string, error) {
 	return " regions:" + hex.EncodeToString(sum[:]), nil
 }
 
-// peerStores are the Redis stores of a store's peer regions.
-type peerStores struct {
-	mu     sync.Mutex
-	stores []*redisstore.Store
-	copies *overrideCopies // the changes of the global zones' overrides to copy to them
-}
-
-func (p *peerStores) close() {
-	if p.copies != nil {
-		p.copies.close()
-		for name := range p.copies.peers { // a store of the same peers recreates them at its next exchange
-			deleteRegionSeries(name)
-		}
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, s := range p.stores {
-		_ = s.Close()
-	}
-	p.stores = nil
-}
-
-// startRegions gives s the exchange of c, with a client of each peer's
-// Redis; prefix is this region's key prefix, which the peers' must be.
-func (s *sharedStore) startRegions(c *RegionsConfig) error {
-	peers := map[string]regions.Peer{}
-	writers := map[string]*overrides.Writer{}
-	timeout := time.Duration(0)
+// limiterRegions are the regions of c as the limiter takes them: each
+// peer's Redis resolved as a redis block is, with defaultPeerTimeout when
+// its block sets no timeout.
+func (c *RegionsConfig) limiterRegions() (*limiter.Regions, error) {
+	r := &limiter.Regions{This: c.This, Peers: map[string]limiter.RedisOptions{}, Interval: c.interval()}
 	for _, name := range slices.Sorted(maps.Keys(c.Peers)) {
-		st, w, t, err := peerStore(c.Peers[name])
-		if err != nil {
-			s.peers.close()
-			return fmt.Errorf("regions: region %q: %w", name, err)
+		cfg := *c.Peers[name]
+		if cfg.Timeout == 0 {
+			cfg.Timeout = caddy.Duration(defaultPeerTimeout)
 		}
-		s.peers.mu.Lock()
-		s.peers.stores = append(s.peers.stores, st)
-		s.peers.mu.Unlock()
-		peers[name], writers[name], timeout = st, w, max(timeout, t)
+		o, err := cfg.limiterOptions()
+		if err != nil {
+			return nil, fmt.Errorf("regions: region %q: redis: %w", name, err)
+		}
+		r.Peers[name] = *o
 	}
-	x := regions.New(regions.Config{This: c.This, Home: s.Redis(), Peers: peers, Interval: c.interval(), Timeout: timeout})
-	x.OnEvents(regionEvents{s})
-	s.Limiter.SetRegions(x)
-	s.peers.copies = newOverrideCopies(writers, c.interval(), timeout)
-	return nil
-}
-
-// peerStore is the store of a peer region's Redis, the writer of its
-// overrides, and its timeout.
-func peerStore(c *RedisConfig) (*redisstore.Store, *overrides.Writer, time.Duration, error) {
-	cfg := *c
-	if cfg.Timeout == 0 {
-		cfg.Timeout = caddy.Duration(defaultPeerTimeout)
-	}
-	cfg, err := cfg.resolve()
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("redis: %w", err)
-	}
-	files, err := cfg.TLS.read()
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("redis: tls: %w", err)
-	}
-	opts, err := cfg.options(files)
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("redis: %w", err)
-	}
-	client := redis.NewUniversalClient(opts)
-	st, err := redisstore.New(client, cfg.KeyPrefix)
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("redis: %w", err)
-	}
-	w := overrides.NewRedisWriter(client, cmp.Or(cfg.KeyPrefix, redisstore.DefaultKeyPrefix), cfg.DB)
-	return st, w, time.Duration(cfg.Timeout), nil
+	return r, nil
 }
 
 // regionEvents logs the links to the peer regions and counts their
@@ -169,11 +108,11 @@ func boolGauge(b bool) float64 {
 // far beyond the world's exact limit they may admit together over any
 // period while their links are up (regions.Bound).
 func (h *Handler) logRegionBounds() {
-	x := h.store.Regions()
-	if x == nil {
+	names := h.store.Regions()
+	if names == nil {
 		return
 	}
-	links, counted := x.Links()
+	links, counted := h.store.RegionLinks()
 	down := []string{}
 	for _, l := range links {
 		regionMetrics.linkUp.WithLabelValues(l.Region).Set(boolGauge(l.Up))
@@ -186,10 +125,10 @@ func (h *Handler) logRegionBounds() {
 		if !z.Global {
 			continue
 		}
-		share := x.Policy(z.policy)
+		share := h.store.RegionShare(z.policy)
 		h.logger.Info("zone is global: each region decides from its own Redis with its share of the burst, and tells the others what it admitted every sync; over any period the regions together may admit beyond the exact limit up to (regions × ⌈burst / regions⌉ − burst) + (regions − 1) × rate × (sync + timeout)",
-			zap.String("zone", z.name), zap.Strings("regions", x.Names()), zap.Strings("links_down", down),
+			zap.String("zone", z.name), zap.Strings("regions", names), zap.Strings("links_down", down),
 			zap.Int("regions_counted", counted), zap.Duration("sync", h.Regions.interval()),
-			zap.Int64("burst_here", share.Burst), zap.Float64("bound", math.Round(x.Bound(z.policy))))
+			zap.Int64("burst_here", share.Burst), zap.Float64("bound", math.Round(h.store.RegionBound(z.policy))))
 	}
 }

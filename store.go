@@ -12,9 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // stores holds the stores shared by every handler and kept across config
@@ -35,8 +33,7 @@ const memoryPoolKey = "memory"
 // its memory store's evictions.
 type sharedStore struct {
 	*limiter.Limiter
-	overrides   *overrides.Overrides // the run-time overrides of the zones (overrides.go)
-	peers       peerStores           // the peer regions' Redis, with regions (regionsstore.go)
+	overrides   *overrides.Overrides // the Limiter's run-time overrides
 	namespace   string               // a Redis store's label (sharedStore.label)
 	syncFailing atomic.Bool          // the rounds of the zones that sync fail
 	logger      *zap.Logger
@@ -64,11 +61,18 @@ func newSharedStore(whole string) *sharedStore {
 	return &sharedStore{logger: caddy.Log().Named("http.handlers.rate_limit"), whole: whole}
 }
 
+// made completes s with l, the limiter made for it, or fails with err.
+func (s *sharedStore) made(l *limiter.Limiter, err error) (*sharedStore, error) {
+	if err != nil {
+		return nil, err
+	}
+	s.Limiter, s.overrides = l, l.Overrides()
+	return s, nil
+}
+
 func newSharedMemory() (caddy.Destructor, error) {
 	s := newSharedStore("")
-	s.Limiter = limiter.NewMemoryLimiter()
-	s.overrides = overrides.NewMemory(overrideEvents{s})
-	return s, nil
+	return s.made(limiter.New(limiter.Config{Overrides: overrideEvents{s}}))
 }
 
 // Destruct closes the store, when the last handler using it is cleaned up.
@@ -77,10 +81,11 @@ func (s *sharedStore) Destruct() error {
 		metrics.breakerOpen.DeleteLabelValues(label.(string))
 		return true
 	})
-	s.overrides.Close()
 	metrics.overrides.DeletePartialMatch(prometheus.Labels{"store": s.label()})
-	err := s.Close() // the exchange with the peer regions first
-	s.peers.close()
+	err := s.Close()                                              // the last exchange with the peer regions first
+	for _, name := range s.Regions()[min(1, len(s.Regions())):] { // the peers: a store of the same peers recreates them at its next exchange
+		deleteRegionSeries(name)
+	}
 	return err
 }
 
@@ -88,8 +93,8 @@ func (s *sharedStore) Destruct() error {
 // the memory store; h's memory_capacity joins those of the store's other
 // handlers.
 func (h *Handler) provisionStore() error {
-	if n := h.MemoryCapacity; n < 0 || n > 0 && n < memstore.MinCapacity {
-		return fmt.Errorf("memory_capacity %d: want at least %d buckets (0 or none: %d)", n, memstore.MinCapacity, memstore.DefaultCapacity)
+	if n := h.MemoryCapacity; n < 0 || n > 0 && n < limiter.MinMemoryCapacity {
+		return fmt.Errorf("memory_capacity %d: want at least %d buckets (0 or none: %d)", n, limiter.MinMemoryCapacity, limiter.DefaultMemoryCapacity)
 	}
 	var err error
 	switch {
@@ -129,16 +134,16 @@ func (s *sharedStore) holdCapacity(h *Handler, n int) {
 	for _, c := range s.capacities {
 		capacity = max(capacity, c)
 	}
-	capacity = cmp.Or(capacity, memstore.DefaultCapacity)
+	capacity = cmp.Or(capacity, limiter.DefaultMemoryCapacity)
 	if int64(capacity) != s.capacity.Load() {
-		s.Memory().SetCapacity(capacity)
+		s.SetMemoryCapacity(capacity)
 		s.capacity.Store(int64(capacity))
 	}
 }
 
 // watchEvictions has the memory store's evictions counted and logged.
 func (s *sharedStore) watchEvictions() {
-	s.watchOnce.Do(func() { s.Memory().OnEvict(s.evicted) })
+	s.watchOnce.Do(func() { s.OnEvict(s.evicted) })
 }
 
 // evicted counts n buckets the memory store evicted, being full, and logs
@@ -192,7 +197,7 @@ func (s *sharedStore) BreakerChanged(node string, open bool) {
 	}
 	metrics.breakerOpen.WithLabelValues(label).Set(1)
 	s.logger.Warn("redis circuit breaker open: skipping the node; its keys use on_store_error",
-		zap.String("node", label), zap.Duration("cooldown", redisstore.BreakerCooldown))
+		zap.String("node", label), zap.Duration("cooldown", limiter.BreakerCooldown))
 }
 
 // NodeGone drops the breaker metric of a cluster node that no longer

@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // StoreErrorPolicy says what a handler does while its Redis fails: while
@@ -92,7 +91,7 @@ func (p StoreErrorPolicy) fallback() limiter.Fallback {
 // is logged at most once per denyLogEvery, without the request: an
 // outage must not write every client's headers into the error log.
 func (h *Handler) deny(w http.ResponseWriter, err error) error {
-	retry := int64(redisstore.BreakerCooldown / time.Second)
+	retry := int64(limiter.BreakerCooldown / time.Second)
 	if now, last := h.now().UnixNano(), h.denyLogged.Load(); now-last >= int64(denyLogEvery) && h.denyLogged.CompareAndSwap(last, now) {
 		h.logger.Warn("rate limit store failing: on_store_error deny refuses requests (logged at most every 10s)",
 			zap.Int("status", h.onError.Status), zap.Error(err))

@@ -17,7 +17,6 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // TestSyncNeedsRedis: a zone that syncs without a redis block fails to
@@ -86,29 +85,24 @@ func TestSyncFailureSays(t *testing.T) {
 	closed := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	defer closed.Close()
 	refused := closed.Ping(ctx).Err()
-	l, err := limiter.NewRedisLimiter(c, limiter.RedisOptions{KeyPrefix: "says:"}, quietNodes{})
+	l, err := limiter.New(limiter.Config{Redis: &limiter.RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: "says:"}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer l.Close()
 	s := newSharedStore("")
 	s.Limiter = l
 	for err, want := range map[error]string{
-		crossslot:                 "Redis answered with the error CROSSSLOT",
-		timeout:                   "Redis did not answer within the timeout",
-		refused:                   "cannot reach Redis",
-		redisstore.ErrBreakerOpen: "the circuit breaker skips Redis",
+		crossslot:              "Redis answered with the error CROSSSLOT",
+		timeout:                "Redis did not answer within the timeout",
+		refused:                "cannot reach Redis",
+		limiter.ErrBreakerOpen: "the circuit breaker skips Redis",
 	} {
 		if got := s.syncFailure(err); !strings.HasPrefix(got, want) {
 			t.Errorf("round failing with %v: says %q, want %q", err, got, want)
 		}
 	}
 }
-
-// quietNodes are NodeEvents that tell no one.
-type quietNodes struct{}
-
-func (quietNodes) BreakerChanged(string, bool) {}
-func (quietNodes) NodeGone(string)             {}
 
 // TestSyncRegistersAtFirstRequest: a config with a zone that syncs
 // registers nothing as it loads (caddy validate loads one), and logs the

@@ -10,11 +10,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // Zone names are global to a store: every handler that names a zone, in
@@ -98,7 +97,7 @@ func (c *RedisConfig) namespace() string {
 		secret = hex.EncodeToString(sum[:8])
 	}
 	return fmt.Sprintf("redis %q cluster=%t master=%q db=%d prefix=%q secret=%s", addrs, c.Cluster, c.MasterName, c.DB,
-		cmp.Or(c.KeyPrefix, redisstore.DefaultKeyPrefix), secret)
+		cmp.Or(c.KeyPrefix, limiter.DefaultKeyPrefix), secret)
 }
 
 // zoneSeen is a zone name's first definition in a Caddyfile being adapted.

@@ -368,7 +368,7 @@ func (l *Limiter) takeRedis(ctx context.Context, now time.Time, reqs []Request, 
 		err = nil
 	}
 	if err != nil {
-		if redisstore.MayHaveRun(err) { // a script may have taken slots before the error
+		if bucket.MayHaveRun(err) { // a script may have taken slots before the error
 			l.releaseLater(reqs, ev)
 		}
 		return nil, err

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 )
 
@@ -20,7 +18,7 @@ func TestDecideDryRun(t *testing.T) {
 	two := Policy{Algorithm: TokenBucket, Rate: 2, Period: time.Hour, Burst: 2}
 	for name, dryFirst := range map[string]bool{"dry last": false, "dry first": true} {
 		t.Run(name, func(t *testing.T) {
-			l := NewMemoryLimiter()
+			l := mustNew(t, Config{})
 			defer l.Close()
 			enforced := Request{Zone: "enforced", Key: "k", Policy: two, Cost: 1}
 			dry := Request{Zone: "dry", Key: "k", Policy: one, Cost: 1, DryRun: true}
@@ -67,11 +65,9 @@ func (e *countingEvents) StoreRecovered(string) {
 // sets it (else they answer CLUSTERDOWN, and each is reported once too).
 func TestFailureReportedOncePerNode(t *testing.T) {
 	cl := redistest.NewClusterOf(t, 3, 0, "--cluster-require-full-coverage", "no")
-	l, err := NewRedisLimiter(redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()}),
-		// A timeout of 500 ms: a loaded machine can keep a healthy
-		// master's reply 50 ms, and a breaker opened then is a second
-		// failure to report.
-		RedisOptions{KeyPrefix: "once:", Timeout: 500 * time.Millisecond}, quietEvents{})
+	// A timeout of 500 ms: a loaded machine can keep a healthy master's
+	// reply 50 ms, and a breaker opened then is a second failure to report.
+	l, err := New(Config{Redis: &RedisOptions{Addresses: cl.Addrs(), Cluster: true, KeyPrefix: "once:", Timeout: 500 * time.Millisecond}, Nodes: quietEvents{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +109,7 @@ func TestFailureReportedOncePerNode(t *testing.T) {
 // TestBlockedRequest: a blocked request is refused with the block's time
 // left, nothing charged, in the enforced zones; a dry-run zone would refuse.
 func TestBlockedRequest(t *testing.T) {
-	l := NewMemoryLimiter()
+	l := mustNew(t, Config{})
 	defer l.Close()
 	now := time.Unix(1_700_000_000, 0)
 	p := Policy{Algorithm: TokenBucket, Rate: 5, Period: time.Minute, Burst: 5}

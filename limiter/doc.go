@@ -1,11 +1,16 @@
 // Package limiter decides whether an HTTP request may pass the rate limits of
 // its zones. It knows nothing of Caddy or HTTP.
 //
-// A Limiter decides against one store: this process's memory
-// (NewMemoryLimiter), Redis (NewRedisLimiter: with a breaker per node, a cache
-// of the clients Redis refused, and memory to fall back on), or a storage that
-// the instances of its zones that sync share (NewStorageLimiter: the other
-// zones in memory). A request is a set of Requests, one per zone
+// A Limiter decides against one store, which New makes of a Config: this
+// process's memory (the zero Config), Redis (Config.Redis: with a breaker per
+// node, a cache of the clients Redis refused, and memory to fall back on; with
+// Config.Regions, the exchange of the global zones with the other regions), or
+// a storage that the instances of its zones that sync share (Config.Storage:
+// the other zones in memory). It keeps the zones' run-time overrides where it
+// keeps the buckets (Overrides). Its users need no other package of this
+// module but limiter/bucket's types, which it aliases, and limiter/overrides:
+// New dials Redis (limiter/redisstore's Dial, from plain RedisOptions) and the
+// peer regions, and every component it builds is reached through its methods. A request is a set of Requests, one per zone
 // (limiter/bucket): Decide gives a Verdict with a State and a Decision per
 // zone, all or nothing: when one zone refuses, no zone is charged. Dry-run
 // zones (Request.DryRun) are decided in a call of their own, before the
@@ -46,7 +51,7 @@
 // forgotten node is dropped): while none fails, a success costs one atomic
 // load. Any other error is ScriptFailed, that request's alone, reported loudly
 // at most every ScriptErrorReportEvery. A take that may have run before it
-// failed (redisstore.MayHaveRun), and a refused request whose refund failed
+// failed (bucket.MayHaveRun), and a refused request whose refund failed
 // (redisstore.RefundError: refused anyway, its tokens staying taken), release
 // their slots in the background.
 //
@@ -99,9 +104,9 @@
 //
 // # Zones that sync
 //
-// NewRedisLimiter and NewStorageLimiter build a fleetsync.Syncer on their
-// fleet (the Redis store, or a fleetsync.StorageFleet); OnSync, Instances,
-// SyncReady and CountSync expose it, and Close stops it after its last round,
+// New builds a fleetsync.Syncer on the fleet of a Redis or a storage Config
+// (the Redis store, or a fleetsync.StorageFleet), telling Config.Sync of its
+// rounds; Instances, SyncReady and CountSync expose it, and Close stops it after its last round,
 // before the storage fleet's last write.
 //
 // # Invariants

@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"sync"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/fleetsync"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/regions"
 )
@@ -30,14 +30,16 @@ import (
 // refused clients and of bans; Redis decides on its server's clock. Safe for
 // concurrent use; one Limiter serves every handler that shares its store.
 type Limiter struct {
-	redis   *redisstore.Store       // nil: the memory store decides
-	sync    *fleetsync.Syncer       // the zones that sync; nil with memory alone
-	fleet   *fleetsync.StorageFleet // the storage the zones that sync share; nil but for NewStorageLimiter
-	regions *regions.Exchange       // the global zones' exchange with the other regions; nil without regions
-	memory  *memstore.Store
-	refused *DenyCache      // clients Redis refused; nil without Redis
-	retries *releaseRetries // releases of slots to try again; nil without Redis
-	timeout time.Duration   // the longest a store call waits
+	redis     *redisstore.Store       // nil: the memory store decides
+	sync      *fleetsync.Syncer       // the zones that sync; nil with memory alone
+	fleet     *fleetsync.StorageFleet // the storage the zones that sync share; nil but with Config.Storage
+	regions   *regions.Exchange       // the global zones' exchange with the other regions; nil without regions
+	peers     []*redisstore.Store     // the peer regions' Redis, which regions speaks to
+	overrides *overrides.Overrides    // the run-time overrides, kept where the buckets are
+	memory    *memstore.Store
+	refused   *DenyCache      // clients Redis refused; nil without Redis
+	retries   *releaseRetries // releases of slots to try again; nil without Redis
+	timeout   time.Duration   // the longest a store call waits
 
 	// failing are the Redis nodes whose failure was reported and not yet
 	// their recovery ("" outside a cluster, or for a failure of no known
@@ -89,64 +91,16 @@ type NodeEvents interface {
 // client may cause them at will.
 const ScriptErrorReportEvery = 10 * time.Second
 
-// RedisOptions configure NewRedisLimiter.
-type RedisOptions struct {
-	// KeyPrefix starts every key; DefaultKeyPrefix when empty.
-	KeyPrefix string
-	// Timeout is the longest a call waits on Redis (a decision, a ban, a
-	// settlement, a release); releases tried again wait at least a second.
-	// Default: 1s.
-	Timeout time.Duration
-	// LocalCache is how many refused clients are remembered; 0: none.
-	LocalCache int
-	// LocalCacheMaxAge is the longest a refusal is remembered, so that a
-	// reset through another instance reaches this one.
-	LocalCacheMaxAge time.Duration
-}
-
-// NewMemoryLimiter returns a Limiter that decides in this process's
-// memory.
-func NewMemoryLimiter() *Limiter {
-	return &Limiter{memory: memstore.New(0), timeout: time.Second}
-}
-
-// NewRedisLimiter returns a Limiter that decides in the Redis of client,
-// which Close closes; nodes are told of its nodes' breakers.
-func NewRedisLimiter(client redisstore.Client, o RedisOptions, nodes NodeEvents) (*Limiter, error) {
-	store, err := redisstore.New(client, o.KeyPrefix)
-	if err != nil {
-		return nil, err
-	}
-	l := &Limiter{redis: store, memory: memstore.New(0), timeout: cmp.Or(o.Timeout, time.Second),
-		refused: NewDenyCache(o.LocalCache, o.LocalCacheMaxAge)}
-	l.retries = newReleaseRetries(store, max(l.timeout, time.Second))
-	l.sync = fleetsync.NewSyncer(store, l.memory, max(l.timeout, time.Second))
-	store.OnBreaker(nodes.BreakerChanged)
-	store.OnForget(func(node string) {
-		if _, was := l.failing.LoadAndDelete(node); was { // no request will tell its recovery
-			l.nFailing.Add(-1)
-		}
-		nodes.NodeGone(node)
-	})
-	return l, nil
-}
-
-// NewStorageLimiter returns a Limiter whose zones that sync share their
-// counts with the instances that write to st (see fleetsync.StorageFleet); the
-// others decide in this process's memory. It reads the others' counts and
-// writes its own before it returns (each within o.Timeout).
-func NewStorageLimiter(st fleetsync.Storage, o fleetsync.StorageOptions) *Limiter {
-	f := fleetsync.NewStorageFleet(st, o)
-	l := &Limiter{memory: memstore.New(0), timeout: time.Second, fleet: f}
-	l.sync = fleetsync.NewSyncer(f, l.memory, l.timeout)
-	f.Start()
-	return l
-}
-
 // Close stops the Limiter's background work and closes its stores.
 func (l *Limiter) Close() error {
+	if l.overrides != nil {
+		l.overrides.Close()
+	}
 	if l.regions != nil {
-		l.regions.Close()
+		l.regions.Close() // a last exchange with the peers
+	}
+	for _, p := range l.peers {
+		_ = p.Close()
 	}
 	if l.retries != nil {
 		l.retries.stop()
@@ -252,7 +206,7 @@ func (l *Limiter) Kind() StoreKind {
 
 // Breaker is the circuit breaker of a Redis node ("" outside a cluster);
 // nil without Redis.
-func (l *Limiter) Breaker(node string) *redisstore.Breaker {
+func (l *Limiter) Breaker(node string) *Breaker {
 	if l.redis == nil {
 		return nil
 	}
@@ -268,6 +222,25 @@ func (l *Limiter) Node(ctx context.Context, req Request) string {
 	return l.redis.Node(ctx, req)
 }
 
-// Memory is l's memory store: the store that decides without Redis, and
-// with it, on_store_error local's (see fallBack).
-func (l *Limiter) Memory() *memstore.Store { return l.memory }
+// Overrides are the run-time overrides of the zones, kept where the
+// buckets are: in Redis, or in this process's memory.
+func (l *Limiter) Overrides() *overrides.Overrides { return l.overrides }
+
+// SetMemoryCapacity sets how many buckets the memory store keeps: the
+// store without Redis, and with it on_store_error local's.
+func (l *Limiter) SetMemoryCapacity(n int) { l.memory.SetCapacity(n) }
+
+// OnEvict sets f to be told of the n buckets the memory store evicts,
+// being full.
+func (l *Limiter) OnEvict(f func(n int)) { l.memory.OnEvict(f) }
+
+// MemoryStats are figures of the memory store.
+type MemoryStats struct {
+	Buckets, Capacity int
+	Evictions         uint64
+}
+
+// MemoryStats tells the memory store's buckets, capacity and evictions.
+func (l *Limiter) MemoryStats() MemoryStats {
+	return MemoryStats{Buckets: l.memory.Len(), Capacity: l.memory.Capacity(), Evictions: l.memory.Evictions()}
+}

@@ -5,23 +5,59 @@ import (
 	"sync"
 	"time"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/regions"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
 // The global zones (Request.Global): decided from this region's Redis
 // with the region's share (regions.Exchange.Policy), and what they admit
 // is told to the other regions (package regions).
 
-// SetRegions makes the Limiter decide its global zones with x, which it
-// starts, and closes with the Limiter. Call it before the first Decide.
-func (l *Limiter) SetRegions(x *regions.Exchange) {
-	l.regions = x
-	x.Start()
+// Regions are the names of every region, this one first; nil without
+// regions.
+func (l *Limiter) Regions() []string {
+	if l.regions == nil {
+		return nil
+	}
+	return l.regions.Names()
 }
 
-// Regions is the exchange of the global zones; nil without regions.
-func (l *Limiter) Regions() *regions.Exchange { return l.regions }
+// RegionLinks are the links to the peer regions, and how many regions are
+// counted as admitting up to the rate (see regions.Exchange.Links).
+func (l *Limiter) RegionLinks() ([]RegionLink, int) {
+	if l.regions == nil {
+		return nil, 1
+	}
+	return l.regions.Links()
+}
+
+// RegionShare is p as this region decides a global zone of it: its share
+// (p without regions).
+func (l *Limiter) RegionShare(p Policy) Policy {
+	if l.regions == nil {
+		return p
+	}
+	return l.regions.Policy(p)
+}
+
+// RegionBound is how far beyond the world's exact limit of p the regions
+// together may admit over any period while their links are up (0 without
+// regions; see regions.Exchange.Bound).
+func (l *Limiter) RegionBound(p Policy) float64 {
+	if l.regions == nil {
+		return 0
+	}
+	return l.regions.Bound(p)
+}
+
+// CopyOverride copies a change of an override of a global zone to the
+// peer regions (see regions.Exchange.CopyOverride): for each region,
+// "written" or why it is queued; nil without regions.
+func (l *Limiter) CopyOverride(zone string, digest *[16]byte, o *overrides.Override) map[string]string {
+	if l.regions == nil {
+		return nil
+	}
+	return l.regions.CopyOverride(zone, digest, o)
+}
 
 // anyGlobal reports whether a request of reqs is of a global zone.
 func anyGlobal(reqs []Request) bool {
@@ -68,6 +104,3 @@ func (l *Limiter) regional(req Request) Request {
 	}
 	return req
 }
-
-// Redis is the Redis store that decides; nil with memory alone.
-func (l *Limiter) Redis() *redisstore.Store { return l.redis }

@@ -34,10 +34,10 @@ func BenchmarkDecideGlobal(b *testing.B) {
 	}
 	for _, global := range []bool{false, true} {
 		b.Run(fmt.Sprintf("global=%v", global), func(b *testing.B) {
-			l := NewMemoryLimiter()
+			l := mustNew(b, Config{})
 			defer l.Close()
 			if global {
-				l.SetRegions(regions.New(regions.Config{This: "eu", Home: idlePeer{}, Peers: map[string]regions.Peer{"us": idlePeer{}, "ap": idlePeer{}},
+				useRegions(l, regions.New(regions.Config{This: "eu", Home: idlePeer{}, Peers: map[string]regions.Peer{"us": idlePeer{}, "ap": idlePeer{}},
 					Interval: time.Hour, Timeout: time.Second}))
 			}
 			reqs := make([]Request, 1)

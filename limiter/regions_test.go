@@ -303,7 +303,9 @@ func (c cmdStats) scripts() (calls, usec int64) {
 // commandStats is r's Redis's INFO commandstats.
 func commandStats(t *testing.T, r *region) cmdStats {
 	t.Helper()
-	info, err := r.client(nil).Info(context.Background(), "commandstats").Result()
+	c := r.client()
+	defer c.Close()
+	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,12 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/latencyproxy"
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/regions"
+	"github.com/redis/go-redis/v9"
 )
 
 // A test world: three regions on loopback, each deciding from its own
@@ -95,38 +93,34 @@ func newWorldTimeout(t *testing.T, delay, interval, timeout time.Duration) *worl
 		{name: "ap", addrs: cl.Addrs(), cluster: true},
 	}
 	for _, r := range w.regions {
-		l, err := NewRedisLimiter(r.client(nil), RedisOptions{KeyPrefix: prefix, Timeout: time.Second}, nopNodeEvents{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.l = l
-		t.Cleanup(func() { l.Close() })
-	}
-	for _, r := range w.regions {
-		peers := map[string]regions.Peer{}
+		peers := map[string]RedisOptions{}
 		for _, o := range w.regions {
 			if o != r {
-				peers[o.name] = w.peerStore(t, r, o, prefix, delay)
+				peers[o.name] = w.peerOptions(t, r, o, prefix, delay, timeout)
 			}
 		}
 		r.ev = &linkEvents{exchanges: map[string][2]int{}}
-		r.x = regions.New(regions.Config{This: r.name, Home: r.l.Redis(), Peers: peers, Interval: interval, Timeout: timeout})
-		r.x.OnEvents(r.ev)
-		r.l.SetRegions(r.x)
+		l, err := New(Config{Redis: &RedisOptions{Addresses: r.addrs, Cluster: r.cluster, KeyPrefix: prefix, Timeout: time.Second},
+			Regions: &Regions{This: r.name, Peers: peers, Interval: interval}, RegionEvents: r.ev})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.l, r.x = l, l.regions
+		t.Cleanup(func() { l.Close() })
 	}
 	return w
 }
 
-// client is a client of r's Redis; dial, when set, reaches its nodes.
-func (r *region) client(dial func(ctx context.Context, network, addr string) (net.Conn, error)) redis.UniversalClient {
+// client is a client of r's Redis.
+func (r *region) client() redis.UniversalClient {
 	if r.cluster {
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: r.addrs, Dialer: dial, MaxRedirects: -1})
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: r.addrs, MaxRedirects: -1})
 	}
-	return redis.NewClient(&redis.Options{Addr: r.addrs[0], Dialer: dial, MaxRetries: -1})
+	return redis.NewClient(&redis.Options{Addr: r.addrs[0], MaxRetries: -1})
 }
 
-// peerStore is from's store of to's Redis, through proxies of delay.
-func (w *world) peerStore(t *testing.T, from, to *region, prefix string, delay time.Duration) *redisstore.Store {
+// peerOptions are from's options of to's Redis, through proxies of delay.
+func (w *world) peerOptions(t *testing.T, from, to *region, prefix string, delay, timeout time.Duration) RedisOptions {
 	t.Helper()
 	byNode := map[string]*latencyproxy.Proxy{}
 	for _, a := range to.addrs {
@@ -142,17 +136,13 @@ func (w *world) peerStore(t *testing.T, from, to *region, prefix string, delay t
 	}
 	w.proxies[from.name][to.name] = byNode
 	var d net.Dialer
-	s, err := redisstore.New(to.client(func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if p := byNode[addr]; p != nil {
-			addr = p.Addr()
-		}
-		return d.DialContext(ctx, network, addr)
-	}), prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
+	return RedisOptions{Addresses: to.addrs, Cluster: to.cluster, KeyPrefix: prefix, Timeout: timeout,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if p := byNode[addr]; p != nil {
+				addr = p.Addr()
+			}
+			return d.DialContext(ctx, network, addr)
+		}}
 }
 
 // cutLink cuts (or heals) the links between regions a and b, both ways.

@@ -31,7 +31,7 @@ func (quietEvents) Debug(string, error)              {}
 func TestReleaseRetriesChunked(t *testing.T) {
 	srv := redistest.NewServer(t)
 	prefix := fmt.Sprintf("slots%x:", rand.Uint64())
-	l, err := NewRedisLimiter(redis.NewClient(&redis.Options{Addr: srv.Addr}), RedisOptions{KeyPrefix: prefix}, quietEvents{})
+	l, err := New(Config{Redis: &RedisOptions{Addresses: []string{srv.Addr}, KeyPrefix: prefix}, Nodes: quietEvents{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestReleaseRetriesChunked(t *testing.T) {
 // TestRefusalHoldsNoSlots: a request that a zone refused took no slot, so
 // its verdict has nothing to release; the allowed one's has.
 func TestRefusalHoldsNoSlots(t *testing.T) {
-	l := NewMemoryLimiter()
+	l := mustNew(t, Config{})
 	defer l.Close()
 	slots := Policy{Algorithm: Concurrency, Slots: 2, Lease: time.Minute}
 	tight := Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Hour, Burst: 1}

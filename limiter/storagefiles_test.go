@@ -24,7 +24,7 @@ func filesFleet(t *testing.T, dir string, n int, o fleetsync.StorageOptions) []*
 	t.Helper()
 	var fleet []*Limiter
 	for range n {
-		l := NewStorageLimiter(sizedFileStorage{&certmagic.FileStorage{Path: dir}}, o)
+		l := mustNew(t, Config{Storage: sizedFileStorage{&certmagic.FileStorage{Path: dir}}, StorageOptions: o})
 		t.Cleanup(func() { l.Close() })
 		fleet = append(fleet, l)
 	}
@@ -315,7 +315,7 @@ func TestStorageFleetTellsInstances(t *testing.T) {
 	dir := t.TempDir()
 	fleet := filesFleet(t, dir, 1, fleetsync.StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond})
 	told := &syncRounds{}
-	fleet[0].OnSync(told)
+	fleet[0].sync.OnEvents(told)
 	fleet = append(fleet, filesFleet(t, dir, 1, fleetsync.StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond})...)
 	p := Policy{Algorithm: FixedWindow, Rate: 100, Period: time.Minute, Burst: 100}
 	req := Request{Zone: "told", Key: "k", Policy: p, Cost: 1, Sync: 100 * time.Millisecond}.WithDigest(nil)

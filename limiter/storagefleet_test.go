@@ -24,7 +24,7 @@ func storageFleetOf(t *testing.T, dir string, n int, every time.Duration, ev fle
 	t.Helper()
 	var fleet []*Limiter
 	for range n {
-		l := NewStorageLimiter(&certmagic.FileStorage{Path: dir}, fleetsync.StorageOptions{WriteEvery: every, ReadEvery: every, Events: ev})
+		l := mustNew(t, Config{Storage: &certmagic.FileStorage{Path: dir}, StorageOptions: fleetsync.StorageOptions{WriteEvery: every, ReadEvery: every, Events: ev}})
 		t.Cleanup(func() { l.Close() })
 		fleet = append(fleet, l)
 	}
@@ -303,7 +303,7 @@ func TestStorageFleetHostileFiles(t *testing.T) {
 	st := sizedFileStorage{&certmagic.FileStorage{Path: dir}}
 	o := fleetsync.StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond, Timeout: 200 * time.Millisecond, Events: ev}
 	start := time.Now()
-	a, b := NewStorageLimiter(st, o), NewStorageLimiter(st, o)
+	a, b := mustNew(t, Config{Storage: st, StorageOptions: o}), mustNew(t, Config{Storage: st, StorageOptions: o})
 	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("two instances took %s to start", took)
 	}
@@ -426,7 +426,7 @@ func (h *hookedStorage) Load(ctx context.Context, key string) ([]byte, error) {
 func TestStorageFleetChargesDuringRead(t *testing.T) {
 	st := &hookedStorage{Storage: &certmagic.FileStorage{Path: t.TempDir()}}
 	o := fleetsync.StorageOptions{WriteEvery: time.Hour, ReadEvery: time.Hour, Timeout: time.Minute} // no reads or writes but the test's
-	a, b := NewStorageLimiter(st, o), NewStorageLimiter(st, o)
+	a, b := mustNew(t, Config{Storage: st, StorageOptions: o}), mustNew(t, Config{Storage: st, StorageOptions: o})
 	defer a.Close()
 	defer b.Close()
 	a.fleet.Read(time.Minute) // a counts b

@@ -3,16 +3,7 @@ package limiter
 import (
 	"context"
 	"time"
-
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/fleetsync"
 )
-
-// OnSync sets who is told of the rounds.
-func (l *Limiter) OnSync(ev fleetsync.Events) {
-	if l.sync != nil {
-		l.sync.OnEvents(ev)
-	}
-}
 
 // Instances is the number of instances syncing with this one's Redis,
 // this one included, as last counted.

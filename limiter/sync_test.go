@@ -9,22 +9,24 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 )
 
 // syncFleet is n Limiters on one Redis under one prefix: n instances.
-func syncFleet(t *testing.T, c redis.UniversalClient, n int) []*Limiter {
+func syncFleet(t *testing.T, o RedisOptions, n int, ev ...SyncEvents) []*Limiter {
 	t.Helper()
-	prefix := fmt.Sprintf("sync%x:", rand.Uint64())
+	o.KeyPrefix, o.Timeout = fmt.Sprintf("sync%x:", rand.Uint64()), 2*time.Second
 	var fleet []*Limiter
-	for range n {
-		l, err := NewRedisLimiter(c, RedisOptions{KeyPrefix: prefix, Timeout: 2 * time.Second}, nopNodeEvents{})
+	for i := range n {
+		c := Config{Redis: &o}
+		if i < len(ev) {
+			c.Sync = ev[i]
+		}
+		l, err := New(c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { l.sync.Close() })
+		t.Cleanup(func() { l.Close() })
 		fleet = append(fleet, l)
 	}
 	return fleet
@@ -48,11 +50,6 @@ func registerAll(fleet []*Limiter, interval time.Duration) {
 	}
 	panic("the syncers did not warm up in 10s") // a test's goroutine may call it: no t.Fatal
 }
-
-type nopNodeEvents struct{}
-
-func (nopNodeEvents) BreakerChanged(string, bool) {}
-func (nopNodeEvents) NodeGone(string)             {}
 
 // floodSync sends requests of one key as fast as it can through every
 // instance of fleet for d, and counts those admitted.
@@ -89,8 +86,7 @@ func floodSync(fleet []*Limiter, req Request, d time.Duration) (admitted, sent i
 var floodFor = 1500 * time.Millisecond
 
 func TestSyncOvershootBounded(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
-	defer c.Close()
+	c := RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
 	for _, interval := range []time.Duration{100 * time.Millisecond, time.Second} {
 		t.Run(interval.String(), func(t *testing.T) {
 			fleet := syncFleet(t, c, 3)
@@ -115,8 +111,7 @@ func TestSyncOvershootBounded(t *testing.T) {
 // 20 over 3 instances, a cost of 10) is decided in Redis, exactly: the
 // bucket's two such requests pass, then none.
 func TestSyncCostOverShare(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
-	defer c.Close()
+	c := RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
 	fleet := syncFleet(t, c, 3)
 	registerAll(fleet, 100*time.Millisecond)
 	p := Policy{Algorithm: TokenBucket, Rate: 20, Period: time.Hour, Burst: 20}
@@ -131,25 +126,26 @@ func TestSyncCostOverShare(t *testing.T) {
 // admitted, and one that starts reads a bucket in Redis before it admits
 // from it: a bucket spent before a restart stays spent.
 func TestSyncRestartReadsRedis(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
-	defer c.Close()
+	c := RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
 	prefix := fmt.Sprintf("sync%x:", rand.Uint64())
 	p := Policy{Algorithm: TokenBucket, Rate: 10, Period: time.Hour, Burst: 10}
 	req := Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: time.Second}.WithDigest(nil)
-	first, err := NewRedisLimiter(c, RedisOptions{KeyPrefix: prefix, Timeout: 2 * time.Second}, nopNodeEvents{})
+	c.KeyPrefix, c.Timeout = prefix, 2*time.Second
+	first, err := New(Config{Redis: &c})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer first.Close()
 	registerAll([]*Limiter{first}, time.Second)
 	if admitted, _, _ := floodSync([]*Limiter{first}, req, 300*time.Millisecond); admitted != 10 {
 		t.Fatalf("one instance admitted %d of a burst of 10", admitted)
 	}
 	first.sync.Close() // a restart: what it admitted is charged as it stops
-	second, err := NewRedisLimiter(c, RedisOptions{KeyPrefix: prefix, Timeout: 2 * time.Second}, nopNodeEvents{})
+	second, err := New(Config{Redis: &c})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer second.sync.Close()
+	defer second.Close()
 	if admitted, _, _ := floodSync([]*Limiter{second}, req, 300*time.Millisecond); admitted != 0 {
 		t.Fatalf("after the restart, %d admitted from a bucket spent before it", admitted)
 	}
@@ -161,8 +157,7 @@ func TestSyncRestartReadsRedis(t *testing.T) {
 // windows the flood touched, plus (N-1)/N of a window's limit and an
 // interval's share of it; and most of what the exact limit admits.
 func TestSyncWindowsBounded(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
-	defer c.Close()
+	c := RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
 	const interval = 100 * time.Millisecond
 	for _, algo := range []Algorithm{FixedWindow, SlidingWindowCounter} {
 		t.Run(algo.String(), func(t *testing.T) {
@@ -220,15 +215,10 @@ func (r *syncRounds) Synced(_ int, _ time.Duration, err error) {
 // charges the buckets of many slots, and every round succeeds (a call
 // that declares keys of several slots fails with CROSSSLOT).
 func TestSyncManyKeysCluster(t *testing.T) {
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t)})
-	defer c.Close()
+	c := RedisOptions{Addresses: redistest.ClusterAddrs(t)}
 	const interval = 100 * time.Millisecond
-	fleet := syncFleet(t, c, 3)
-	rounds := make([]*syncRounds, len(fleet))
-	for i, l := range fleet {
-		rounds[i] = &syncRounds{}
-		l.OnSync(rounds[i])
-	}
+	rounds := []*syncRounds{{}, {}, {}}
+	fleet := syncFleet(t, c, 3, rounds[0], rounds[1], rounds[2])
 	registerAll(fleet, interval)
 	var v Verdict
 	for k := range 1500 {
@@ -264,8 +254,7 @@ func TestSyncManyKeysCluster(t *testing.T) {
 // (what went over in one window is taken off the next, as a token
 // bucket's debt is), and at least half of the full windows' limit.
 func TestSyncWindowsPaced(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
-	t.Cleanup(func() { c.Close() }) // after the parallel subtests
+	c := RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
 	const interval, window, limit = 100 * time.Millisecond, time.Second, 100
 	for _, algo := range []Algorithm{FixedWindow, SlidingWindowCounter} {
 		for _, times := range []int{15, 100} { // tenths of the limit
@@ -321,8 +310,7 @@ func pacedSync(fleet []*Limiter, req Request, perSecond int, d time.Duration) (a
 // rate of 1/s, where a share of one instance is the whole burst: 599 +
 // 299 + 199 admitted before the first round, against a bound of 1,003).
 func TestSyncFleetStartsTogether(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
-	defer c.Close()
+	c := RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
 	const interval = time.Second
 	fleet := syncFleet(t, c, 3)
 	for _, l := range fleet { // as each config loads

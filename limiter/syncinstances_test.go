@@ -16,7 +16,7 @@ import (
 func TestSyncFloorInRounds(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
 	defer c.Close()
-	fleet := syncFleet(t, c, 1)
+	fleet := syncFleet(t, RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}, 1)
 	registerAll(fleet, 100*time.Millisecond)
 	l := fleet[0]
 	p := Policy{Algorithm: TokenBucket, Rate: 90, Period: time.Hour, Burst: 90}
@@ -48,7 +48,7 @@ func TestSyncCountAfterEmptyRedis(t *testing.T) {
 	srv := redistest.NewServer(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer c.Close()
-	fleet := syncFleet(t, c, 3)
+	fleet := syncFleet(t, RedisOptions{Addresses: []string{srv.Addr}}, 3)
 	registerAll(fleet, 100*time.Millisecond)
 	srv.Kill()
 	if err := srv.Start(); err != nil {
@@ -71,11 +71,8 @@ func TestSyncCountAfterEmptyRedis(t *testing.T) {
 // no bucket to charge: it decides every request in Redis, and says so.
 func TestSyncRegistrationFailureReported(t *testing.T) {
 	srv := redistest.NewServer(t, "--rename-command", "ZADD", "")
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	defer c.Close()
-	fleet := syncFleet(t, c, 1)
 	rounds := &syncRounds{}
-	fleet[0].OnSync(rounds)
+	fleet := syncFleet(t, RedisOptions{Addresses: []string{srv.Addr}}, 1, rounds)
 	p := Policy{Algorithm: TokenBucket, Rate: 10, Period: time.Second, Burst: 10}
 	req := Request{Zone: "noreg", Key: "k", Policy: p, Cost: 1, Sync: 100 * time.Millisecond}.WithDigest(nil)
 	var v Verdict
@@ -98,7 +95,7 @@ func TestSyncRegistrationFailureReported(t *testing.T) {
 func TestSyncShareShrinksAsFleetGrows(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
 	defer c.Close()
-	fleet := syncFleet(t, c, 1)
+	fleet := syncFleet(t, RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}, 1)
 	registerAll(fleet, time.Second)
 	l := fleet[0]
 	p := Policy{Algorithm: TokenBucket, Rate: 91, Period: time.Hour, Burst: 91}

@@ -43,7 +43,7 @@
 // flagged as they were refused or spent half. Fleet.Groups splits the charges
 // into parts (by node, at most 500, in Redis), each applied on its own
 // (applyPart): a part certainly not sent is charged at the next round; one
-// that may have run (redisstore.MayHaveRun) is counted charged, and read next
+// that may have run (bucket.MayHaveRun) is counted charged, and read next
 // time: nothing is sent twice. Close makes a last round that charges what is
 // left.
 //
@@ -141,9 +141,9 @@
 //
 // # Imports
 //
-// limiter/bucket (requests, policies, LocalPolicy), limiter/memstore (the
-// local share), limiter/redisstore (MayHaveRun, to tell a part that charged
-// nothing), internal/jsonerr (errors of another instance's file) and the
+// limiter/bucket (requests, policies, LocalPolicy, MayHaveRun to tell a
+// part that charged nothing), limiter/memstore (the local share),
+// internal/jsonerr (errors of another instance's file) and the
 // standard library; no go-redis: Redis is a Fleet the limiter hands it. The
 // limiter package imports it.
 package fleetsync

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // Start starts the rounds, once, and makes them as frequent as the
@@ -104,7 +103,7 @@ func (s *Syncer) applyPart(now time.Time, part []int, es []*syncEntry, d []bucke
 	for j, i := range part {
 		e := es[i]
 		switch {
-		case err != nil && !redisstore.MayHaveRun(err):
+		case err != nil && !bucket.MayHaveRun(err):
 			e.sending = 0 // not sent: charged next time
 			continue
 		case err != nil: // may have run: counted charged, read next time

@@ -78,7 +78,7 @@ type Storage interface {
 // freshness are not used.
 const maxAhead = 30 * time.Second
 
-// StorageOptions configure NewStorageLimiter.
+// StorageOptions configure a StorageFleet (limiter.Config.StorageOptions).
 type StorageOptions struct {
 	// Dir is the storage's directory of the fleet's files. Default:
 	// DefaultStorageDir.
@@ -108,7 +108,7 @@ const DefaultStorageDir = "rate_limit/sync"
 var errStorageStale error = staleError{}
 
 // staleError is errStorageStale: a round that charged nothing
-// (redisstore.MayHaveRun).
+// (bucket.MayHaveRun).
 type staleError struct{}
 
 func (staleError) Error() string {

@@ -8,8 +8,8 @@ import (
 )
 
 // Writer writes overrides to a Redis this instance does not read: another
-// region's, which the overrides of global zones are copied to (the root
-// package's regionsoverrides.go). A change is announced there as one made
+// region's, which the overrides of global zones are copied to (package
+// limiter/regions, copies.go). A change is announced there as one made
 // there is, so that the region's instances read it at once.
 type Writer struct{ r *redisOverrides }
 

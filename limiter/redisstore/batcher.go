@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // Automatic pipelining. Every decision is one or a few script commands;
@@ -42,7 +44,7 @@ const maxBatch = 256
 // slower than the traffic), calls fail at once rather than pile up.
 const maxQueued = 65536
 
-var errQueueFull = errors.New("redis node queue full: the node does not keep up")
+var errQueueFull error = &bucket.NotRunError{Msg: "redis node queue full: the node does not keep up"}
 
 // batcher holds the queues of a store's nodes, made on first use.
 type batcher struct {

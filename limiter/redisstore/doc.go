@@ -103,8 +103,9 @@
 // time probe; give-backs record only their successes. OnBreaker hears of each
 // opening and closing. Every minute a cluster store forgets the nodes absent
 // from two slot maps in a row, with their queues and breakers (forgetGone;
-// OnForget hears of each). MayHaveRun tells a failed decision that may have
-// taken slots.
+// OnForget hears of each). A call never sent fails with a bucket.NotRunError
+// (ErrBreakerOpen, a full queue, its time up in the queue), so that
+// bucket.MayHaveRun tells a failed decision that may have taken slots.
 //
 // # Bans and sync
 //
@@ -151,5 +152,6 @@
 // # Imports
 //
 // limiter/bucket (requests, decisions, policies), luascripts (the scripts) and
-// go-redis. limiter imports it, and limiter/fleetsync for MayHaveRun.
+// go-redis, whose client Dial makes of plain Options (dial.go). Only package
+// limiter imports it: the root package reaches Redis through limiter.New.
 package redisstore

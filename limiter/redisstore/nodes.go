@@ -17,7 +17,7 @@ import (
 
 // ErrBreakerOpen is the error of a call not sent because the circuit
 // breaker of its Redis node is open.
-var ErrBreakerOpen = errors.New("circuit breaker open after consecutive redis failures")
+var ErrBreakerOpen error = &bucket.NotRunError{Msg: "circuit breaker open after consecutive redis failures"}
 
 // NodeError is a failed call to one Redis node: Node is the address of the
 // cluster master the call went to, "" outside a cluster (one breaker for
@@ -280,20 +280,7 @@ func (nb *nodeBreakers) anyOpen(nodes []string) bool {
 
 // errNotSent marks a command that never left for Redis: its caller's time
 // was up while it waited in its node's queue.
-var errNotSent = errors.New("not sent: the decision's time was up in the queue")
-
-// MayHaveRun reports whether a decision that failed with err may have run
-// its script in Redis (and so taken a concurrency slot to give back): false
-// when it was never sent (an open breaker, a full queue, its time up in the
-// queue), or an error that says it charged nothing (a NotRun method
-// that returns true: a storage fleet's stale round).
-func MayHaveRun(err error) bool {
-	var notRun interface{ NotRun() bool }
-	if errors.As(err, &notRun) && notRun.NotRun() {
-		return false
-	}
-	return !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, errQueueFull) && !errors.Is(err, errNotSent)
-}
+var errNotSent error = &bucket.NotRunError{Msg: "not sent: the decision's time was up in the queue"}
 
 // route sets, for each run, the node it goes to and the client of that
 // node: in a cluster, the master of the run's slot by go-redis's slot map

@@ -100,6 +100,7 @@
 //
 // # Imports
 //
-// limiter/bucket and limiter/redisstore (MayHaveRun); no go-redis: a
-// peer's Redis is a Peer the root package hands it (a redisstore.Store).
+// limiter/bucket (requests, policies, MayHaveRun) and limiter/overrides
+// (the writers of the copies); no go-redis: a peer's Redis is a Peer that
+// package limiter dials and hands it (a redisstore.Store).
 package regions

@@ -10,13 +10,14 @@ import (
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
 // Peer is another region's Redis, as an exchange speaks to it: a
 // redisstore.Store.
 type Peer interface {
 	// ChargeAll charges every request its cost, into debt if need be; an
-	// error that is not redisstore.MayHaveRun charged nothing.
+	// error that is not bucket.MayHaveRun charged nothing.
 	ChargeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.Decision, error)
 	// Groups splits reqs into the calls of one exchange.
 	Groups(ctx context.Context, reqs []bucket.Request) [][]int
@@ -60,6 +61,9 @@ type Config struct {
 	// Home is this region's Redis; Peers the others', by name.
 	Home  Home
 	Peers map[string]Peer
+	// Writers write the overrides of global zones to the peers' Redis, by
+	// name (see CopyOverride); none: overrides are not copied.
+	Writers map[string]*overrides.Writer
 	// Interval is how often this instance tells the peers what it
 	// admitted; Timeout bounds each exchange.
 	Interval, Timeout time.Duration
@@ -88,9 +92,10 @@ type Exchange struct {
 	counted          atomic.Int64 // regions counted as admitting up to the rate (see Policy)
 	ev               atomic.Pointer[Events]
 	now              func() time.Time
-	started          time.Time     // when Start ran
-	stop             chan struct{} // closed by Close: the ticker's last hand-out
-	stopSenders      chan struct{} // then the senders' last exchange
+	started          time.Time       // when Start ran
+	stop             chan struct{}   // closed by Close: the ticker's last hand-out
+	stopSenders      chan struct{}   // then the senders' last exchange
+	copies           *overrideCopies // the changes of overrides to copy to the peers
 	ticking, senders sync.WaitGroup
 	start            sync.Once
 	close            sync.Once
@@ -111,6 +116,7 @@ func New(cfg Config) *Exchange {
 		x.names = append(x.names, name)
 	}
 	x.counted.Store(x.regions)
+	x.copies = newOverrideCopies(cfg.Writers, cfg.Interval, cfg.Timeout)
 	return x
 }
 

@@ -23,18 +23,21 @@ func (x *Exchange) Start() {
 		}
 		x.ticking.Add(1)
 		go func() { defer x.ticking.Done(); x.tick() }()
+		x.copies.start()
 	})
 }
 
 // Close stops the exchanges: what was counted since the last interval is
 // handed out and told in a last exchange with each peer (within the
-// timeout), as a Syncer's last round charges what is left.
+// timeout), as a Syncer's last round charges what is left; then the
+// copies of overrides.
 func (x *Exchange) Close() {
 	x.close.Do(func() {
 		close(x.stop)
 		x.ticking.Wait() // its last hand-out made
 		close(x.stopSenders)
 		x.senders.Wait()
+		x.copies.close() // what was not copied is dropped
 	})
 }
 

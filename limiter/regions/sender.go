@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
 // sender tells one peer region what this instance admitted: its own
@@ -217,7 +216,7 @@ func (s *sender) charge(ctx context.Context, reqs []bucket.Request, ids []bucket
 		go func() {
 			defer wg.Done()
 			_, errs[j] = s.peer.ChargeAll(ctx, bucket.Pick(reqs, part))
-			if errs[j] != nil && !redisstore.MayHaveRun(errs[j]) {
+			if errs[j] != nil && !bucket.MayHaveRun(errs[j]) {
 				s.giveBack(reqs, ids, part)
 			}
 		}()

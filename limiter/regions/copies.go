@@ -1,9 +1,9 @@
-package ratelimit
+package regions
 
 // The run-time overrides of global zones are global: a change made
-// through the admin API is written to every peer region's Redis as well
-// (overrides.Writer), at once; a region that cannot be reached gets it
-// as soon as it can, tried again every sync (the latest change of each
+// through the admin API (Exchange.CopyOverride) is written to every peer
+// region's Redis as well (overrides.Writer), at once; a region that
+// cannot be reached gets it as soon as it can, tried again every interval (the latest change of each
 // override wins; an override that expired meanwhile is dropped).
 
 import (
@@ -49,14 +49,33 @@ func newOverrideCopies(writers map[string]*overrides.Writer, interval, timeout t
 	for name, w := range writers {
 		c.peers[name] = &peerCopies{w: w, queue: map[string]overrideChange{}}
 	}
+	return c
+}
+
+// start starts trying the copies queued again, every interval.
+func (c *overrideCopies) start() {
+	if len(c.peers) == 0 {
+		return
+	}
 	c.done.Add(1)
 	go c.retry()
-	return c
 }
 
 // close stops the copies; what was not written is dropped.
 func (c *overrideCopies) close() {
 	c.once.Do(func() { close(c.stop); c.done.Wait() })
+}
+
+// CopyOverride writes a change of an override of a global zone (o nil:
+// its deletion; digest nil: the zone's own) to every peer region's Redis,
+// each within the timeout, and tells for each region whether it was
+// written or is queued, to be written as soon as the region answers (and
+// why). Nil without writers.
+func (x *Exchange) CopyOverride(zone string, digest *[16]byte, o *overrides.Override) map[string]string {
+	if len(x.copies.peers) == 0 {
+		return nil
+	}
+	return x.copies.change(zone, digest, o)
 }
 
 // change writes a change to every peer region, each within the timeout,
@@ -170,15 +189,4 @@ func changeName(ch overrideChange) string {
 		return ch.zone
 	}
 	return ch.zone + " " + hex.EncodeToString(ch.digest[:])
-}
-
-// copyToRegions copies a change of t's override (o nil: deleted) to the
-// peer regions when t's zone is global, and tells how each took it; nil
-// when it is not copied.
-func (t overrideTarget) copyToRegions(o *overrides.Override) map[string]string {
-	copies := t.store.peers.copies
-	if copies == nil || !slices.ContainsFunc(t.refs, func(r zoneRef) bool { return r.z.Global }) {
-		return nil
-	}
-	return copies.change(t.zone, t.digestPtr(), o)
 }
