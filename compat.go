@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
@@ -150,13 +149,4 @@ func (h *Handler) compatDefaults() {
 	if h.LogRefusals == nil {
 		h.LogRefusals, h.compatLog = &RefusalLog{Interval: caddy.Duration(compatRefusalLogInterval)}, true
 	}
-}
-
-// metricsRegistry is where Provision registers the collectors: Caddy's
-// registry, or none with DisableMetrics.
-func (h *Handler) metricsRegistry(ctx caddy.Context) *prometheus.Registry {
-	if h.DisableMetrics {
-		return nil
-	}
-	return ctx.GetMetricsRegistry()
 }

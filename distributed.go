@@ -16,7 +16,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/certmagic"
-	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
@@ -264,27 +263,6 @@ func syncHint(z *Zone) string {
 		return " with count_status or cost_from_response"
 	}
 	return ""
-}
-
-// storageEvents logs the storage's failures (limiter.StorageEvents).
-type storageEvents struct{ s *sharedStore }
-
-// label is the store's, in the logs: its namespace (s.Limiter is not set
-// during the first read, which limiter.New makes).
-func (e storageEvents) label() string { return e.s.namespace }
-
-func (e storageEvents) StorageFailing(err error) {
-	e.s.logger.Warn("the storage of distributed fails: each instance admits its share of the zones' limits (as on_store_error local) until it answers",
-		zap.String("store", e.label()), zap.Error(err))
-}
-
-func (e storageEvents) StorageRecovered() {
-	e.s.logger.Info("the storage of distributed answers again", zap.String("store", e.label()))
-}
-
-func (e storageEvents) FileSkipped(name string, err error) {
-	e.s.logger.Warn("an instance's counts in the storage of distributed cannot be used: skipped",
-		zap.String("store", e.label()), zap.String("file", name), zap.Error(err))
 }
 
 // isNull reports whether a JSON field is absent or null.

@@ -4,10 +4,9 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
@@ -228,48 +227,11 @@ var memoryLatency = sync.OnceValue(func() prometheus.Observer {
 	return metrics.storeLatency.WithLabelValues("memory")
 })
 
-// decisionEvents are what a handler's decisions tell besides their
-// verdicts (limiter.Events): logged with the handler's logger, the bans
-// counted in the metrics.
-type decisionEvents struct {
-	logger *zap.Logger
-	mode   string // on_store_error's mode
-}
-
-// StoreFailing logs, once, that Redis began to fail.
-func (e decisionEvents) StoreFailing(err error) {
-	msg := "redis store failing; on_store_error applies until it answers again"
-	if limiter.AuthFailed(err) {
-		msg = "redis store failing: it refuses the credentials (check username, password and the ACL user's permissions); on_store_error applies until it accepts them"
+// metricsRegistry is where Provision registers the collectors: Caddy's
+// registry, or none with DisableMetrics.
+func (h *Handler) metricsRegistry(ctx caddy.Context) *prometheus.Registry {
+	if h.DisableMetrics {
+		return nil
 	}
-	e.logger.Error(msg, zap.String("on_store_error", e.mode), zap.Error(err))
+	return ctx.GetMetricsRegistry()
 }
-
-// StoreRecovered logs, once, that a Redis node answers again.
-func (e decisionEvents) StoreRecovered(node string) {
-	if node == "" {
-		e.logger.Info("redis store available again; decisions are shared again")
-		return
-	}
-	e.logger.Info("redis store available again; decisions are shared again", zap.String("node", node))
-}
-
-// ScriptFailed logs a failed script: at error level when loud (at most
-// every limiter.ScriptErrorReportEvery), else at debug.
-func (e decisionEvents) ScriptFailed(err error, loud bool) {
-	if loud {
-		e.logger.Error("rate limit script failed for a request; on_store_error applies to it alone (logged at most every 10s)",
-			zap.String("on_store_error", e.mode), zap.Error(err))
-		return
-	}
-	e.logger.Debug("rate limit script failed for a request", zap.Error(err))
-}
-
-// BanStarted counts a ban (the handler logs it with its request:
-// refusallog.go).
-func (e decisionEvents) BanStarted(zone string, _ time.Duration) {
-	metrics.bans.WithLabelValues(zone).Inc()
-}
-
-// Debug logs at debug level.
-func (e decisionEvents) Debug(msg string, err error) { e.logger.Debug(msg, zap.Error(err)) }

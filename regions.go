@@ -1,19 +1,26 @@
 package ratelimit
 
 // The configuration of regions: one limit across the regions of a fleet
-// (Handler.Regions, Zone.Global), its Caddyfile parsing and its checks.
+// (Handler.Regions, Zone.Global), its Caddyfile parsing and its checks,
+// the peers' Redis as the limiter takes them (limiter.Regions), and the
+// bounds of the global zones, logged as a config loads.
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
@@ -342,3 +349,67 @@ func errAt(tok caddyfile.Token, err error) error {
 
 // Interface guard.
 var _ caddyfile.Unmarshaler = (*RegionsConfig)(nil)
+
+// defaultPeerTimeout is a peer region's Redis timeout when its block sets
+// none: a round trip between regions takes 70-150 ms, more than a
+// region's own Redis's default.
+const defaultPeerTimeout = time.Second
+
+// regionsKey names the regions of c in a store's pool key: handlers of one
+// Redis with different regions have stores of their own.
+func (c *RegionsConfig) regionsKey() (string, error) {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return " regions:" + hex.EncodeToString(sum[:]), nil
+}
+
+// limiterRegions are the regions of c as the limiter takes them: each
+// peer's Redis resolved as a redis block is, with defaultPeerTimeout when
+// its block sets no timeout.
+func (c *RegionsConfig) limiterRegions() (*limiter.Regions, error) {
+	r := &limiter.Regions{This: c.This, Peers: map[string]limiter.RedisOptions{}, Interval: c.interval()}
+	for _, name := range slices.Sorted(maps.Keys(c.Peers)) {
+		cfg := *c.Peers[name]
+		if cfg.Timeout == 0 {
+			cfg.Timeout = caddy.Duration(defaultPeerTimeout)
+		}
+		o, err := cfg.limiterOptions()
+		if err != nil {
+			return nil, fmt.Errorf("regions: region %q: redis: %w", name, err)
+		}
+		r.Peers[name] = *o
+	}
+	return r, nil
+}
+
+// logRegionBounds logs, for each global zone of h, the regions, and how
+// far beyond the world's exact limit they may admit together over any
+// period while their links are up (regions.Bound).
+func (h *Handler) logRegionBounds() {
+	names := h.store.Regions()
+	if names == nil {
+		return
+	}
+	links, counted := h.store.RegionLinks()
+	down := []string{}
+	for _, l := range links {
+		regionMetrics.linkUp.WithLabelValues(l.Region).Set(boolGauge(l.Up))
+		regionMetrics.heard.WithLabelValues(l.Region).Set(boolGauge(l.Heard))
+		if !l.Up {
+			down = append(down, l.Region)
+		}
+	}
+	for _, z := range h.zones {
+		if !z.Global {
+			continue
+		}
+		share := h.store.RegionShare(z.policy)
+		h.logger.Info("zone is global: each region decides from its own Redis with its share of the burst, and tells the others what it admitted every sync; over any period the regions together may admit beyond the exact limit up to (regions × ⌈burst / regions⌉ − burst) + (regions − 1) × rate × (sync + timeout)",
+			zap.String("zone", z.name), zap.Strings("regions", names), zap.Strings("links_down", down),
+			zap.Int("regions_counted", counted), zap.Duration("sync", h.Regions.interval()),
+			zap.Int64("burst_here", share.Burst), zap.Float64("bound", math.Round(h.store.RegionBound(z.policy))))
+	}
+}

@@ -185,25 +185,3 @@ func (h *Handler) releaseStore() error {
 	h.poolKey = ""
 	return err
 }
-
-// BreakerChanged shows a Redis node's breaker in the metrics and logs.
-func (s *sharedStore) BreakerChanged(node string, open bool) {
-	label := cmp.Or(node, s.whole)
-	s.nodes.Store(label, true)
-	if !open {
-		metrics.breakerOpen.WithLabelValues(label).Set(0)
-		s.logger.Info("redis circuit breaker closed: the node decides again", zap.String("node", label))
-		return
-	}
-	metrics.breakerOpen.WithLabelValues(label).Set(1)
-	s.logger.Warn("redis circuit breaker open: skipping the node; its keys use on_store_error",
-		zap.String("node", label), zap.Duration("cooldown", limiter.BreakerCooldown))
-}
-
-// NodeGone drops the breaker metric of a cluster node that no longer
-// serves slots.
-func (s *sharedStore) NodeGone(node string) {
-	if _, shown := s.nodes.LoadAndDelete(node); shown {
-		metrics.breakerOpen.DeleteLabelValues(node)
-	}
-}

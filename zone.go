@@ -253,7 +253,7 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 		}
 		warnForgeableKey(h.logger, name, z.Key)
 		warnLeftmostClientIP(ctx, h.logger, name, z.Key)
-		if _, err := bucket.LocalPolicy(z.policy, h.onError.Instances); err != nil {
+		if _, err := bucket.InstanceShare(z.policy, h.onError.Instances); err != nil {
 			return fmt.Errorf("zone %q: on_store_error local instances %d: %w", name, h.onError.Instances, err)
 		}
 		h.zones = append(h.zones, z)

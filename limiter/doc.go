@@ -30,19 +30,19 @@
 //  1. refuses the whole part when a request is blocked (Request.Block, an
 //     override): a Banned decision with the block's time, nothing charged;
 //  2. for enforced zones that ban, looks up the bans (skipping clients the
-//     DenyCache refuses already) and refuses with the longest ban;
+//     RefusedCache refuses already) and refuses with the longest ban;
 //  3. takes: zones that sync from this instance's allowances first
 //     (limiter/fleetsync's Syncer.Take), then the exact zones and the
 //     synced buckets the Syncer leaves to Redis in one call, a refusal
 //     there giving the allowances back, and Redis's answers seeding the
 //     Syncer (Syncer.Seed); other zones in memory (one clock reading) or in
-//     Redis, unless the DenyCache answers;
+//     Redis, unless the RefusedCache answers;
 //  4. when Redis fails, lets the Fallback decide: FallbackLocal in memory,
-//     each limit divided by Fallback.Instances (bucket.LocalPolicy);
+//     each limit divided by Fallback.Instances (bucket.InstanceShare);
 //     FallbackAllow (Unlimited) or FallbackDeny (Denied);
 //  5. holds the concurrency slots of an allowed request (Verdict.Release);
 //  6. counts the enforced refusals of zones that ban (BanStarted when one
-//     starts a ban, whose refusal the DenyCache keeps: PutBan).
+//     starts a ban, whose refusal the RefusedCache keeps: PutBan).
 //
 // A Redis take runs under a budget of the timeout, on no context the client
 // can cancel (redisstore's TakeWithin). An unavailable store
@@ -77,7 +77,7 @@
 //
 // # The cache of refused clients
 //
-// DenyCache maps a bucket (bucket.ID) to its refusal, the policy and the cost
+// RefusedCache maps a bucket (bucket.ID) to its refusal, the policy and the cost
 // it was refused at. Get answers the same policy at an equal or higher cost,
 // until the client could pass and at most MaxAge
 // (RedisOptions.LocalCacheMaxAge), so that a reset on another instance reaches
@@ -127,8 +127,8 @@
 //   - A caller that leaves cuts no call short, and a client's script error
 //     is its own: TestBreakerProbeOfALeavingClient,
 //     TestScriptErrorsStayWithTheirClient (root package).
-//   - The cache of refused clients is exact: TestDenyCache,
-//     TestDenyCacheBounded, TestHotKeyRefusedLocally (internal/e2e).
+//   - The cache of refused clients is exact: TestRefusedCache,
+//     TestRefusedCacheBounded, TestHotKeyRefusedLocally (internal/e2e).
 //   - Bans hold across instances: TestBans, TestBanSurvivesAcrossInstances
 //     (internal/e2e). Decisions use the store's clock: TestClockSkew (root).
 //   - Both stores agree: TestTokenBucketBurstThenRefill, TestFixedWindow,

@@ -15,7 +15,7 @@ func (l *Limiter) fallBack(now time.Time, reqs []Request, c Caller) ([]Decision,
 	}
 	local := make([]Request, len(reqs))
 	for i, r := range reqs {
-		if p, err := bucket.LocalPolicy(r.Policy, max(c.Fallback.Instances, 1)); err == nil {
+		if p, err := bucket.InstanceShare(r.Policy, max(c.Fallback.Instances, 1)); err == nil {
 			r.Policy = p
 		}
 		local[i] = r

@@ -101,7 +101,7 @@ func newRedis(c Config) (*Limiter, error) {
 		return nil, err
 	}
 	l := &Limiter{redis: store, memory: memstore.New(0), timeout: cmp.Or(c.Redis.Timeout, time.Second),
-		refused: NewDenyCache(c.LocalCache, c.LocalCacheMaxAge)}
+		refused: NewRefusedCache(c.LocalCache, c.LocalCacheMaxAge)}
 	l.retries = newReleaseRetries(store, max(l.timeout, time.Second))
 	l.sync = fleetsync.NewSyncer(store, l.memory, max(l.timeout, time.Second))
 	if c.Sync != nil {

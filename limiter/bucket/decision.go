@@ -21,7 +21,7 @@ type Decision struct {
 	// Delay is, for a request a leaky bucket allowed, how long it waits
 	// for its slot before it goes on.
 	Delay time.Duration
-	// Cached is true for a refusal answered from a DenyCache.
+	// Cached is true for a refusal answered from a RefusedCache.
 	Cached bool
 	// Banned is true for the refusal of a banned client.
 	Banned bool

@@ -23,7 +23,7 @@
 // counter), may go into debt (token and leaky buckets: Charge charges it) and
 // may be named by a zone (all but Concurrency, which max_concurrent sets);
 // String, ParseAlgorithm, Windowed, Syncs and Debt read it. Its arithmetic is
-// its case in Take, Refund and Charge. Policy is comparable: a DenyCache
+// its case in Take, Refund and Charge. Policy is comparable: a RefusedCache
 // compares it, and it keys the texts of responses. Validate bounds it (see
 // below).
 //
@@ -100,7 +100,7 @@
 // at most MaxDebt beyond full, and takes are refused until the debt is repaid
 // at the rate.
 //
-// LocalPolicy is a zone's share of its limit on one of n instances
+// InstanceShare is a zone's share of its limit on one of n instances
 // (on_store_error local's, and a synced zone's while its rounds fail): the
 // rate divided by n (a bucket refills n times slower), the burst or slots
 // divided by n, at least 1.
@@ -114,7 +114,7 @@
 // Redis, no storage): a collision takes about 2^64 keys, and cannot be aimed
 // at without the seeds. Request.WithDigest computes it once per request. ID
 // (IDOf: zone, algorithm, digest) keys the memory store's buckets and bans and
-// a DenyCache's entries. Redis keys carry 12 of the 16 bytes
+// a RefusedCache's entries. Redis keys carry 12 of the 16 bytes
 // (limiter/redisstore).
 //
 // # Numeric bounds

@@ -152,7 +152,7 @@ func TestConcurrencySlots(t *testing.T) {
 	if p.Limit() != 3 || p.String() != "3 requests at a time" {
 		t.Errorf("limit %d, %q; want 3, 3 requests at a time", p.Limit(), p.String())
 	}
-	if local, err := LocalPolicy(p, 2); err != nil || local.Slots != 1 {
+	if local, err := InstanceShare(p, 2); err != nil || local.Slots != 1 {
 		t.Errorf("a share of 3 slots among 2: %d (%v), want 1", local.Slots, err)
 	}
 	var b State

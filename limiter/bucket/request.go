@@ -79,7 +79,7 @@ func (r Request) Digest() [16]byte {
 // ID identifies a client's bucket in this process: its zone, its
 // algorithm (each keeps its state in its own way, so a zone whose algorithm
 // changes starts afresh) and the digest of its client key. It keys a
-// memstore.Store's buckets and bans, and a DenyCache's entries.
+// memstore.Store's buckets and bans, and a RefusedCache's entries.
 type ID struct {
 	Zone string
 	Algo Algorithm

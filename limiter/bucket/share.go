@@ -5,10 +5,10 @@ import (
 	"time"
 )
 
-// LocalPolicy is a zone's share of its limit on one of n instances: the
+// InstanceShare is a zone's share of its limit on one of n instances: the
 // rate divided by n (windows keep their length, buckets refill n times
 // slower), and the burst or the slots divided by n, at least 1.
-func LocalPolicy(p Policy, n int) (Policy, error) {
+func InstanceShare(p Policy, n int) (Policy, error) {
 	local := p
 	switch {
 	case p.Algorithm == Concurrency:

@@ -71,7 +71,7 @@
 // # Failure
 //
 // While rounds fail, an instance admits, beyond its allowance, its share of
-// the limit in memory (bucket.LocalPolicy(policy, N) on a memstore.Store), and
+// the limit in memory (bucket.InstanceShare(policy, N) on a memstore.Store), and
 // keeps what it admitted to charge, at most a burst, when the fleet answers
 // again.
 //
@@ -141,7 +141,7 @@
 //
 // # Imports
 //
-// limiter/bucket (requests, policies, LocalPolicy, MayHaveRun to tell a
+// limiter/bucket (requests, policies, InstanceShare, MayHaveRun to tell a
 // part that charged nothing), limiter/memstore (the local share),
 // internal/jsonerr (errors of another instance's file) and the
 // standard library; no go-redis: Redis is a Fleet the limiter hands it. The

@@ -133,7 +133,7 @@ func (s *Syncer) Seed(r bucket.Request, d bucket.Decision, now time.Time, n int)
 // fail (on_store_error local's policy), and adds to the allowance what it
 // admits. The caller holds mu.
 func (s *Syncer) localShare(now time.Time, e *syncEntry, r bucket.Request, n int) bool {
-	p, err := bucket.LocalPolicy(r.Policy, int(s.instances(n)))
+	p, err := bucket.InstanceShare(r.Policy, int(s.instances(n)))
 	if err != nil {
 		return false
 	}

@@ -74,7 +74,7 @@ import (
 //
 // Failure. While a round fails, each instance admits, beyond its
 // allowance, what its share of the limit gives (the policy of
-// on_store_error local, bucket.LocalPolicy(policy, N)), and keeps what it
+// on_store_error local, bucket.InstanceShare(policy, N)), and keeps what it
 // admitted to charge (at most a burst) when Redis answers again: no burst
 // of admissions follows an outage. A bucket's first request here follows
 // on_store_error, as an exact zone's.
@@ -344,7 +344,7 @@ func (s *Syncer) chargeNow(reqs []bucket.Request, es []*syncEntry) bool {
 // shareOnly decides r, of a bucket the Syncer keeps no entry of (past
 // maxSyncEntries), by the instance's share of its limit, in memory.
 func (s *Syncer) shareOnly(now time.Time, r bucket.Request, n int) (bucket.Decision, bool) {
-	p, err := bucket.LocalPolicy(r.Policy, int(s.instances(n)))
+	p, err := bucket.InstanceShare(r.Policy, int(s.instances(n)))
 	if err != nil {
 		return bucket.Decision{Limit: r.Policy.Limit(), RetryAfter: r.Sync, At: now}, false
 	}

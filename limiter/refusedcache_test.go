@@ -7,8 +7,8 @@ import (
 	"time"
 )
 
-func TestDenyCache(t *testing.T) {
-	c := NewDenyCache(100, time.Minute)
+func TestRefusedCache(t *testing.T) {
+	c := NewRefusedCache(100, time.Minute)
 	p := Policy{Rate: 1, Period: time.Hour, Burst: 1}
 	r := Request{Zone: "z", Key: "k", Policy: p, Cost: 2}
 	c.Put(r, Decision{Allowed: true}, t0)
@@ -50,8 +50,8 @@ func TestDenyCache(t *testing.T) {
 	}
 }
 
-func TestDenyCacheBounded(t *testing.T) {
-	c := NewDenyCache(1000, time.Minute)
+func TestRefusedCacheBounded(t *testing.T) {
+	c := NewRefusedCache(1000, time.Minute)
 	p := Policy{Rate: 1, Period: time.Hour, Burst: 1}
 	var wg sync.WaitGroup
 	for g := range 4 {

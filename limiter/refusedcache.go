@@ -7,19 +7,19 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
-// DenyCache remembers, in this process, the clients a remote store has
+// RefusedCache remembers, in this process, the clients a remote store has
 // refused, so that their next requests are refused without asking it until
 // they could pass (bounded by MaxAge): a client hammering past its limit
 // costs no round trips. It is exact: nothing but time (or a reset) lets a
 // refused client pass sooner. Safe for concurrent use.
-type DenyCache struct {
+type RefusedCache struct {
 	mu      sync.Mutex
 	size    int
 	maxAge  time.Duration
-	entries map[bucket.ID]denyEntry
+	entries map[bucket.ID]refusedEntry
 }
 
-type denyEntry struct {
+type refusedEntry struct {
 	policy  Policy // the refusal holds for this policy only
 	until   int64  // Unix ns: when the entry is dropped (at most maxAge)
 	retryAt int64  // Unix ns: when the client could pass
@@ -27,16 +27,16 @@ type denyEntry struct {
 	d       Decision
 }
 
-// NewDenyCache returns a cache of at most size clients, each kept at most
+// NewRefusedCache returns a cache of at most size clients, each kept at most
 // maxAge (so that a reset through another instance reaches this one).
-func NewDenyCache(size int, maxAge time.Duration) *DenyCache {
-	return &DenyCache{size: size, maxAge: maxAge, entries: make(map[bucket.ID]denyEntry)}
+func NewRefusedCache(size int, maxAge time.Duration) *RefusedCache {
+	return &RefusedCache{size: size, maxAge: maxAge, entries: make(map[bucket.ID]refusedEntry)}
 }
 
 // Get returns the refusal cached for r at now, if r has the same policy
 // (a reload or a plan may change it) and costs at least what the refused
 // request did.
-func (c *DenyCache) Get(r Request, now time.Time) (Decision, bool) {
+func (c *RefusedCache) Get(r Request, now time.Time) (Decision, bool) {
 	k := bucket.IDOf(r)
 	c.mu.Lock()
 	e, ok := c.entries[k]
@@ -53,7 +53,7 @@ func (c *DenyCache) Get(r Request, now time.Time) (Decision, bool) {
 // Put remembers a refusal of r at now until r could pass. Concurrency
 // refusals are not kept (a slot may free at any time), nor those of
 // policies that ban (each refusal counts towards a ban): see PutBan.
-func (c *DenyCache) Put(r Request, d Decision, now time.Time) {
+func (c *RefusedCache) Put(r Request, d Decision, now time.Time) {
 	if r.Policy.Algorithm == Concurrency || r.Policy.Ban.After > 0 {
 		return
 	}
@@ -61,7 +61,7 @@ func (c *DenyCache) Put(r Request, d Decision, now time.Time) {
 }
 
 // PutBan remembers a refusal of r at now, whatever its policy: for bans.
-func (c *DenyCache) PutBan(r Request, d Decision, now time.Time) {
+func (c *RefusedCache) PutBan(r Request, d Decision, now time.Time) {
 	if d.Allowed || d.RetryAfter <= 0 || c.size <= 0 {
 		return
 	}
@@ -71,13 +71,13 @@ func (c *DenyCache) PutBan(r Request, d Decision, now time.Time) {
 	if len(c.entries) >= c.size {
 		c.evict(now.UnixNano())
 	}
-	c.entries[bucket.IDOf(r)] = denyEntry{policy: r.Policy, until: until, retryAt: now.Add(d.RetryAfter).UnixNano(), cost: r.Cost, d: d}
+	c.entries[bucket.IDOf(r)] = refusedEntry{policy: r.Policy, until: until, retryAt: now.Add(d.RetryAfter).UnixNano(), cost: r.Cost, d: d}
 }
 
 // evict makes room for a tenth of the cache at once (so that a flood of
 // new clients costs a few map steps per entry, not a scan each): expired
 // entries go, and others at random (map order is random) until then.
-func (c *DenyCache) evict(now int64) {
+func (c *RefusedCache) evict(now int64) {
 	target := c.size - c.size/10 - 1
 	for k, e := range c.entries {
 		if e.until <= now || len(c.entries) > target {
@@ -87,14 +87,14 @@ func (c *DenyCache) evict(now int64) {
 }
 
 // Delete forgets r's client (after a reset).
-func (c *DenyCache) Delete(r Request) {
+func (c *RefusedCache) Delete(r Request) {
 	c.mu.Lock()
 	delete(c.entries, bucket.IDOf(r))
 	c.mu.Unlock()
 }
 
 // Len is the number of clients cached.
-func (c *DenyCache) Len() int {
+func (c *RefusedCache) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.entries)
