@@ -37,7 +37,7 @@ type Limiter struct {
 	peers     []*redisstore.Store     // the peer regions' Redis, which regions speaks to
 	overrides *overrides.Overrides    // the run-time overrides, kept where the buckets are
 	memory    *memstore.Store
-	refused   *RefusedCache      // clients Redis refused; nil without Redis
+	refused   *RefusedCache   // clients Redis refused; nil without Redis
 	retries   *releaseRetries // releases of slots to try again; nil without Redis
 	timeout   time.Duration   // the longest a store call waits
 
