@@ -115,6 +115,7 @@ func (s *Syncer) applyPart(now time.Time, part []int, es []*syncEntry, d []bucke
 		e.spent -= e.sending
 		e.sending = 0
 		e.remaining, e.reset, e.synced, e.turns = d[j].Remaining, d[j].Reset, now, windowTurns(now, e.req.Policy)
+		e.full = fullAt(now, d[j])
 		e.allowance = max(share(held(e.req.Policy, d[j])+refill(e.req), s.instances(int(s.floor.Load())))-e.spent, 0)
 		e.granted = e.allowance
 	}

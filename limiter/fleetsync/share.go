@@ -42,8 +42,18 @@ func (s *Syncer) read(now time.Time, r bucket.Request, n int, old *syncEntry) (*
 	}
 	e.synced, e.gen, e.turns = now, gen, windowTurns(now, r.Policy)
 	a := max(share(held(r.Policy, d[0])+refill(r), s.instances(n))-e.spent, 0)
-	e.allowance, e.granted, e.remaining, e.reset = a, a, d[0].Remaining, d[0].Reset
+	e.allowance, e.granted, e.remaining, e.reset, e.full = a, a, d[0].Remaining, d[0].Reset, fullAt(now, d[0])
 	return e, true
+}
+
+// fullAt is when the bucket d read at now is full again, on this
+// instance's clock: d's Reset is on the fleet's (Redis's) clock, read at
+// its At.
+func fullAt(now time.Time, d bucket.Decision) time.Time {
+	if d.At.IsZero() || d.Reset.IsZero() {
+		return d.Reset
+	}
+	return now.Add(d.Reset.Sub(d.At))
 }
 
 // windowTurns is when the window of p that holds now ends (windows start
@@ -105,6 +115,10 @@ func (s *Syncer) Seed(r bucket.Request, d bucket.Decision, now time.Time, n int)
 		if d.Allowed { // owed (below zero) if the allowance is spent already
 			e.allowance -= bucket.BoundedCost(r.Cost)
 		}
+		e.confirming = time.Time{}
+		if d.Limit != 0 { // a reading: the bucket after this charge
+			e.remaining, e.reset, e.full = d.Remaining, d.Reset, fullAt(now, d)
+		}
 		return
 	}
 	sd := s.seeding[id]
@@ -125,7 +139,7 @@ func (s *Syncer) Seed(r bucket.Request, d bucket.Decision, now time.Time, n int)
 	r, d = sd.req, sd.best
 	r.Key = ""
 	a := share(held(r.Policy, d)+refill(r), s.instances(n))
-	s.entries[id] = &syncEntry{req: r, allowance: a, granted: a, remaining: d.Remaining, reset: d.Reset, synced: now, used: now,
+	s.entries[id] = &syncEntry{req: r, allowance: a, granted: a, remaining: d.Remaining, reset: d.Reset, full: fullAt(now, d), synced: now, used: now,
 		turns: windowTurns(now, r.Policy)}
 }
 

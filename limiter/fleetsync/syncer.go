@@ -157,6 +157,8 @@ type syncEntry struct {
 	sending   int64          // of spent, what the round in flight charges
 	remaining int64          // the bucket's, as last read (after this instance's charge)
 	reset     time.Time      // when the bucket was full again, as last read
+	full      time.Time      // when the bucket is full again, as last read, on this instance's clock
+	confirming time.Time     // when a refusal was left to the fleet (confirm); zero once answered
 	wants     bool           // refused for want of allowance: wants a reading
 	queued    bool           // in the Syncer's queue
 	gen       uint64         // an in-process fleet's generation at the last reading
@@ -235,6 +237,11 @@ func (s *Syncer) Take(now time.Time, reqs []bucket.Request, n int) (d []bucket.D
 				d[i] = bucket.Decision{}
 			}
 		}
+		for _, i := range exact { // not sent: no answer to wait for
+			if e := s.entries[bucket.IDOf(reqs[i])]; e != nil {
+				e.confirming = time.Time{}
+			}
+		}
 		return d, nil, nil
 	}
 	charged := s.spend(reqs, es)
@@ -296,6 +303,9 @@ func (s *Syncer) takeOne(now time.Time, r bucket.Request, n int) (*syncEntry, bu
 	if room < cost && !(s.failing.Load() && s.localShare(now, e, r, n)) {
 		e.wants = true
 		s.flag(e)
+		if !inProcess && s.confirm(now, e, cost) {
+			return nil, bucket.Decision{}, tookExact
+		}
 		return nil, s.refusal(e, cost, now), tookRefused
 	}
 	return e, bucket.Decision{Allowed: true, Limit: r.Policy.Limit(), Remaining: e.allowance - cost, Reset: e.reset, At: now}, tookAllowed
@@ -374,6 +384,47 @@ func (s *Syncer) giveBack(es []*syncEntry, reqs []bucket.Request, charged bool) 
 	if len(give) > 0 {
 		s.fleet.(inProcessFleet).give(give)
 	}
+}
+
+// confirm reports whether a request that e's allowance lacks cost for is
+// left to the fleet, to be decided exactly there, rather than refused: a
+// share rounds down (remaining / N in whole tokens), so an instance may
+// hold none of a bucket that has tokens left. It is when the bucket as
+// last read, less what this instance admitted since and plus what it
+// refilled since, may hold the cost (else the exact limit refuses it
+// too); one request of a bucket at a time (until Seed hears its answer,
+// or the timeout passes), never while rounds fail. The fleet's answer is
+// a reading (Seed): a bucket found empty is not asked again until it may
+// have refilled a token, so a client over its limit costs the fleet at
+// most one call per token its rate refills (and none while it is in the
+// cache of refused clients). The caller holds mu.
+func (s *Syncer) confirm(now time.Time, e *syncEntry, cost int64) bool {
+	if s.failing.Load() || !e.confirming.IsZero() && now.Sub(e.confirming) < s.timeout {
+		return false
+	}
+	if e.mayHold(now) < cost {
+		return false
+	}
+	e.confirming = now
+	return true
+}
+
+// mayHold is the most e's bucket may hold at now, as this instance knows
+// it: what it held when last read (a token or leaky bucket's, to the
+// fraction of a token: it is full again at full, on this instance's
+// clock), plus what it refilled since, less what this instance admitted
+// since; a window's count falls only as it turns, or fades (a sliding
+// counter may hold anything up to its limit).
+func (e *syncEntry) mayHold(now time.Time) int64 {
+	p := e.req.Policy
+	switch {
+	case p.Algorithm == bucket.SlidingWindowCounter, !e.turns.IsZero() && !now.Before(e.turns):
+		return p.Limit()
+	case !p.Algorithm.Debt() || p.Rate <= 0 || p.Period <= 0 || e.full.IsZero():
+		return e.remaining - e.spent
+	}
+	lack := math.Ceil(float64(e.full.Sub(now)) / p.Interval())
+	return p.Limit() - int64(min(max(lack, 0), float64(bucket.MaxCost))) - e.spent
 }
 
 // refusal is the decision of a request whose cost the allowance lacks:
