@@ -150,21 +150,21 @@ type Syncer struct {
 
 // syncEntry is one bucket's view in this instance.
 type syncEntry struct {
-	req       bucket.Request // the bucket (zone, key, digest) and its latest policy
-	allowance int64          // tokens this instance may admit until its next sync
-	granted   int64          // the allowance as the last sync (or the entry's start) set it
-	spent     int64          // admitted since the last sync, to charge
-	sending   int64          // of spent, what the round in flight charges
-	remaining int64          // the bucket's, as last read (after this instance's charge)
-	reset     time.Time      // when the bucket was full again, as last read
-	full      time.Time      // when the bucket is full again, as last read, on this instance's clock
-	confirming time.Time     // when a refusal was left to the fleet (confirm); zero once answered
-	wants     bool           // refused for want of allowance: wants a reading
-	queued    bool           // in the Syncer's queue
-	gen       uint64         // an in-process fleet's generation at the last reading
-	turns     time.Time      // when the window of the last reading ends (windows); an in-process fleet reads again then
-	used      time.Time      // last request
-	synced    time.Time      // last round that read it
+	req        bucket.Request // the bucket (zone, key, digest) and its latest policy
+	allowance  int64          // tokens this instance may admit until its next sync
+	granted    int64          // the allowance as the last sync (or the entry's start) set it
+	spent      int64          // admitted since the last sync, to charge
+	sending    int64          // of spent, what the round in flight charges
+	remaining  int64          // the bucket's, as last read (after this instance's charge)
+	reset      time.Time      // when the bucket was full again, as last read
+	full       time.Time      // when the bucket is full again, as last read, on this instance's clock
+	confirming time.Time      // when a refusal was left to the fleet (confirm); zero once answered
+	wants      bool           // refused for want of allowance: wants a reading
+	queued     bool           // in the Syncer's queue
+	gen        uint64         // an in-process fleet's generation at the last reading
+	turns      time.Time      // when the window of the last reading ends (windows); an in-process fleet reads again then
+	used       time.Time      // last request
+	synced     time.Time      // last round that read it
 }
 
 func NewSyncer(f Fleet, memory *memstore.Store, timeout time.Duration) *Syncer {
