@@ -2,11 +2,11 @@ package ratelimit
 
 // What the admin API's zones listing and lookups show of the run-time
 // overrides: the limit in force, the config's, and the overrides that
-// apply, as the requests' headers show them (overrides.go applies them to
-// requests).
+// apply, as the requests' headers show them. Both views take them from
+// overrides.Set.Effect, which the requests apply too (Zone.override in
+// overrides.go): what is shown is what is enforced.
 
 import (
-	"cmp"
 	"context"
 	"encoding/hex"
 	"fmt"
@@ -19,46 +19,18 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
-// zoneInForce is what a zone's own override does at a time: the policy in
-// force (the config's, unless the override's limits apply), the override
-// in force (nil when none is), and why its limits are left out when they
-// do not fit the zone.
-type zoneInForce struct {
-	policy   limiter.Policy
-	override *overrides.Override
-	leftOut  error
+// zoneEffect is what z's own override in set does at c's time, as for a
+// request of the config's policy without a key's override: the policy in
+// force, the override in force, why its limits are left out.
+func zoneEffect(set *overrides.Set, z *Zone, c *overrides.Clock) overrides.Effect {
+	return set.Effect(z.effectTarget(z.policy), nil, c)
 }
 
-// inForce is z's policy under its own override in set at now, decided as
-// for a request (Zone.override) but logging nothing.
-func (z *Zone) inForce(set *overrides.Set, now time.Time) zoneInForce {
-	f := zoneInForce{policy: z.policy}
-	o, ok := set.Zone(z.name)
-	if !ok || !o.Active(now) {
-		return f
-	}
-	f.override = &o
-	if o.Rate == "" && o.Burst == 0 && o.MaxConcurrent == 0 {
-		return f // disabled, or dry_run alone
-	}
-	if err := overrideFits(z.policy.Algorithm, &o); err != nil {
-		f.leftOut = err
-		return f
-	}
-	p := z.withOverride(z.policy, &o)
-	if err := cmp.Or(p.Validate(), checkAlgorithmLimits(p), z.syncFits(p)); err != nil {
-		f.leftOut = err
-		return f
-	}
-	f.policy = p
-	return f
-}
-
-// dryRun is whether z is in dry run under f's override, for a handler
-// that is (handlerDryRun) or not.
-func (f zoneInForce) dryRun(z *Zone, handlerDryRun bool) bool {
-	if f.override != nil && f.override.DryRun != nil {
-		return *f.override.DryRun
+// dryRunUnder is whether z is in dry run under e, for a handler that is
+// (handlerDryRun) or not.
+func dryRunUnder(e *overrides.Effect, z *Zone, handlerDryRun bool) bool {
+	if e.DryRun != nil {
+		return *e.DryRun
 	}
 	return z.DryRun || handlerDryRun
 }
@@ -67,16 +39,16 @@ func (f zoneInForce) dryRun(z *Zone, handlerDryRun bool) bool {
 // own override in force at now.
 func zoneInfoOf(r zoneRef, now time.Time) zoneInfo {
 	z, h := r.z, r.h
-	f := z.inForce(h.store.overrides.Current(), now)
+	e := zoneEffect(h.store.overrides.Current(), z, &overrides.Clock{Now: func() time.Time { return now }})
 	info := zoneInfo{Name: z.name, Key: z.Key, Algorithm: z.policy.Algorithm.String(), Rate: z.Rate,
-		Limit: f.policy.Limit(), MaxConcurrent: z.MaxConcurrent, Policy: f.policy.String(), Store: string(h.store.Kind()),
-		DryRun: f.dryRun(z, h.DryRun)}
-	if f.override != nil {
-		v := overrideView(overrides.Entry{Zone: z.name, Override: *f.override})
-		info.Override, info.Disabled = &v, f.override.Disabled
+		Limit: e.Policy.Limit(), MaxConcurrent: z.MaxConcurrent, Policy: e.Policy.String(), Store: string(h.store.Kind()),
+		DryRun: dryRunUnder(&e, z, h.DryRun)}
+	if e.HasZone {
+		v := overrideView(overrides.Entry{Zone: z.name, Override: e.Zone})
+		info.Override, info.Disabled = &v, e.Disabled
 		info.ConfigLimit, info.ConfigPolicy = z.policy.Limit(), z.policy.String()
-		if f.leftOut != nil {
-			info.OverrideLeftOut = f.leftOut.Error()
+		if e.LeftOut != nil {
+			info.OverrideLeftOut = e.LeftOut.Error()
 		}
 	}
 	return info
@@ -84,19 +56,19 @@ func zoneInfoOf(r zoneRef, now time.Time) zoneInfo {
 
 // lookupKey answers a lookup of a client's bucket in ref's zone: its
 // figures under the limit in force for its key, as its next response's
-// headers would show them, and the overrides that make that limit.
+// headers would show them (the overrides' Effect, applied as for a
+// request), and the overrides that make that limit.
 func lookupKey(ref zoneRef, key string) (usage, error) {
 	z, h := ref.z, ref.h
 	req := z.bucket(key)
-	set, clock := h.store.overrides.Current(), overrideClock{now: h.now}
-	f := z.inForce(set, clock.time())
-	u := usage{Zone: z.name, Key: req.Key, Algorithm: z.policy.Algorithm.String(),
-		Disabled: zoneDisabled(set, z, &clock)}
-	u.Exempt = !z.override(set, &req, &clock, h.logger)
-	if u.Exempt {
-		req.Policy = f.policy // the zone's limit, which the key does not count against
+	set, clock, digest := h.store.overrides.Current(), overrides.Clock{Now: h.now}, req.Digest()
+	e := set.Effect(z.effectTarget(req.Policy), &digest, &clock)
+	z.apply(&e, &req, h.logger)
+	u := usage{Zone: z.name, Key: req.Key, Algorithm: z.policy.Algorithm.String(), Disabled: e.Disabled, Exempt: e.Exempt}
+	if e.Exempt { // the zone's limit, which the key does not count against
+		req.Policy = zoneEffect(set, z, &clock).Policy
 	}
-	u.overrides(set, z, &req, f, clock.time())
+	u.overrides(z, &e, digest)
 	// The store waits its own timeout, on a context of its own: a caller
 	// that hangs up must not count against a Redis node's breaker.
 	d, err := h.store.Peek(context.Background(), req)
@@ -106,7 +78,7 @@ func lookupKey(ref zoneRef, key string) (usage, error) {
 	u.Limit, u.Remaining, u.Reset, u.Policy = d.Limit, d.Remaining, d.ResetUnix(), req.Policy.String()
 	if req.Block > 0 { // refused, as a ban, until the block ends
 		u.Blocked, u.Remaining = true, 0
-		u.Reset = limiter.Decision{Reset: clock.time().Add(req.Block)}.ResetUnix()
+		u.Reset = limiter.Decision{Reset: clock.Time().Add(req.Block)}.ResetUnix()
 	}
 	left, err := h.store.BanLeft(context.Background(), req)
 	if err != nil {
@@ -114,7 +86,7 @@ func lookupKey(ref zoneRef, key string) (usage, error) {
 	}
 	if left > 0 { // as the ban's refusals say (refusalbody.go)
 		u.Banned, u.Remaining = true, 0
-		u.BannedUntil = limiter.Decision{Reset: clock.time().Add(left)}.ResetUnix()
+		u.BannedUntil = limiter.Decision{Reset: clock.Time().Add(left)}.ResetUnix()
 	}
 	if z.Sync != 0 {
 		u.Sync = time.Duration(z.Sync).String()
@@ -122,19 +94,18 @@ func lookupKey(ref zoneRef, key string) (usage, error) {
 	return u, nil
 }
 
-// overrides records in u the overrides in force at now of z (f) and of
-// req's key, and the config's limit when one is in force.
-func (u *usage) overrides(set *overrides.Set, z *Zone, req *limiter.Request, f zoneInForce, now time.Time) {
-	if f.override != nil {
-		v := overrideView(overrides.Entry{Zone: z.name, Override: *f.override})
+// overrides records in u the overrides in force of e, z's and its key's
+// (whose digest is digest), and the config's limit when one is in force.
+func (u *usage) overrides(z *Zone, e *overrides.Effect, digest [16]byte) {
+	if e.HasZone {
+		v := overrideView(overrides.Entry{Zone: z.name, Override: e.Zone})
 		u.ZoneOverride = &v
 	}
-	digest := req.Digest()
-	if o, ok := set.Key(z.name, digest); ok && o.Active(now) {
-		v := overrideView(overrides.Entry{Zone: z.name, Digest: hex.EncodeToString(digest[:]), Override: o})
+	if e.HasKey {
+		v := overrideView(overrides.Entry{Zone: z.name, Digest: hex.EncodeToString(digest[:]), Override: e.Key})
 		u.KeyOverride = &v
 	}
-	if u.ZoneOverride != nil || u.KeyOverride != nil {
+	if e.HasZone || e.HasKey {
 		u.ConfigLimit = z.policy.Limit()
 	}
 }

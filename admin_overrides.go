@@ -254,13 +254,13 @@ func putOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b ove
 func (t overrideTarget) check(o *overrides.Override, now time.Time) error {
 	z := t.refs[0].z
 	p := z.policy
-	if zo, ok := t.store.overrides.Current().Zone(z.name); ok && t.key && zo.Active(now) && overrideFits(p.Algorithm, &zo) == nil {
-		p = z.withOverride(p, &zo)
+	if zo, ok := t.store.overrides.Current().Zone(z.name); ok && t.key && zo.Active(now) && zo.Fits(p.Algorithm) == nil {
+		p = zo.Apply(p, z.Burst != "")
 	}
-	if err := overrideFits(p.Algorithm, o); err != nil {
+	if err := o.Fits(p.Algorithm); err != nil {
 		return err
 	}
-	p = z.withOverride(p, o)
+	p = o.Apply(p, z.Burst != "")
 	if err := cmp.Or(p.Validate(), checkAlgorithmLimits(p), t.syncFits(p)); err != nil {
 		if t.key {
 			return fmt.Errorf("with the zone's override: %w", err)

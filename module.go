@@ -51,6 +51,7 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/clientkey"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
 func init() {
@@ -359,16 +360,17 @@ func (h *Handler) recycle(s *scratch) {
 }
 
 // identify builds, in s, one store request per zone that applies to r:
-// the client's bucket in the zone, and the policy and cost for r.
+// the client's bucket in the zone, and the policy and cost for r under
+// the overrides in force (Zone.override).
 func (h *Handler) identify(r *http.Request, repl *caddy.Replacer, s *scratch) ([]limiter.Request, []*Zone, error) {
 	if h.verifier != nil {
 		h.useClaims(r, repl)
 	}
 	reqs, zones := s.reqs[:0], s.zones[:0]
 	var id string
-	set, clock := h.store.overrides.Current(), overrideClock{now: h.now}
+	set, clock := h.store.overrides.Current(), overrides.Clock{Now: h.now}
 	for _, z := range h.zones {
-		if set != nil && zoneDisabled(set, z, &clock) {
+		if set != nil && set.Disabled(z.name, &clock) {
 			continue
 		}
 		req, ok, err := z.request(r, repl, h.logger)

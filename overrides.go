@@ -1,9 +1,9 @@
 package ratelimit
 
 // Run-time overrides of the zones' limits (overrides.Overrides keeps them
-// current): what they do to a request, where each store keeps them, and
-// what is logged and counted when they change. The admin API that changes
-// them is in admin_overrides.go.
+// current): what they do applied to a request (overrides.Set.Effect says
+// what), where each store keeps them, and what is logged and counted when
+// they change. The admin API that changes them is in admin_overrides.go.
 
 import (
 	"cmp"
@@ -23,100 +23,52 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
-// maxBlockRetry is the Retry-After of a block without an expiry.
-const maxBlockRetry = 24 * time.Hour
-
 // overridesStartTimeout bounds the first read of the overrides when a
 // config loads: past it, the config serves with the overrides it has
 // (none at first start) and reads them in the background.
 const overridesStartTimeout = 3 * time.Second
 
-// overrideClock reads the clock once, when an override with an expiry
-// first needs it.
-type overrideClock struct {
-	now func() time.Time
-	at  time.Time
-}
-
-func (c *overrideClock) time() time.Time {
-	if c.at.IsZero() {
-		c.at = c.now()
-	}
-	return c.at
-}
-
-// zoneDisabled reports whether an override in force turns z off.
-func zoneDisabled(set *overrides.Set, z *Zone, c *overrideClock) bool {
-	o, ok := set.Zone(z.name)
-	return ok && o.Disabled && o.Active(c.time())
-}
-
-// override applies the overrides in force of set to req, z's request: the
-// zone's, then its key's (a limit of its own, a block, an exemption).
-// False when the key is exempt: z does not count the request. An
-// override's limit that z's algorithm does not take (an override set for
-// an earlier config, or another instance's zone of that name), or that
-// gives no valid policy with the other, is left out, with a warning once
-// per zone: the key's first, then the zone's too.
-func (z *Zone) override(set *overrides.Set, req *limiter.Request, c *overrideClock, logger *zap.Logger) bool {
-	base := req.Policy
-	p := base
-	if o, ok := set.Zone(z.name); ok && o.Active(c.time()) {
-		p = z.limitsOf(p, &o, logger)
-		if o.DryRun != nil {
-			req.DryRun = *o.DryRun
-		}
-	}
-	zoned := p
+// override applies to req, z's request, what the overrides in force of
+// set do to it (overrides.Set.Effect: the zone's, then its key's). False
+// when the key is exempt: z does not count the request. The key's digest
+// is looked up only when some key of z has an override.
+func (z *Zone) override(set *overrides.Set, req *limiter.Request, c *overrides.Clock, logger *zap.Logger) bool {
+	var key *[16]byte
 	if set.HasKeys(z.name) {
-		if o, ok := set.Key(z.name, req.Digest()); ok && o.Active(c.time()) {
-			switch {
-			case o.Exempt:
-				return false
-			case o.Block:
-				req.Block = maxBlockRetry
-				if at := o.ExpiresAt(); !at.IsZero() {
-					req.Block = min(at.Sub(c.time()), maxBlockRetry)
-				}
-			}
-			p = z.limitsOf(p, &o, logger)
-		}
+		d := req.Digest()
+		key = &d
 	}
-	for _, q := range [...]limiter.Policy{p, zoned} {
-		if q == base {
-			return true
-		}
-		if err := cmp.Or(q.Validate(), checkAlgorithmLimits(q), z.syncFits(q)); err == nil {
-			req.Policy = q
-			return true
-		} else {
-			z.warnOverride(logger, err)
-		}
-	}
-	return true
+	e := set.Effect(z.effectTarget(req.Policy), key, c)
+	z.apply(&e, req, logger)
+	return !e.Exempt
 }
 
-// limitsOf is p with o's limits, when z's algorithm takes them; else p,
-// with a warning.
-func (z *Zone) limitsOf(p limiter.Policy, o *overrides.Override, logger *zap.Logger) limiter.Policy {
-	if err := overrideFits(p.Algorithm, o); err != nil {
-		z.warnOverride(logger, err)
-		return p
+// apply gives req, z's request, what e says the overrides do to it,
+// logging once per zone an override's limits left out; an exempt key's
+// request keeps its policy.
+func (z *Zone) apply(e *overrides.Effect, req *limiter.Request, logger *zap.Logger) {
+	if e.LeftOut != nil {
+		z.warnOverride(logger, e.LeftOut)
 	}
-	return z.withOverride(p, o)
+	if e.DryRun != nil {
+		req.DryRun = *e.DryRun
+	}
+	if !e.Exempt {
+		req.Policy, req.Block = e.Policy, e.Block
+	}
 }
 
-// overrideFits reports whether a zone of algo takes o's limits.
-func overrideFits(algo limiter.Algorithm, o *overrides.Override) error {
-	switch {
-	case algo == limiter.Concurrency && (o.Rate != "" || o.Burst != 0):
-		return errors.New("a max_concurrent zone takes max_concurrent, not rate or burst")
-	case algo != limiter.Concurrency && o.MaxConcurrent != 0:
-		return fmt.Errorf("max_concurrent applies to max_concurrent zones; this one is %s (give rate or burst)", algo)
-	case algo.Windowed() && o.Burst != 0:
-		return fmt.Errorf("burst does not apply to %s: its limit is N of the rate per window", algo)
-	}
-	return nil
+// effectTarget is z as its overrides see it, for a request whose
+// policy under the config is p.
+func (z *Zone) effectTarget(p limiter.Policy) overrides.Target {
+	return overrides.Target{Zone: z.name, Policy: p, BurstSet: z.Burst != "", Check: z.takesOverridden}
+}
+
+// takesOverridden reports whether z takes p, a policy under an override,
+// besides p's own validity: the algorithm's bounds that the config's
+// policy passes, and the sync's.
+func (z *Zone) takesOverridden(p limiter.Policy) error {
+	return cmp.Or(checkAlgorithmLimits(p), z.syncFits(p))
 }
 
 // warnOverride logs, once per zone, that an override was left out.
@@ -126,27 +78,6 @@ func (z *Zone) warnOverride(logger *zap.Logger, err error) {
 			"see GET /rate_limit/overrides, and set it again or delete it (logged once per zone)",
 			zap.String("zone", z.name), zap.Error(err))
 	}
-}
-
-// withOverride is p with o's rate, burst or max_concurrent. A rate
-// replaced brings the burst the zone's config gives it: the burst written
-// in the config (a number, or a placeholder's value), else the default of
-// the new rate (its N; none for the leaky bucket), and N for the windows;
-// unless o sets the burst too.
-func (z *Zone) withOverride(p limiter.Policy, o *overrides.Override) limiter.Policy {
-	if n, period := o.RatePeriod(); n > 0 {
-		p.Rate, p.Period = n, period
-		if z.Burst == "" || p.Algorithm.Windowed() {
-			p.Burst = defaultBurst(p.Algorithm, n)
-		}
-	}
-	if o.Burst > 0 {
-		p.Burst = o.Burst
-	}
-	if o.MaxConcurrent > 0 {
-		p.Slots = o.MaxConcurrent
-	}
-	return p
 }
 
 // logSyncBounds logs, for each zone of h that syncs, how far beyond its
@@ -425,10 +356,10 @@ func (t overrideTarget) syncFits(p limiter.Policy) error {
 // overshoot (see syncBound) under o, for the instances counted now; false
 // for a zone that does not sync, or an override that sets no limit.
 func (t overrideTarget) syncBound(o *overrides.Override) (int64, bool) {
-	if len(t.refs) == 0 || t.refs[0].z.Sync == 0 || overrideFits(t.refs[0].z.policy.Algorithm, o) != nil || o.Kind() != "limit" {
+	if len(t.refs) == 0 || t.refs[0].z.Sync == 0 || o.Fits(t.refs[0].z.policy.Algorithm) != nil || o.Kind() != "limit" {
 		return 0, false
 	}
 	z, h := t.refs[0].z, t.refs[0].h
 	n := max(t.store.Instances(), h.caller.Fallback.Instances, 1)
-	return syncBound(z.withOverride(z.policy, o), time.Duration(z.Sync), n), true
+	return syncBound(o.Apply(z.policy, z.Burst != ""), time.Duration(z.Sync), n), true
 }

@@ -362,7 +362,7 @@ func (z *Zone) compilePolicy() error {
 		return err
 	}
 	z.policy = limiter.Policy{Algorithm: algo, Rate: n, Period: period, Burst: n, NoDelay: z.NoDelay}
-	if z.policy.Burst, err = staticCount("burst", z.Burst, z.DefaultBurst, defaultBurst(algo, n)); err != nil {
+	if z.policy.Burst, err = staticCount("burst", z.Burst, z.DefaultBurst, bucket.DefaultBurst(algo, n)); err != nil {
 		return err
 	}
 	if z.cost, err = staticCount("cost", z.Cost, z.DefaultCost, 1); err != nil {
@@ -401,15 +401,6 @@ func checkAlgorithmLimits(p limiter.Policy) error {
 		return about(fmt.Errorf("sliding_window_log: limit %d is over %d entries per key; use sliding_window_counter", p.Rate, maxLogLimit), "rate", "algorithm")
 	}
 	return nil
-}
-
-// defaultBurst is the burst of a zone that sets none: N of the rate, but
-// none for the leaky bucket (nginx's default: requests are spaced out).
-func defaultBurst(algo limiter.Algorithm, n int64) int64 {
-	if algo == limiter.LeakyBucket {
-		return 0
-	}
-	return n
 }
 
 // checkAlgorithmOptions refuses options that the algorithm does not use.

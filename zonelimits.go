@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // staticCount is a burst or cost as configured: v's literal value; for a
@@ -52,11 +53,11 @@ func (z *Zone) limits(repl *caddy.Replacer, logger *zap.Logger) (limiter.Policy,
 			z.warn(fieldRate, logger, err)
 		}
 		if z.Burst == "" { // the default burst of the rate in force
-			p.Burst = defaultBurst(p.Algorithm, p.Rate)
+			p.Burst = bucket.DefaultBurst(p.Algorithm, p.Rate)
 		}
 	}
 	if hasPlaceholder(string(z.Burst)) {
-		p.Burst = z.dynamicCount(fieldBurst, logger, z.Burst, repl, cmp.Or(z.DefaultBurst, defaultBurst(p.Algorithm, p.Rate)))
+		p.Burst = z.dynamicCount(fieldBurst, logger, z.Burst, repl, cmp.Or(z.DefaultBurst, bucket.DefaultBurst(p.Algorithm, p.Rate)))
 	}
 	cost := z.dynamicCount(fieldCost, logger, z.Cost, repl, z.cost)
 	if err := cmp.Or(p.Validate(), checkAlgorithmLimits(p)); err != nil {

@@ -237,6 +237,16 @@ func (p Policy) Limit() int64 {
 	return p.Burst
 }
 
+// DefaultBurst is the burst of a policy of algo at n per period that sets
+// none: n, but none for the leaky bucket (nginx's default: requests are
+// spaced out).
+func DefaultBurst(algo Algorithm, n int64) int64 {
+	if algo == LeakyBucket {
+		return 0
+	}
+	return n
+}
+
 // Validate reports what is wrong with p, if anything.
 func (p Policy) Validate() error {
 	if p.Algorithm == Concurrency {

@@ -11,9 +11,25 @@
 // it whole: a request reads it with one atomic load (Current) and at most two
 // map reads per zone (Set.Zone, Set.Key). The overrides live in this process
 // (NewMemory) or in the Redis a fleet shares (NewRedis), where one instance's
-// change reaches the others. What an override does to a policy is the root
-// package's to say (Zone.override applies them); this package keeps them,
-// checks their shape and looks them up.
+// change reaches the others.
+//
+// # Effect
+//
+// Set.Effect is the one place that says what the overrides in force do to
+// one request of a zone (effect.go), for the requests (the root package's
+// Zone.override) and for the admin API's zones listing and lookups alike,
+// so that what the admin shows is what is enforced. The caller gives the
+// zone as a Target: its name, the config's policy for the request, whether
+// the config writes a burst, and what else a policy must pass in the zone.
+// The zone's override applies first, then the key's: Disabled, Exempt (the
+// key passes uncounted; nothing else is looked at), Block (until the
+// override expires, at most MaxBlock), DryRun, and the Policy in force. An
+// override's limits that the zone's algorithm does not take (Override.Fits)
+// are left out, and so are those that give a policy the zone refuses: the
+// policy under both overrides falls back to the zone's alone, then to the
+// config's. Effect.LeftOut says why, and the caller logs it. A Clock is read
+// once per request, and only for an override with an expiry; Effect
+// allocates nothing but the reason of limits left out.
 //
 // # In Redis
 //
@@ -116,6 +132,9 @@
 //     TestRedisOverridesKeepLastWhenDown; expired overrides leave Redis and
 //     the Set: TestRedisOverridesExpireInRedis.
 //   - Shapes are checked once, the same for every source: TestOverrideCheck.
+//   - One computation of an override's effect, read the clock only when an
+//     expiry needs it: TestEffect, TestEffectReadsTheClockOnce; the admin
+//     API shows what requests get: TestOverrideEffectAgrees (root package).
 //   - No raw client key in an override: TestOverridesListing,
 //     TestOverrideAdminErrors (root package), TestFleetOverrides.
 //
@@ -124,7 +143,8 @@
 //
 // # Imports
 //
-// limiter/bucket (ParseRate and MaxRate, to check an override's numbers),
+// limiter/bucket (ParseRate and MaxRate, to check an override's numbers;
+// Policy, Algorithm and DefaultBurst, for an override's effect),
 // luascripts (the three scripts), go-redis, internal/jsonerr (JSON errors
 // described by position, never echoing a value) and the standard library. The
 // root package imports it and holds one Overrides per store; the limiter

@@ -8,9 +8,9 @@ package overrides
 // snapshot in force and keeps it current from where the overrides live:
 // this process's memory, or a Redis that a fleet shares.
 //
-// What an override does to a zone's policy is the caller's to say (the
-// Caddy handler applies them); this file keeps them, checks their shape,
-// and looks them up at the cost of a map read.
+// What an override does to a request is effect.go's to say; this file
+// keeps them, checks their shape, and looks them up at the cost of a map
+// read.
 
 import (
 	"cmp"
