@@ -60,7 +60,7 @@ type overrideBody struct {
 type overrideTarget struct {
 	zone   string
 	refs   []zoneRef    // the zone, in the store (none: an orphan)
-	store  *sharedStore // where the override is
+	store  *sharedLimiter // where the override is
 	orphan bool         // the running config has no zone of that name (a DELETE)
 	key    bool         // a key's override
 	digest [16]byte     // of the key, as the zone digests it
@@ -136,7 +136,7 @@ func (t *overrideTarget) find(store, method string) error {
 // findOrphan finds the store holding overrides of a zone that the running
 // config no longer has, for a DELETE.
 func (t *overrideTarget) findOrphan(store string) error {
-	var found []*sharedStore
+	var found []*sharedLimiter
 	for _, s := range runningStores() {
 		set := s.overrides.Current()
 		_, zoned := set.Zone(t.zone)
@@ -475,12 +475,12 @@ func listOverrides() []overrideListing {
 }
 
 // runningStores are the distinct stores of the running handlers.
-func runningStores() []*sharedStore {
+func runningStores() []*sharedLimiter {
 	registry.Lock()
 	defer registry.Unlock()
-	var stores []*sharedStore
+	var stores []*sharedLimiter
 	for _, r := range registry.zones {
-		if !slices.ContainsFunc(stores, func(s *sharedStore) bool { return s.label() == r.h.store.label() }) {
+		if !slices.ContainsFunc(stores, func(s *sharedLimiter) bool { return s.label() == r.h.store.label() }) {
 			stores = append(stores, r.h.store) // stores of one label share their overrides
 		}
 	}

@@ -202,7 +202,7 @@ func (h *Handler) provisionStorage() error {
 	write, read := h.Distributed.intervals()
 	st, label := h.storage, h.storageLabel
 	return h.loadStore(h.storagePoolKey(), func() (caddy.Destructor, error) {
-		s := newSharedStore("")
+		s := newSharedLimiter("")
 		s.namespace = label
 		return s.made(limiter.New(limiter.Config{Storage: fleetStorage(st), Sync: s, Overrides: overrideEvents{s},
 			StorageOptions: limiter.StorageOptions{WriteEvery: write, ReadEvery: read, PurgeAge: time.Duration(h.Distributed.PurgeAge),

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -234,4 +235,16 @@ func (h *Handler) metricsRegistry(ctx caddy.Context) *prometheus.Registry {
 		return nil
 	}
 	return ctx.GetMetricsRegistry()
+}
+
+// countSync counts a round of the zones that sync (or a read of the
+// others' counts in a storage): its keys, its latency, its result.
+func countSync(keys int, took time.Duration, err error) {
+	metrics.syncDuration.Observe(took.Seconds())
+	metrics.syncedKeys.Add(float64(keys))
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	metrics.syncs.WithLabelValues(result).Inc()
 }

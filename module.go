@@ -1,6 +1,8 @@
 // Package ratelimit is a Caddy HTTP handler, http.handlers.rate_limit, that
 // limits the requests of each client, and a fleet of Caddy instances can
-// share its limits through Redis.
+// share its limits through Redis. It is the Caddy module around package
+// limiter, which decides: the root package knows Caddy and HTTP, and
+// reaches every store through limiter.New and the Limiter's methods.
 //
 // A handler has zones. A zone matches some requests, names the client of
 // each by a key template (an address, an API key, a JWT claim), and
@@ -9,10 +11,11 @@
 // limit of requests in flight. ServeHTTP (this file) takes a request
 // through three steps:
 //
-//   - identify: every zone whose matchers match gives a limiter.Request:
-//     the bucket of the client's key (zonekey.go) and the policy and cost
-//     for this request, which may come from placeholders (zone.go) or
-//     verified JWT claims (claims.go);
+//   - identify (identify.go): every zone whose matchers match gives a
+//     limiter.Request: the bucket of the client's key (zonekey.go) and the
+//     policy and cost for this request, which may come from placeholders
+//     (zone.go) or verified JWT claims (claims.go), under the run-time
+//     overrides (overrides.go);
 //   - decide: the store (a limiter.Limiter, shared across reloads:
 //     store.go) gives one verdict, a state per zone, all or nothing;
 //     metrics.go records it in the metrics and logs;
@@ -25,20 +28,20 @@
 // The configuration: caddyfile.go, caddyfile_zone.go and caddyfile_args.go
 // parse the rate_limit directive; each config type is provisioned in the
 // file that carries it out (Zone in zone.go, RedisConfig in
-// redisconfig.go, StoreErrorPolicy in storeerror.go, JWTConfig in
-// claims.go, with its key fetchers in jwtkeys.go); compat.go and
-// distributed.go give caddy-ratelimit's spellings their meaning here;
-// options.go lists the allowed values; placeholders.go checks a zone's
-// placeholders. admin.go serves the admin API.
+// redisconfig.go, RegionsConfig in regions.go, StoreErrorPolicy in
+// storeerror.go, JWTConfig in claims.go, with its key fetchers in
+// jwtkeys.go); compat.go and distributed.go give caddy-ratelimit's
+// spellings their meaning here; options.go lists the allowed values;
+// placeholders.go checks a zone's placeholders. store.go keeps the
+// limiters across reloads, storeevents.go reports what they tell, and
+// metrics.go holds the metrics. admin.go serves the admin API.
 package ratelimit
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -51,7 +54,6 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/clientkey"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
 func init() {
@@ -233,7 +235,7 @@ type Handler struct {
 	zones       []*Zone             // Zones, sorted by name, the dry-run ones last
 	verifier    *clientkey.Verifier // JWT's keys; nil without JWT
 	jwksKey     string              // JWT's key fetcher in jwksFetchers; "" without one, or once released
-	store       *sharedStore        // what decides, shared through stores
+	store       *sharedLimiter      // what decides, shared through stores
 	poolKey     string              // store's key in stores; "" once released
 	onError     StoreErrorPolicy    // OnStoreError with its defaults
 	caller      limiter.Caller      // onError and the events of decisions, for the store
@@ -337,61 +339,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.decide(r.Context(), reqs, zones, v)
 	defer v.Release()
 	return h.respond(w, r, next, repl, zones, v)
-}
-
-// scratch is where a request's zones, store requests and verdict are
-// kept, reused from one request to the next (scratches).
-type scratch struct {
-	reqs    []limiter.Request
-	zones   []*Zone
-	verdict limiter.Verdict
-}
-
-var scratches = sync.Pool{New: func() any { return new(scratch) }}
-
-// recycle gives s back for another request, emptied: the store keeps
-// copies of what it keeps past the request (slots to release or renew).
-func (h *Handler) recycle(s *scratch) {
-	clear(s.reqs)
-	clear(s.zones)
-	s.reqs, s.zones = s.reqs[:0], s.zones[:0]
-	s.verdict = limiter.Verdict{States: s.verdict.States[:0]}
-	scratches.Put(s)
-}
-
-// identify builds, in s, one store request per zone that applies to r:
-// the client's bucket in the zone, and the policy and cost for r under
-// the overrides in force (Zone.override).
-func (h *Handler) identify(r *http.Request, repl *caddy.Replacer, s *scratch) ([]limiter.Request, []*Zone, error) {
-	if h.verifier != nil {
-		h.useClaims(r, repl)
-	}
-	reqs, zones := s.reqs[:0], s.zones[:0]
-	var id string
-	set, clock := h.store.overrides.Current(), overrides.Clock{Now: h.now}
-	for _, z := range h.zones {
-		if set != nil && set.Disabled(z.name, &clock) {
-			continue
-		}
-		req, ok, err := z.request(r, repl, h.logger)
-		if err != nil {
-			s.reqs, s.zones = reqs, zones // for recycle
-			return nil, nil, err
-		}
-		req.DryRun = h.DryRun || z.DryRun
-		if !ok || set != nil && !z.override(set, &req, &clock, h.logger) {
-			continue
-		}
-		if a := req.Policy.Algorithm; a == limiter.Concurrency || a == limiter.SlidingWindowLog {
-			if id == "" {
-				id = rand.Text() // names this request's slot or log entries
-			}
-			req.ID = id
-		}
-		reqs, zones = append(reqs, req), append(zones, z)
-	}
-	s.reqs, s.zones = reqs, zones
-	return reqs, zones, nil
 }
 
 // decide asks the store for the verdict on reqs, the requests of zones,

@@ -191,8 +191,8 @@ func (h *Handler) provisionRedis() error {
 // newSharedRedis makes the store of cfg, whose limiter is made of lc:
 // Redis, whose nodes' breakers, rounds, links to other regions and
 // overrides show in the metrics and logs.
-func newSharedRedis(cfg RedisConfig, lc limiter.Config) (*sharedStore, error) {
-	s := newSharedStore(strings.Join(cfg.Addresses, ",")) // the label outside a cluster
+func newSharedRedis(cfg RedisConfig, lc limiter.Config) (*sharedLimiter, error) {
+	s := newSharedLimiter(strings.Join(cfg.Addresses, ",")) // the label outside a cluster
 	s.namespace = overridesLabel(cfg, cfg.KeyPrefix)
 	lc.Nodes, lc.Sync, lc.Overrides = s, s, overrideEvents{s}
 	if lc.Regions != nil {

@@ -23,18 +23,19 @@ var stores = caddy.NewUsagePool()
 
 // memoryPoolKey names the memory store in stores. It holds no capacity:
 // handlers that set different memory_capacity values share one store, of
-// the largest (see sharedStore.holdCapacity), so that zones shared by
+// the largest (see sharedLimiter.holdCapacity), so that zones shared by
 // handlers stay shared and a reload that changes the capacity keeps the
 // buckets.
 const memoryPoolKey = "memory"
 
-// sharedStore is a store in stores: the limiter the handlers decide with,
-// and the metrics and logs of its Redis nodes (limiter.NodeEvents) and of
-// its memory store's evictions.
-type sharedStore struct {
+// sharedLimiter is a limiter in stores, shared by the handlers of one
+// store configuration across reloads: the limiter they decide with, what
+// its handlers hold of it (capacities, polls, zones that sync), and the
+// state of its reports in the metrics and logs (storeevents.go).
+type sharedLimiter struct {
 	*limiter.Limiter
 	overrides   *overrides.Overrides // the Limiter's run-time overrides
-	namespace   string               // a Redis store's label (sharedStore.label)
+	namespace   string               // a Redis store's label (sharedLimiter.label)
 	syncFailing atomic.Bool          // the rounds of the zones that sync fail
 	logger      *zap.Logger
 	whole       string   // a Redis node's label outside a cluster: the addresses
@@ -57,12 +58,12 @@ type sharedStore struct {
 // logged.
 const evictionLogEvery = time.Minute
 
-func newSharedStore(whole string) *sharedStore {
-	return &sharedStore{logger: caddy.Log().Named("http.handlers.rate_limit"), whole: whole}
+func newSharedLimiter(whole string) *sharedLimiter {
+	return &sharedLimiter{logger: caddy.Log().Named("http.handlers.rate_limit"), whole: whole}
 }
 
 // made completes s with l, the limiter made for it, or fails with err.
-func (s *sharedStore) made(l *limiter.Limiter, err error) (*sharedStore, error) {
+func (s *sharedLimiter) made(l *limiter.Limiter, err error) (*sharedLimiter, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -71,12 +72,12 @@ func (s *sharedStore) made(l *limiter.Limiter, err error) (*sharedStore, error) 
 }
 
 func newSharedMemory() (caddy.Destructor, error) {
-	s := newSharedStore("")
+	s := newSharedLimiter("")
 	return s.made(limiter.New(limiter.Config{Overrides: overrideEvents{s}}))
 }
 
 // Destruct closes the store, when the last handler using it is cleaned up.
-func (s *sharedStore) Destruct() error {
+func (s *sharedLimiter) Destruct() error {
 	s.nodes.Range(func(label, _ any) bool { // this Redis is no longer used
 		metrics.breakerOpen.DeleteLabelValues(label.(string))
 		return true
@@ -118,7 +119,7 @@ func (h *Handler) provisionStore() error {
 // that the handlers holding the store set, or else the default. A reload
 // provisions the new handlers before it cleans up the old ones: in
 // between, the larger of the two configs' capacities applies.
-func (s *sharedStore) holdCapacity(h *Handler, n int) {
+func (s *sharedLimiter) holdCapacity(h *Handler, n int) {
 	s.capacityMu.Lock()
 	defer s.capacityMu.Unlock()
 	switch {
@@ -142,14 +143,14 @@ func (s *sharedStore) holdCapacity(h *Handler, n int) {
 }
 
 // watchEvictions has the memory store's evictions counted and logged.
-func (s *sharedStore) watchEvictions() {
+func (s *sharedLimiter) watchEvictions() {
 	s.watchOnce.Do(func() { s.OnEvict(s.evicted) })
 }
 
 // evicted counts n buckets the memory store evicted, being full, and logs
 // it at warning level at most once per evictionLogEvery, without any
 // client key: the capacity, and the buckets evicted since the last line.
-func (s *sharedStore) evicted(n int) {
+func (s *sharedLimiter) evicted(n int) {
 	metrics.memoryEvictions.Add(float64(n))
 	s.evictedUnlogged.Add(uint64(n))
 	now, last := time.Now().UnixNano(), s.evictionLogged.Load()
@@ -169,7 +170,7 @@ func (h *Handler) loadStore(key string, construct caddy.Constructor) error {
 	if err != nil {
 		return fmt.Errorf("loading store: %w", err)
 	}
-	h.store, h.poolKey = v.(*sharedStore), key
+	h.store, h.poolKey = v.(*sharedLimiter), key
 	return nil
 }
 
@@ -184,4 +185,14 @@ func (h *Handler) releaseStore() error {
 	_, err := stores.Delete(h.poolKey)
 	h.poolKey = ""
 	return err
+}
+
+// label names the store in the overrides' admin API, metric and logs:
+// "memory", or the Redis's addresses, then its db and key prefix when
+// they are not the defaults ("10.0.1.2:6379 db 1 prefix api:").
+func (s *sharedLimiter) label() string {
+	if s.Kind() == limiter.StoreMemory {
+		return string(limiter.StoreMemory)
+	}
+	return s.namespace
 }

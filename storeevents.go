@@ -2,11 +2,19 @@ package ratelimit
 
 import (
 	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
 // What the limiter tells besides its verdicts, told on to Caddy's logs and
@@ -63,7 +71,7 @@ func (e decisionEvents) BanStarted(zone string, _ time.Duration) {
 func (e decisionEvents) Debug(msg string, err error) { e.logger.Debug(msg, zap.Error(err)) }
 
 // BreakerChanged shows a Redis node's breaker in the metrics and logs.
-func (s *sharedStore) BreakerChanged(node string, open bool) {
+func (s *sharedLimiter) BreakerChanged(node string, open bool) {
 	label := cmp.Or(node, s.whole)
 	s.nodes.Store(label, true)
 	if !open {
@@ -78,7 +86,7 @@ func (s *sharedStore) BreakerChanged(node string, open bool) {
 
 // NodeGone drops the breaker metric of a cluster node that no longer
 // serves slots.
-func (s *sharedStore) NodeGone(node string) {
+func (s *sharedLimiter) NodeGone(node string) {
 	if _, shown := s.nodes.LoadAndDelete(node); shown {
 		metrics.breakerOpen.DeleteLabelValues(node)
 	}
@@ -86,7 +94,7 @@ func (s *sharedStore) NodeGone(node string) {
 
 // regionEvents logs the links to the peer regions and counts their
 // exchanges (regions.Events).
-type regionEvents struct{ s *sharedStore }
+type regionEvents struct{ s *sharedLimiter }
 
 func (e regionEvents) LinkChanged(peer string, up bool, err error) {
 	regionMetrics.linkUp.WithLabelValues(peer).Set(boolGauge(up))
@@ -135,7 +143,7 @@ func boolGauge(b bool) float64 {
 }
 
 // storageEvents logs the storage's failures (limiter.StorageEvents).
-type storageEvents struct{ s *sharedStore }
+type storageEvents struct{ s *sharedLimiter }
 
 // label is the store's, in the logs: its namespace (s.Limiter is not set
 // during the first read, which limiter.New makes).
@@ -154,3 +162,137 @@ func (e storageEvents) FileSkipped(name string, err error) {
 	e.s.logger.Warn("an instance's counts in the storage of distributed cannot be used: skipped",
 		zap.String("store", e.label()), zap.String("file", name), zap.Error(err))
 }
+
+// InstancesChanged logs the bounds of the zones that sync again, for the
+// n instances counted now (fleetsync.Events).
+func (s *sharedLimiter) InstancesChanged(n int) {
+	s.capacityMu.Lock()
+	hs := slices.Collect(maps.Keys(s.syncing))
+	s.capacityMu.Unlock()
+	for _, h := range hs {
+		h.logBounds(n)
+	}
+}
+
+// Synced counts a round of the zones that sync, and logs when rounds
+// start failing and when they work again (fleetsync.Events).
+func (s *sharedLimiter) Synced(keys int, took time.Duration, err error) {
+	countSync(keys, took, err)
+	if err != nil {
+		if !s.syncFailing.Swap(true) {
+			s.logger.Warn("rounds of the zones that sync fail: "+s.syncFailure(err)+"; each instance admits its share of their limits (as on_store_error local), and what it admits is counted when rounds succeed again",
+				zap.String("store", s.label()), zap.Error(err))
+		}
+		return
+	}
+	if s.syncFailing.Swap(false) {
+		s.logger.Info("zones that sync reach "+s.fleetName()+" again", zap.String("store", s.label()))
+	}
+}
+
+// syncFailure says what made a round fail: a reply of Redis's that is an
+// error (the store answered: the error's code), a time-out, or no answer.
+func (s *sharedLimiter) syncFailure(err error) string {
+	code, replied := limiter.ReplyCode(err)
+	switch {
+	case errors.Is(err, limiter.ErrBreakerOpen):
+		return "the circuit breaker skips " + s.fleetName() + " after its failures"
+	case replied:
+		return s.fleetName() + " answered with the error " + code
+	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+		return s.fleetName() + " did not answer within the timeout"
+	}
+	return "cannot reach " + s.fleetName()
+}
+
+// isTimeout reports whether err is a network time-out.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// fleetName names where the zones that sync share their counts.
+func (s *sharedLimiter) fleetName() string {
+	if s.Kind() == limiter.StoreStorage {
+		return "the storage"
+	}
+	return "Redis"
+}
+
+// overrideEvents logs and counts what happens to a store's overrides
+// (overrides.Events).
+type overrideEvents struct{ s *sharedLimiter }
+
+// OverridesLoaded counts the overrides now in force, and logs those that
+// expired (a zone's on a line of its own, the keys' counted per zone); the
+// loads themselves are logged at debug level.
+func (e overrideEvents) OverridesLoaded(set *overrides.Set, via string, expired []overrides.Entry) {
+	zones, keys := set.Count(time.Now())
+	label := e.s.label()
+	metrics.overrides.WithLabelValues(label, "zone").Set(float64(zones))
+	metrics.overrides.WithLabelValues(label, "key").Set(float64(keys))
+	e.s.logger.Debug("rate limit overrides read", zap.String("store", label), zap.String("via", via),
+		zap.Int64("version", set.Version()), zap.Int("zones", zones), zap.Int("keys", keys))
+	keyed := map[string]int{}
+	for _, x := range expired {
+		if x.Digest != "" {
+			keyed[x.Zone]++
+			continue
+		}
+		e.s.logger.Info("rate limit override expired: the config's limit applies again",
+			zap.String("zone", x.Zone), zap.String("kind", x.Kind()), zap.Time("expired", x.ExpiresAt()))
+	}
+	for _, zone := range slices.Sorted(maps.Keys(keyed)) {
+		e.s.logger.Info("rate limit overrides of keys expired: the config's limit applies to them again",
+			zap.String("zone", zone), zap.Int("keys", keyed[zone]))
+	}
+}
+
+// OverridesNotPushed logs that changes arrive through the poll alone.
+func (e overrideEvents) OverridesNotPushed(err error) {
+	e.s.logger.Warn("rate limit overrides: Redis does not confirm the subscription to their changes, which other instances "+
+		"then reach here only at each overrides_poll; if Redis has ACLs, allow the channel (see the Redis docs)",
+		zap.String("store", e.s.label()), zap.Error(err))
+}
+
+// OverrideSkipped logs an entry that could not be read, a key's named by
+// its zone alone (its digest may not be keyed).
+func (e overrideEvents) OverrideSkipped(entry string, err error) {
+	if rest, ok := strings.CutPrefix(strings.Trim(entry, `"`), "key:"); ok {
+		_, zone, _ := strings.Cut(rest, ":")
+		entry = fmt.Sprintf("a key's override in zone %.80q", zone)
+	}
+	e.s.logger.Warn("rate limit override skipped: its entry in the store is not one this version reads",
+		zap.String("store", e.s.label()), zap.String("entry", entry), zap.Error(err))
+}
+
+// OverridesRestored logs and counts a write-back of the overrides to a
+// Redis that lost them.
+func (e overrideEvents) OverridesRestored(n int, why string) {
+	metrics.overridesRestored.WithLabelValues(e.s.label()).Inc()
+	e.s.logger.Warn("rate limit overrides restored: Redis had lost them, and this instance wrote back those it held that had not expired; "+
+		"the other instances read them from Redis",
+		zap.String("store", e.s.label()), zap.Int("restored", n), zap.String("why", why))
+}
+
+// OverridesOverLimit logs that the store holds more overrides than an
+// instance reads.
+func (e overrideEvents) OverridesOverLimit(held, read int) {
+	e.s.logger.Warn("rate limit overrides: the store holds more entries than an instance reads; the rest are left out "+
+		"(logged once, until they fit): delete overrides through the admin API, or look for entries written into Redis by hand",
+		zap.String("store", e.s.label()), zap.Int("entries", held), zap.Int("read", read))
+}
+
+// OverridesFailing logs that the overrides cannot be read, and when they
+// can again.
+func (e overrideEvents) OverridesFailing(err error) {
+	if err != nil {
+		e.s.logger.Warn("rate limit overrides cannot be read: the last ones read stay in force until they can",
+			zap.String("store", e.s.label()), zap.Error(err))
+		return
+	}
+	e.s.logger.Info("rate limit overrides read again", zap.String("store", e.s.label()))
+}
+
+// Interface guard.
+var _ overrides.Events = overrideEvents{}

@@ -90,7 +90,7 @@ func TestSyncFailureSays(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	s := newSharedStore("")
+	s := newSharedLimiter("")
 	s.Limiter = l
 	for err, want := range map[error]string{
 		crossslot:              "Redis answered with the error CROSSSLOT",

@@ -1,12 +1,20 @@
 package ratelimit
 
+// A zone's sync: its checks as the config loads, the bound of its
+// fleet's overshoot, logged as the config loads and whenever the instances
+// counted change, and the fit of an override's policy with it.
+
 import (
+	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
 )
 
 // checkSync checks sync against the zone's other options.
@@ -78,3 +86,91 @@ const (
 	minSync = 10 * time.Millisecond
 	maxSync = time.Hour
 )
+
+// logSyncBounds logs, for each zone of h that syncs, how far beyond its
+// exact limit the fleet may admit, from the instances syncing now (at
+// least on_store_error local's instances), and has the store log it
+// again whenever the instances counted change (InstancesChanged).
+func (h *Handler) logSyncBounds() {
+	for _, z := range h.zones {
+		if z.Sync == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		n := h.store.CountSync(ctx, time.Duration(z.Sync))
+		cancel()
+		h.store.holdSyncing(h, true)
+		h.logBounds(n)
+		return
+	}
+}
+
+// logBounds logs the bound of each zone of h that syncs with n instances
+// counted.
+func (h *Handler) logBounds(n int) {
+	n = max(n, h.caller.Fallback.Instances, 1)
+	for _, z := range h.zones {
+		if z.Sync == 0 {
+			continue
+		}
+		b := syncBound(z.policy, time.Duration(z.Sync), n)
+		h.logger.Info("zone syncs "+h.syncedThrough()+": its decisions are local, and over any period the fleet may admit beyond the exact limit up to rate × sync + (instances − 1) / instances × (burst + rate × sync)",
+			zap.String("zone", z.name), zap.String("algorithm", z.policy.Algorithm.String()), zap.Duration("sync", time.Duration(z.Sync)), zap.Int("instances", n),
+			zap.Int64("bound", b), zap.String("with_one_more_instance", fmt.Sprint(syncBound(z.policy, time.Duration(z.Sync), n+1))))
+	}
+}
+
+// holdSyncing records whether h, which has zones that sync, holds the
+// store (false: h lets go of it).
+func (s *sharedLimiter) holdSyncing(h *Handler, holds bool) {
+	s.capacityMu.Lock()
+	defer s.capacityMu.Unlock()
+	if !holds {
+		delete(s.syncing, h)
+		return
+	}
+	if s.syncing == nil {
+		s.syncing = map[*Handler]bool{}
+	}
+	s.syncing[h] = true
+}
+
+// syncedThrough says where the zones that sync share their counts.
+func (h *Handler) syncedThrough() string {
+	if h.storage != nil {
+		return "through the storage"
+	}
+	return "with Redis"
+}
+
+// syncBound is the most a fleet of n instances syncing every interval may
+// admit beyond policy's exact limit over a period (see
+// limiter/fleetsync/doc.go), rounded up.
+func syncBound(p limiter.Policy, interval time.Duration, n int) int64 {
+	n = max(n, 1)
+	refill := float64(p.Rate) * interval.Seconds() / p.Period.Seconds()
+	over := refill + (float64(p.Burst)+refill)*float64(n-1)/float64(n)
+	return int64(math.Ceil(over))
+}
+
+// syncFits reports whether p fits the sync of every zone of t's name.
+func (t overrideTarget) syncFits(p limiter.Policy) error {
+	for _, ref := range t.refs {
+		if err := ref.z.syncFits(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// syncBound is, for a zone that syncs, the bound of the fleet's
+// overshoot (see syncBound) under o, for the instances counted now; false
+// for a zone that does not sync, or an override that sets no limit.
+func (t overrideTarget) syncBound(o *overrides.Override) (int64, bool) {
+	if len(t.refs) == 0 || t.refs[0].z.Sync == 0 || o.Fits(t.refs[0].z.policy.Algorithm) != nil || o.Kind() != "limit" {
+		return 0, false
+	}
+	z, h := t.refs[0].z, t.refs[0].h
+	n := max(t.store.Instances(), h.caller.Fallback.Instances, 1)
+	return syncBound(o.Apply(z.policy, z.Burst != ""), time.Duration(z.Sync), n), true
+}
