@@ -59,11 +59,11 @@ type overrideBody struct {
 // overrideTarget is what a request names: a zone, and maybe a key.
 type overrideTarget struct {
 	zone   string
-	refs   []zoneRef    // the zone, in the store (none: an orphan)
+	refs   []zoneRef      // the zone, in the store (none: an orphan)
 	store  *sharedLimiter // where the override is
-	orphan bool         // the running config has no zone of that name (a DELETE)
-	key    bool         // a key's override
-	digest [16]byte     // of the key, as the zone digests it
+	orphan bool           // the running config has no zone of that name (a DELETE)
+	key    bool           // a key's override
+	digest [16]byte       // of the key, as the zone digests it
 }
 
 // serveOverrides serves the paths under /rate_limit/overrides.
