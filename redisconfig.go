@@ -63,7 +63,7 @@ type RedisConfig struct {
 	KeySecret string `json:"key_secret,omitempty"`
 
 	// PoolSize is the largest number of connections per Redis node.
-	// Default: 10 per CPU (go-redis's default).
+	// Default: 10 per CPU.
 	PoolSize int `json:"pool_size,omitempty"`
 
 	// Timeout is the longest a decision waits on Redis (connection, command

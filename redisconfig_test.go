@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -157,9 +155,8 @@ func TestRedisSentinel(t *testing.T) {
 			t.Fatalf("through Sentinel: status %d, remaining %q; want 200, %s", w.Code, w.Header().Get("X-RateLimit-Remaining"), want)
 		}
 	}
-	c := redis.NewClient(&redis.Options{Addr: master.Addr})
-	defer c.Close()
-	if n, err := c.DBSize(context.Background()).Result(); err != nil || n != 1 {
+	c := redistest.Dial(t, master.Addr)
+	if n, err := c.Do(context.Background(), "DBSIZE"); err != nil || n != int64(1) {
 		t.Fatalf("master holds %d keys (%v); want the one bucket", n, err)
 	}
 }
@@ -242,11 +239,10 @@ func TestKeySecret(t *testing.T) {
 	if w := serve(other, keyRequest("client")); w.Code != http.StatusOK {
 		t.Fatalf("through a gateway with another secret: status %d; want 200 (its own bucket)", w.Code)
 	}
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
+	c := redistest.Dial(t, addr)
 	keyed := redisstore.RedisKey(prefix, "api", bucket.NewKeyHasher(secret).Sum("client"))
 	plain := redisstore.RedisKey(prefix, "api", bucket.KeyHash("client"))
-	if n, err := c.Exists(t.Context(), keyed, plain).Result(); err != nil || n != 1 || c.Exists(t.Context(), plain).Val() != 0 {
+	if n, err := c.Do(t.Context(), "EXISTS", keyed, plain); err != nil || n != int64(1) || c.Int(t.Context(), "EXISTS", plain) != 0 {
 		t.Fatalf("keys in Redis: %d of %s (keyed) and %s (SHA-256 alone), %v; want the keyed one alone", n, keyed, plain, err)
 	}
 }
@@ -294,9 +290,8 @@ func TestEmptySecrets(t *testing.T) {
 // and at the first request.
 func TestStoreFailuresNamed(t *testing.T) {
 	srv := redistest.NewServer(t)
-	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	defer admin.Close()
-	if err := admin.ConfigSet(t.Context(), "requirepass", "right-password").Err(); err != nil {
+	admin := redistest.Dial(t, srv.Addr)
+	if _, err := admin.Do(t.Context(), "CONFIG", "SET", "requirepass", "right-password"); err != nil {
 		t.Fatal(err)
 	}
 	cases := map[string]struct {
@@ -328,17 +323,15 @@ func TestStoreFailuresNamed(t *testing.T) {
 }
 
 // TestRedisConnectingCountsNoError: the store's connections are made
-// without a command that Redis before 7.2 answers with an error (go-redis's
-// CLIENT SETINFO): a Redis's errorstats, which an operator may alert on,
+// without a command that Redis before 7.2 answers with an error (the Redis
+// client's CLIENT SETINFO): a Redis's errorstats, which an operator may alert on,
 // count no error but NOSCRIPT, once per script a node has not cached.
 func TestRedisConnectingCountsNoError(t *testing.T) {
 	srv := redistest.NewServer(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, DisableIdentity: true,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
-	defer c.Close()
+	c := redistest.Dial(t, srv.Addr)
 	errors := func() string { // without NOSCRIPT
 		var lines []string
-		for _, l := range strings.Split(c.Info(context.Background(), "errorstats").Val(), "\n") {
+		for _, l := range strings.Split(c.Text(context.Background(), "INFO", "errorstats"), "\n") {
 			if strings.HasPrefix(l, "errorstat_") && !strings.HasPrefix(l, "errorstat_NOSCRIPT") {
 				lines = append(lines, strings.TrimSpace(l))
 			}

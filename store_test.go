@@ -13,7 +13,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
@@ -281,21 +280,20 @@ func TestReleaseRetriesPerNode(t *testing.T) {
 // returned function kills the script.
 func busy(t *testing.T, addr string) (stop func()) {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: -1})
-	t.Cleanup(func() { c.Close() })
-	if err := c.ConfigSet(t.Context(), "busy-reply-threshold", "10").Err(); err != nil {
+	c := redistest.Dial(t, addr)
+	if _, err := c.Do(t.Context(), "CONFIG", "SET", "busy-reply-threshold", "10"); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c.Eval(context.Background(), "while true do end", nil)
+		_, _ = c.Do(context.Background(), "EVAL", "while true do end", 0)
 	}()
-	for c.Ping(t.Context()).Err() == nil || !strings.HasPrefix(c.Ping(t.Context()).Err().Error(), "BUSY") {
+	for _, err := c.Do(t.Context(), "PING"); err == nil || !strings.HasPrefix(err.Error(), "BUSY"); _, err = c.Do(t.Context(), "PING") {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return func() {
-		if err := c.ScriptKill(t.Context()).Err(); err != nil {
+		if _, err := c.Do(t.Context(), "SCRIPT", "KILL"); err != nil {
 			t.Fatal(err)
 		}
 		<-done

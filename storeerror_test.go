@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -24,10 +23,9 @@ import (
 func TestScriptErrorsStayWithTheirClient(t *testing.T) {
 	addr := redistest.StandaloneAddr(t)
 	h := redisHandler(t, &RedisConfig{Addresses: []string{addr}}) // deny on store errors
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
+	c := redistest.Dial(t, addr)
 	key := redisstore.RedisKey(h.Redis.KeyPrefix, "api", bucket.KeyHash("evil"))
-	if err := c.HSet(t.Context(), key, "not", "a bucket").Err(); err != nil {
+	if _, err := c.Do(t.Context(), "HSET", key, "not", "a bucket"); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 5 {

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -74,17 +74,14 @@ func testSyncZoneDecides(t *testing.T, algo string) {
 // error Redis answered with (its code), a time-out, or no answer; never
 // "cannot reach Redis" when Redis answered.
 func TestSyncFailureSays(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
-	defer c.Close()
+	c := redistest.Dial(t, redistest.StandaloneAddr(t))
 	ctx := context.Background()
-	crossslot := c.Eval(ctx, "return redis.error_reply('CROSSSLOT Keys in request do not hash to the same slot')", nil).Err()
+	_, crossslot := c.Do(ctx, "EVAL", "return redis.error_reply('CROSSSLOT Keys in request do not hash to the same slot')", 0)
 	short, cancel := context.WithTimeout(ctx, time.Nanosecond)
 	defer cancel()
 	<-short.Done()
-	timeout := c.Ping(short).Err()
-	closed := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
-	defer closed.Close()
-	refused := closed.Ping(ctx).Err()
+	_, timeout := c.Do(short, "PING")
+	_, refused := redistest.Dial(t, "127.0.0.1:1").Do(ctx, "PING")
 	l, err := limiter.New(limiter.Config{Redis: &limiter.RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: "says:"}})
 	if err != nil {
 		t.Fatal(err)
@@ -111,8 +108,7 @@ func TestSyncFailureSays(t *testing.T) {
 // bound is logged again with the new count.
 func TestSyncRegistersAtFirstRequest(t *testing.T) {
 	addr := redistest.StandaloneAddr(t)
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
+	c := redistest.Dial(t, addr)
 	prefix := fmt.Sprintf("reg%x:", rand.Uint64())
 	core, logs := observer.New(zap.InfoLevel)
 	h := &Handler{Zones: map[string]*Zone{"api": {Key: "{http.request.header.X-Key}", Rate: "100r/s", Sync: caddy.Duration(100 * time.Millisecond)}},
@@ -122,7 +118,7 @@ func TestSyncRegistersAtFirstRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := prefix + "{sync}:instances"
-	if n := c.ZCard(context.Background(), key).Val(); n != 0 {
+	if n := c.Int(context.Background(), "ZCARD", key); n != 0 {
 		t.Fatalf("%d instances registered by a config that only loaded", n)
 	}
 	bounds := func(instances int) int {
@@ -132,10 +128,13 @@ func TestSyncRegistersAtFirstRequest(t *testing.T) {
 		t.Fatalf("the bound as the config loads is not logged for on_store_error local's 3 instances: %v", logs.All())
 	}
 	serve(h, keyRequest("k"))
-	waitFor(t, "the first request registers the instance", func() bool { return c.ZCard(context.Background(), key).Val() == 1 })
-	now := c.Time(context.Background()).Val()
+	waitFor(t, "the first request registers the instance", func() bool { return c.Int(context.Background(), "ZCARD", key) == 1 })
+	now, _ := c.Do(context.Background(), "TIME") // seconds and microseconds
+	at := now.([]any)
+	sec, _ := strconv.ParseInt(at[0].(string), 10, 64)
+	usec, _ := strconv.ParseInt(at[1].(string), 10, 64)
 	for i := range 3 {
-		c.ZAdd(context.Background(), key, redis.Z{Score: float64(now.UnixMilli()), Member: fmt.Sprint("other", i)})
+		_, _ = c.Do(context.Background(), "ZADD", key, sec*1000+usec/1000, fmt.Sprint("other", i))
 	}
 	waitFor(t, "the bound logged again for 4 instances", func() bool { return bounds(4) == 1 })
 }
