@@ -28,3 +28,13 @@ func (l *Limiter) CountSync(ctx context.Context, every time.Duration) int {
 	}
 	return l.sync.Count(ctx, every)
 }
+
+// SyncShare is what this instance holds of req's bucket, of a zone that
+// syncs: its allowance, what the last round (or reading) granted, and
+// whether it keeps the bucket's entry at all.
+func (l *Limiter) SyncShare(req Request) (allowance, granted int64, ok bool) {
+	if l.sync == nil {
+		return 0, 0, false
+	}
+	return l.sync.Share(req)
+}

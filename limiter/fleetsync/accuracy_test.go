@@ -63,39 +63,6 @@ func pacedArrivals(rng *rand.Rand, clients int, perSecond float64, d time.Durati
 	return out
 }
 
-// syncFleet is n limiters of one Redis Cluster under a prefix of their
-// own, counted and warm (handing out shares) before it returns.
-func syncFleet(t *testing.T, n int, interval time.Duration, p limiter.Policy) []*limiter.Limiter {
-	t.Helper()
-	o := limiter.RedisOptions{Addresses: redistest.ClusterAddrs(t), Cluster: true,
-		KeyPrefix: fmt.Sprintf("acc%x:", rand.Uint64()), Timeout: 2 * time.Second}
-	fleet := make([]*limiter.Limiter, n)
-	for i := range fleet {
-		l, err := limiter.New(limiter.Config{Redis: &o})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		fleet[i] = l
-	}
-	warm := limiter.Request{Zone: "warm", Key: "warm", Policy: p, Cost: 0, Sync: interval}.WithDigest(nil)
-	var v limiter.Verdict
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		ready := true
-		for _, l := range fleet {
-			l.CountSync(context.Background(), interval)
-			l.Decide(context.Background(), time.Time{}, []limiter.Request{warm}, limiter.Caller{}, &v) // starts its rounds
-			v.Release()
-			ready = ready && l.SyncReady() && l.Instances() == n
-		}
-		if ready {
-			return fleet
-		}
-	}
-	t.Fatal("the fleet did not warm up in 15s")
-	return nil
-}
-
 // accuracy is a run's comparison with the exact replay.
 type accuracy struct {
 	requests, admitted, exactAdmitted int
@@ -178,7 +145,8 @@ func TestSyncAccuracySmallBursts(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 2, Period: time.Second, Burst: tc.burst}
-			fleet := syncFleet(t, tc.instances, interval, p)
+			fleet := syncFleet(t, limiter.RedisOptions{Addresses: redistest.ClusterAddrs(t), Cluster: true}, tc.instances)
+			registerAll(fleet, interval)
 			rng := rand.New(rand.NewPCG(rand.Uint64(), 1))
 			acc := replay(t, rng, fleet, tc.arrivals(rng, clients, tc.load*2, d), p, interval)
 			under := acc.under

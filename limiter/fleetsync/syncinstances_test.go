@@ -1,13 +1,16 @@
-package limiter
+package fleetsync_test
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
 // TestSyncFloorInRounds: an instance alone, with on_store_error local's
@@ -16,23 +19,23 @@ import (
 func TestSyncFloorInRounds(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
 	defer c.Close()
-	fleet := syncFleet(t, RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}, 1)
+	fleet := syncFleet(t, limiter.RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}, 1)
 	registerAll(fleet, 100*time.Millisecond)
 	l := fleet[0]
-	p := Policy{Algorithm: TokenBucket, Rate: 90, Period: time.Hour, Burst: 90}
-	req := Request{Zone: "floor", Key: "k", Policy: p, Cost: 1, Sync: 100 * time.Millisecond}.WithDigest(nil)
-	caller := Caller{Fallback: Fallback{Mode: FallbackLocal, Instances: 3}}
-	var v Verdict
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 90, Period: time.Hour, Burst: 90}
+	req := limiter.Request{Zone: "floor", Key: "k", Policy: p, Cost: 1, Sync: 100 * time.Millisecond}.WithDigest(nil)
+	caller := limiter.Caller{Fallback: limiter.Fallback{Mode: limiter.FallbackLocal, Instances: 3}}
+	var v limiter.Verdict
 	admitted := 0
 	for range 200 { // the first reads Redis; its share of 89 is 29
-		l.Decide(context.Background(), time.Time{}, []Request{req}, caller, &v)
-		if v.States[0] == Allowed {
+		l.Decide(context.Background(), time.Time{}, []limiter.Request{req}, caller, &v)
+		if v.States[0] == limiter.Allowed {
 			admitted++
 		}
 		v.Release()
 	}
 	time.Sleep(500 * time.Millisecond) // the refused bucket's round: it charges and reads
-	_, granted, ok := l.sync.Share(req)
+	_, granted, ok := l.SyncShare(req)
 	if !ok {
 		t.Fatal("no entry for the bucket")
 	}
@@ -48,7 +51,8 @@ func TestSyncCountAfterEmptyRedis(t *testing.T) {
 	srv := redistest.NewServer(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer c.Close()
-	fleet := syncFleet(t, RedisOptions{Addresses: []string{srv.Addr}}, 3)
+	prefix := fmt.Sprintf("count%x:", rand.Uint64())
+	fleet := syncFleet(t, limiter.RedisOptions{Addresses: []string{srv.Addr}, KeyPrefix: prefix}, 3)
 	registerAll(fleet, 100*time.Millisecond)
 	srv.Kill()
 	if err := srv.Start(); err != nil {
@@ -61,7 +65,7 @@ func TestSyncCountAfterEmptyRedis(t *testing.T) {
 			}
 		}
 	}
-	if n := c.ZCard(context.Background(), fleet[0].redis.Prefix()+"{sync}:instances").Val(); n != 3 {
+	if n := c.ZCard(context.Background(), prefix+"{sync}:instances").Val(); n != 3 {
 		t.Fatalf("%d instances registered again after the restart, want 3", n)
 	}
 }
@@ -72,18 +76,18 @@ func TestSyncCountAfterEmptyRedis(t *testing.T) {
 func TestSyncRegistrationFailureReported(t *testing.T) {
 	srv := redistest.NewServer(t, "--rename-command", "ZADD", "")
 	rounds := &syncRounds{}
-	fleet := syncFleet(t, RedisOptions{Addresses: []string{srv.Addr}}, 1, rounds)
-	p := Policy{Algorithm: TokenBucket, Rate: 10, Period: time.Second, Burst: 10}
-	req := Request{Zone: "noreg", Key: "k", Policy: p, Cost: 1, Sync: 100 * time.Millisecond}.WithDigest(nil)
-	var v Verdict
-	fleet[0].Decide(context.Background(), time.Time{}, []Request{req}, Caller{Fallback: Fallback{Mode: FallbackDeny}}, &v)
+	fleet := syncFleet(t, limiter.RedisOptions{Addresses: []string{srv.Addr}}, 1, rounds)
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 10, Period: time.Second, Burst: 10}
+	req := limiter.Request{Zone: "noreg", Key: "k", Policy: p, Cost: 1, Sync: 100 * time.Millisecond}.WithDigest(nil)
+	var v limiter.Verdict
+	fleet[0].Decide(context.Background(), time.Time{}, []limiter.Request{req}, limiter.Caller{Fallback: limiter.Fallback{Mode: limiter.FallbackDeny}}, &v)
 	v.Release()
 	for end := time.Now().Add(5 * time.Second); rounds.failed.Load() == 0; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatal("a registration that fails is not told as a failed round")
 		}
 	}
-	if fleet[0].sync.Ready() {
+	if fleet[0].SyncReady() {
 		t.Fatal("an instance that cannot register hands out shares")
 	}
 }
@@ -95,16 +99,17 @@ func TestSyncRegistrationFailureReported(t *testing.T) {
 func TestSyncShareShrinksAsFleetGrows(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
 	defer c.Close()
-	fleet := syncFleet(t, RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}, 1)
+	prefix := fmt.Sprintf("grow%x:", rand.Uint64())
+	fleet := syncFleet(t, limiter.RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: prefix}, 1)
 	registerAll(fleet, time.Second)
 	l := fleet[0]
-	p := Policy{Algorithm: TokenBucket, Rate: 91, Period: time.Hour, Burst: 91}
-	req := Request{Zone: "grow", Key: "k", Policy: p, Cost: 1, Sync: time.Second}.WithDigest(nil)
-	var v Verdict
-	l.Decide(context.Background(), time.Time{}, []Request{req}, Caller{Fallback: Fallback{Mode: FallbackDeny}}, &v)
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 91, Period: time.Hour, Burst: 91}
+	req := limiter.Request{Zone: "grow", Key: "k", Policy: p, Cost: 1, Sync: time.Second}.WithDigest(nil)
+	var v limiter.Verdict
+	l.Decide(context.Background(), time.Time{}, []limiter.Request{req}, limiter.Caller{Fallback: limiter.Fallback{Mode: limiter.FallbackDeny}}, &v)
 	v.Release()
 	allowance := func() int64 {
-		if allowance, _, ok := l.sync.Share(req); ok {
+		if allowance, _, ok := l.SyncShare(req); ok {
 			return allowance
 		}
 		return -1
@@ -115,7 +120,7 @@ func TestSyncShareShrinksAsFleetGrows(t *testing.T) {
 	}
 	now := c.Time(context.Background()).Val()
 	for _, id := range []string{"other1", "other2"} {
-		c.ZAdd(context.Background(), l.redis.Prefix()+"{sync}:instances", redis.Z{Score: float64(now.UnixMilli()), Member: id})
+		c.ZAdd(context.Background(), prefix+"{sync}:instances", redis.Z{Score: float64(now.UnixMilli()), Member: id})
 	}
 	for end := time.Now().Add(5 * time.Second); l.Instances() != 3; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(end) {

@@ -1,4 +1,4 @@
-package limiter
+package regions_test
 
 import (
 	"context"
@@ -9,10 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/latencyproxy"
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
-	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/regions"
-	"github.com/redis/go-redis/v9"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
 // A test world: three regions on loopback, each deciding from its own
@@ -23,8 +24,7 @@ import (
 // region is one region of a test world.
 type region struct {
 	name    string
-	l       *Limiter
-	x       *regions.Exchange
+	l       *limiter.Limiter
 	ev      *linkEvents
 	addrs   []string // its Redis's nodes
 	cluster bool
@@ -93,19 +93,19 @@ func newWorldTimeout(t *testing.T, delay, interval, timeout time.Duration) *worl
 		{name: "ap", addrs: cl.Addrs(), cluster: true},
 	}
 	for _, r := range w.regions {
-		peers := map[string]RedisOptions{}
+		peers := map[string]limiter.RedisOptions{}
 		for _, o := range w.regions {
 			if o != r {
 				peers[o.name] = w.peerOptions(t, r, o, prefix, delay, timeout)
 			}
 		}
 		r.ev = &linkEvents{exchanges: map[string][2]int{}}
-		l, err := New(Config{Redis: &RedisOptions{Addresses: r.addrs, Cluster: r.cluster, KeyPrefix: prefix, Timeout: time.Second},
-			Regions: &Regions{This: r.name, Peers: peers, Interval: interval}, RegionEvents: r.ev})
+		l, err := limiter.New(limiter.Config{Redis: &limiter.RedisOptions{Addresses: r.addrs, Cluster: r.cluster, KeyPrefix: prefix, Timeout: time.Second},
+			Regions: &limiter.Regions{This: r.name, Peers: peers, Interval: interval}, RegionEvents: r.ev})
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.l, r.x = l, l.regions
+		r.l = l
 		t.Cleanup(func() { l.Close() })
 	}
 	return w
@@ -120,7 +120,7 @@ func (r *region) client() redis.UniversalClient {
 }
 
 // peerOptions are from's options of to's Redis, through proxies of delay.
-func (w *world) peerOptions(t *testing.T, from, to *region, prefix string, delay, timeout time.Duration) RedisOptions {
+func (w *world) peerOptions(t *testing.T, from, to *region, prefix string, delay, timeout time.Duration) limiter.RedisOptions {
 	t.Helper()
 	byNode := map[string]*latencyproxy.Proxy{}
 	for _, a := range to.addrs {
@@ -136,7 +136,7 @@ func (w *world) peerOptions(t *testing.T, from, to *region, prefix string, delay
 	}
 	w.proxies[from.name][to.name] = byNode
 	var d net.Dialer
-	return RedisOptions{Addresses: to.addrs, Cluster: to.cluster, KeyPrefix: prefix, Timeout: timeout,
+	return limiter.RedisOptions{Addresses: to.addrs, Cluster: to.cluster, KeyPrefix: prefix, Timeout: timeout,
 		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			if p := byNode[addr]; p != nil {
 				addr = p.Addr()
@@ -177,3 +177,13 @@ func (w *world) cut(t *testing.T, name string, cut bool) {
 		}
 	}
 }
+
+// quietEvents are the Events of the limiters of a world: none is looked
+// at.
+type quietEvents struct{}
+
+func (quietEvents) StoreFailing(error)               {}
+func (quietEvents) StoreRecovered(string)            {}
+func (quietEvents) ScriptFailed(error, bool)         {}
+func (quietEvents) BanStarted(string, time.Duration) {}
+func (quietEvents) Debug(string, error)              {}

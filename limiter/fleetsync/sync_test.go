@@ -1,6 +1,7 @@
-package limiter
+package fleetsync_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -10,19 +11,21 @@ import (
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
 
-// syncFleet is n Limiters on one Redis under one prefix: n instances.
-func syncFleet(t *testing.T, o RedisOptions, n int, ev ...SyncEvents) []*Limiter {
+// syncFleet is n Limiters on one Redis under one prefix (o's, else one
+// of their own): n instances.
+func syncFleet(t *testing.T, o limiter.RedisOptions, n int, ev ...limiter.SyncEvents) []*limiter.Limiter {
 	t.Helper()
-	o.KeyPrefix, o.Timeout = fmt.Sprintf("sync%x:", rand.Uint64()), 2*time.Second
-	var fleet []*Limiter
+	o.KeyPrefix, o.Timeout = cmp.Or(o.KeyPrefix, fmt.Sprintf("sync%x:", rand.Uint64())), 2*time.Second
+	var fleet []*limiter.Limiter
 	for i := range n {
-		c := Config{Redis: &o}
+		c := limiter.Config{Redis: &o}
 		if i < len(ev) {
 			c.Sync = ev[i]
 		}
-		l, err := New(c)
+		l, err := limiter.New(c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -32,17 +35,22 @@ func syncFleet(t *testing.T, o RedisOptions, n int, ev ...SyncEvents) []*Limiter
 	return fleet
 }
 
-// registerAll starts the syncers of fleet, as their first requests do,
-// and waits until each is warm (registered twice) and counts the others.
-func registerAll(fleet []*Limiter, interval time.Duration) {
+// registerAll starts the rounds of fleet, as their first requests do (a
+// request of a zone that syncs every interval, costing nothing), and waits
+// until each is warm (registered twice) and counts the others.
+func registerAll(fleet []*limiter.Limiter, interval time.Duration) {
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 1, Period: time.Second, Burst: 1}
+	start := limiter.Request{Zone: "start", Key: "start", Policy: p, Sync: interval}.WithDigest(nil)
 	for _, l := range fleet {
 		l.CountSync(context.Background(), interval)
-		l.sync.Start(nil)
+		var v limiter.Verdict
+		l.Decide(context.Background(), time.Time{}, []limiter.Request{start}, limiter.Caller{}, &v)
+		v.Release()
 	}
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		ready := true
 		for _, l := range fleet {
-			ready = ready && l.sync.Ready() && l.Instances() == len(fleet)
+			ready = ready && l.SyncReady() && l.Instances() == len(fleet)
 		}
 		if ready {
 			return
@@ -51,9 +59,15 @@ func registerAll(fleet []*Limiter, interval time.Duration) {
 	panic("the syncers did not warm up in 10s") // a test's goroutine may call it: no t.Fatal
 }
 
+// decider decides requests as a Limiter does: a Limiter, or an instance
+// of a storage fleet (instance_test.go).
+type decider interface {
+	Decide(ctx context.Context, now time.Time, reqs []limiter.Request, c limiter.Caller, v *limiter.Verdict)
+}
+
 // floodSync sends requests of one key as fast as it can through every
 // instance of fleet for d, and counts those admitted.
-func floodSync(fleet []*Limiter, req Request, d time.Duration) (admitted, sent int64, took time.Duration) {
+func floodSync[L decider](fleet []L, req limiter.Request, d time.Duration) (admitted, sent int64, took time.Duration) {
 	var a, s atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -62,11 +76,11 @@ func floodSync(fleet []*Limiter, req Request, d time.Duration) (admitted, sent i
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				var v Verdict
+				var v limiter.Verdict
 				for time.Since(start) < d {
-					l.Decide(context.Background(), time.Time{}, []Request{req}, Caller{Fallback: Fallback{Mode: FallbackDeny}}, &v)
+					l.Decide(context.Background(), time.Time{}, []limiter.Request{req}, limiter.Caller{Fallback: limiter.Fallback{Mode: limiter.FallbackDeny}}, &v)
 					s.Add(1)
-					if v.States[0] == Allowed {
+					if v.States[0] == limiter.Allowed {
 						a.Add(1)
 					}
 					v.Release()
@@ -86,13 +100,13 @@ func floodSync(fleet []*Limiter, req Request, d time.Duration) (admitted, sent i
 var floodFor = 1500 * time.Millisecond
 
 func TestSyncOvershootBounded(t *testing.T) {
-	c := RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
+	c := limiter.RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
 	for _, interval := range []time.Duration{100 * time.Millisecond, time.Second} {
 		t.Run(interval.String(), func(t *testing.T) {
 			fleet := syncFleet(t, c, 3)
 			registerAll(fleet, interval)
-			p := Policy{Algorithm: TokenBucket, Rate: 100, Period: time.Second, Burst: 100}
-			req := Request{Zone: "api", Key: "flood", Policy: p, Cost: 1, Sync: interval}.WithDigest(nil)
+			p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 100, Period: time.Second, Burst: 100}
+			req := limiter.Request{Zone: "api", Key: "flood", Policy: p, Cost: 1, Sync: interval}.WithDigest(nil)
 			admitted, sent, took := floodSync(fleet, req, floodFor)
 			exact := 100 + 100*took.Seconds()
 			bound := exact + 100*interval.Seconds() + 2.0/3*(100+100*interval.Seconds())
@@ -111,11 +125,11 @@ func TestSyncOvershootBounded(t *testing.T) {
 // 20 over 3 instances, a cost of 10) is decided in Redis, exactly: the
 // bucket's two such requests pass, then none.
 func TestSyncCostOverShare(t *testing.T) {
-	c := RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
+	c := limiter.RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
 	fleet := syncFleet(t, c, 3)
 	registerAll(fleet, 100*time.Millisecond)
-	p := Policy{Algorithm: TokenBucket, Rate: 20, Period: time.Hour, Burst: 20}
-	req := Request{Zone: "api", Key: "big", Policy: p, Cost: 10, Sync: 100 * time.Millisecond}.WithDigest(nil)
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 20, Period: time.Hour, Burst: 20}
+	req := limiter.Request{Zone: "api", Key: "big", Policy: p, Cost: 10, Sync: 100 * time.Millisecond}.WithDigest(nil)
 	admitted, _, _ := floodSync(fleet, req, 500*time.Millisecond)
 	if admitted != 2 {
 		t.Fatalf("%d requests of cost 10 admitted from a burst of 20, want 2", admitted)
@@ -126,27 +140,27 @@ func TestSyncCostOverShare(t *testing.T) {
 // admitted, and one that starts reads a bucket in Redis before it admits
 // from it: a bucket spent before a restart stays spent.
 func TestSyncRestartReadsRedis(t *testing.T) {
-	c := RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
+	c := limiter.RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
 	prefix := fmt.Sprintf("sync%x:", rand.Uint64())
-	p := Policy{Algorithm: TokenBucket, Rate: 10, Period: time.Hour, Burst: 10}
-	req := Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: time.Second}.WithDigest(nil)
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 10, Period: time.Hour, Burst: 10}
+	req := limiter.Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: time.Second}.WithDigest(nil)
 	c.KeyPrefix, c.Timeout = prefix, 2*time.Second
-	first, err := New(Config{Redis: &c})
+	first, err := limiter.New(limiter.Config{Redis: &c})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer first.Close()
-	registerAll([]*Limiter{first}, time.Second)
-	if admitted, _, _ := floodSync([]*Limiter{first}, req, 300*time.Millisecond); admitted != 10 {
+	registerAll([]*limiter.Limiter{first}, time.Second)
+	if admitted, _, _ := floodSync([]*limiter.Limiter{first}, req, 300*time.Millisecond); admitted != 10 {
 		t.Fatalf("one instance admitted %d of a burst of 10", admitted)
 	}
-	first.sync.Close() // a restart: what it admitted is charged as it stops
-	second, err := New(Config{Redis: &c})
+	first.Close() // a restart: what it admitted is charged as it stops
+	second, err := limiter.New(limiter.Config{Redis: &c})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer second.Close()
-	if admitted, _, _ := floodSync([]*Limiter{second}, req, 300*time.Millisecond); admitted != 0 {
+	if admitted, _, _ := floodSync([]*limiter.Limiter{second}, req, 300*time.Millisecond); admitted != 0 {
 		t.Fatalf("after the restart, %d admitted from a bucket spent before it", admitted)
 	}
 }
@@ -157,9 +171,9 @@ func TestSyncRestartReadsRedis(t *testing.T) {
 // windows the flood touched, plus (N-1)/N of a window's limit and an
 // interval's share of it; and most of what the exact limit admits.
 func TestSyncWindowsBounded(t *testing.T) {
-	c := RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
+	c := limiter.RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
 	const interval = 100 * time.Millisecond
-	for _, algo := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+	for _, algo := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter} {
 		t.Run(algo.String(), func(t *testing.T) {
 			fleet := syncFleet(t, c, 3)
 			registerAll(fleet, interval)
@@ -173,10 +187,10 @@ func TestSyncWindowsBounded(t *testing.T) {
 // or three times), and checks the fleet admitted at most the exact count
 // of the windows the flood touched plus the bound of a sync of lag, and
 // most of what the exact limit admits.
-func floodWindows(t *testing.T, fleet []*Limiter, algo Algorithm, sync, lag time.Duration) {
+func floodWindows[L decider](t *testing.T, fleet []L, algo limiter.Algorithm, sync, lag time.Duration) {
 	t.Helper()
-	p := Policy{Algorithm: algo, Rate: 100, Period: time.Second, Burst: 100}
-	req := Request{Zone: "api", Key: "flood", Policy: p, Cost: 1, Sync: sync}.WithDigest(nil)
+	p := limiter.Policy{Algorithm: algo, Rate: 100, Period: time.Second, Burst: 100}
+	req := limiter.Request{Zone: "api", Key: "flood", Policy: p, Cost: 1, Sync: sync}.WithDigest(nil)
 	start := time.Now()
 	admitted, sent, took := floodSync(fleet, req, 2*time.Second)
 	windows := float64(start.Add(took).Truncate(time.Second).Sub(start.Truncate(time.Second))/time.Second + 1)
@@ -215,19 +229,19 @@ func (r *syncRounds) Synced(_ int, _ time.Duration, err error) {
 // charges the buckets of many slots, and every round succeeds (a call
 // that declares keys of several slots fails with CROSSSLOT).
 func TestSyncManyKeysCluster(t *testing.T) {
-	c := RedisOptions{Addresses: redistest.ClusterAddrs(t)}
+	c := limiter.RedisOptions{Addresses: redistest.ClusterAddrs(t)}
 	const interval = 100 * time.Millisecond
 	rounds := []*syncRounds{{}, {}, {}}
 	fleet := syncFleet(t, c, 3, rounds[0], rounds[1], rounds[2])
 	registerAll(fleet, interval)
-	var v Verdict
+	var v limiter.Verdict
 	for k := range 1500 {
-		for _, algo := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowCounter} {
-			p := Policy{Algorithm: algo, Rate: 4, Period: time.Second, Burst: 4} // a share of 1: the second request is charged
-			req := Request{Zone: "many", Key: fmt.Sprintf("client-%d", k), Policy: p, Cost: 1, Sync: interval}.WithDigest(nil)
+		for _, algo := range []limiter.Algorithm{limiter.TokenBucket, limiter.FixedWindow, limiter.SlidingWindowCounter} {
+			p := limiter.Policy{Algorithm: algo, Rate: 4, Period: time.Second, Burst: 4} // a share of 1: the second request is charged
+			req := limiter.Request{Zone: "many", Key: fmt.Sprintf("client-%d", k), Policy: p, Cost: 1, Sync: interval}.WithDigest(nil)
 			for _, l := range fleet { // seeded by the first, spent by the rounds' charges after
 				for range 2 {
-					l.Decide(context.Background(), time.Time{}, []Request{req}, Caller{Fallback: Fallback{Mode: FallbackDeny}}, &v)
+					l.Decide(context.Background(), time.Time{}, []limiter.Request{req}, limiter.Caller{Fallback: limiter.Fallback{Mode: limiter.FallbackDeny}}, &v)
 					v.Release()
 				}
 			}
@@ -254,16 +268,16 @@ func TestSyncManyKeysCluster(t *testing.T) {
 // (what went over in one window is taken off the next, as a token
 // bucket's debt is), and at least half of the full windows' limit.
 func TestSyncWindowsPaced(t *testing.T) {
-	c := RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
+	c := limiter.RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
 	const interval, window, limit = 100 * time.Millisecond, time.Second, 100
-	for _, algo := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+	for _, algo := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter} {
 		for _, times := range []int{15, 100} { // tenths of the limit
 			t.Run(fmt.Sprintf("%s/%d.%dx", algo, times/10, times%10), func(t *testing.T) {
 				t.Parallel()
 				fleet := syncFleet(t, c, 3)
 				registerAll(fleet, interval)
-				p := Policy{Algorithm: algo, Rate: limit, Period: window, Burst: limit}
-				req := Request{Zone: "paced", Key: "k", Policy: p, Cost: 1, Sync: interval}.WithDigest(nil)
+				p := limiter.Policy{Algorithm: algo, Rate: limit, Period: window, Burst: limit}
+				req := limiter.Request{Zone: "paced", Key: "k", Policy: p, Cost: 1, Sync: interval}.WithDigest(nil)
 				start := time.Now()
 				admitted, sent := pacedSync(fleet, req, int(float64(limit*times/10)/window.Seconds()), 12*window)
 				windows := float64(time.Now().Truncate(window).Sub(start.Truncate(window))/window + 1)
@@ -284,17 +298,17 @@ func TestSyncWindowsPaced(t *testing.T) {
 
 // pacedSync sends requests of one key through the instances of fleet in
 // turn, perSecond of them each second, for d; it counts those admitted.
-func pacedSync(fleet []*Limiter, req Request, perSecond int, d time.Duration) (admitted, sent int) {
+func pacedSync[L decider](fleet []L, req limiter.Request, perSecond int, d time.Duration) (admitted, sent int) {
 	every := time.Second / time.Duration(perSecond)
 	start := time.Now()
-	var v Verdict
+	var v limiter.Verdict
 	for i := 0; time.Since(start) < d; i++ {
 		if wait := time.Until(start.Add(time.Duration(i) * every)); wait > 0 {
 			time.Sleep(wait)
 		}
-		fleet[i%len(fleet)].Decide(context.Background(), time.Time{}, []Request{req}, Caller{Fallback: Fallback{Mode: FallbackDeny}}, &v)
+		fleet[i%len(fleet)].Decide(context.Background(), time.Time{}, []limiter.Request{req}, limiter.Caller{Fallback: limiter.Fallback{Mode: limiter.FallbackDeny}}, &v)
 		sent++
-		if v.States[0] == Allowed {
+		if v.States[0] == limiter.Allowed {
 			admitted++
 		}
 		v.Release()
@@ -310,14 +324,14 @@ func pacedSync(fleet []*Limiter, req Request, perSecond int, d time.Duration) (a
 // rate of 1/s, where a share of one instance is the whole burst: 599 +
 // 299 + 199 admitted before the first round, against a bound of 1,003).
 func TestSyncFleetStartsTogether(t *testing.T) {
-	c := RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
+	c := limiter.RedisOptions{Addresses: []string{redistest.StandaloneAddr(t)}}
 	const interval = time.Second
 	fleet := syncFleet(t, c, 3)
 	for _, l := range fleet { // as each config loads
 		l.CountSync(context.Background(), interval)
 	}
-	p := Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Second, Burst: 600}
-	req := Request{Zone: "start", Key: "k", Policy: p, Cost: 1, Sync: interval}.WithDigest(nil)
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 1, Period: time.Second, Burst: 600}
+	req := limiter.Request{Zone: "start", Key: "k", Policy: p, Cost: 1, Sync: interval}.WithDigest(nil)
 	start := time.Now()
 	admitted, sent := pacedSync(fleet, req, 1800, 1500*time.Millisecond)
 	took := time.Since(start)

@@ -1,4 +1,4 @@
-package limiter
+package fleetsync_test
 
 import (
 	"context"
@@ -15,16 +15,17 @@ import (
 
 	"github.com/caddyserver/certmagic"
 
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/fleetsync"
 )
 
 // storageFleetOf is n Limiters sharing one directory through Caddy's file
 // system storage, writing and reading every every.
-func storageFleetOf(t *testing.T, dir string, n int, every time.Duration, ev fleetsync.StorageEvents) []*Limiter {
+func storageFleetOf(t *testing.T, dir string, n int, every time.Duration, ev fleetsync.StorageEvents) []*instance {
 	t.Helper()
-	var fleet []*Limiter
+	var fleet []*instance
 	for range n {
-		l := mustNew(t, Config{Storage: &certmagic.FileStorage{Path: dir}, StorageOptions: fleetsync.StorageOptions{WriteEvery: every, ReadEvery: every, Events: ev}})
+		l := newInstance(&certmagic.FileStorage{Path: dir}, fleetsync.StorageOptions{WriteEvery: every, ReadEvery: every, Events: ev})
 		t.Cleanup(func() { l.Close() })
 		fleet = append(fleet, l)
 	}
@@ -60,7 +61,7 @@ func storageFleetOf(t *testing.T, dir string, n int, every time.Duration, ev fle
 // on two cores) delays the writes and reads by up to a second or more.
 func TestStorageFleetBounded(t *testing.T) {
 	const every = time.Second // a write or a read late by less than 3 of them is no failure, on a busy machine
-	for _, algo := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+	for _, algo := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter} {
 		t.Run(algo.String(), func(t *testing.T) {
 			fleet := storageFleetOf(t, t.TempDir(), 3, every, nil)
 			if n := fleet[0].Instances(); n != 3 {
@@ -107,15 +108,15 @@ func TestStorageFleetFiles(t *testing.T) {
 	}
 	ev := &recordedStorage{}
 	const every = time.Second // a write or a read late by less than 3 of them is no failure (nor a local share on top), on a busy machine
-	p := Policy{Algorithm: FixedWindow, Rate: 10, Period: time.Hour, Burst: 10}
-	req := Request{Zone: "api", Key: "secret-client-key", Policy: p, Cost: 1, Sync: every}.WithDigest(nil)
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Rate: 10, Period: time.Hour, Burst: 10}
+	req := limiter.Request{Zone: "api", Key: "secret-client-key", Policy: p, Cost: 1, Sync: every}.WithDigest(nil)
 	first := storageFleetOf(t, dir, 1, every, ev)[0]
-	if admitted, _, _ := floodSync([]*Limiter{first}, req, 300*time.Millisecond); admitted != 10 {
+	if admitted, _, _ := floodSync([]*instance{first}, req, 300*time.Millisecond); admitted != 10 {
 		t.Fatalf("one instance admitted %d of a window of 10", admitted)
 	}
 	first.Close()
 	second := storageFleetOf(t, dir, 1, every, ev)[0]
-	if admitted, _, _ := floodSync([]*Limiter{second}, req, 300*time.Millisecond); admitted != 0 {
+	if admitted, _, _ := floodSync([]*instance{second}, req, 300*time.Millisecond); admitted != 0 {
 		t.Fatalf("after the restart, %d admitted from a window spent before it", admitted)
 	}
 	ev.mu.Lock()
@@ -161,8 +162,8 @@ func TestStorageFleetFailing(t *testing.T) {
 	fleet := storageFleetOf(t, dir, 2, every, ev)
 	swap(file)
 	time.Sleep(4 * every) // the others' counts go stale
-	p := Policy{Algorithm: FixedWindow, Rate: 40, Period: time.Hour, Burst: 40}
-	req := Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Rate: 40, Period: time.Hour, Burst: 40}
+	req := limiter.Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
 	admitted, _, _ := floodSync(fleet, req, 500*time.Millisecond)
 	if admitted > 40 || admitted < 30 {
 		t.Fatalf("while the storage fails, two instances admitted %d of a window of 40: want their shares, 20 each", admitted)
@@ -181,11 +182,11 @@ func TestStorageFleetFailing(t *testing.T) {
 
 // turn sends req through each instance of fleet once, and counts the
 // cost admitted; refused: a request was not admitted.
-func turn(fleet []*Limiter, req Request) (admitted int64, refused bool) {
+func turn(fleet []*instance, req limiter.Request) (admitted int64, refused bool) {
 	for _, l := range fleet {
-		var v Verdict
-		l.Decide(context.Background(), time.Time{}, []Request{req}, Caller{Fallback: Fallback{Mode: FallbackDeny}}, &v)
-		if v.States[0] == Allowed {
+		var v limiter.Verdict
+		l.Decide(context.Background(), time.Time{}, []limiter.Request{req}, limiter.Caller{Fallback: limiter.Fallback{Mode: limiter.FallbackDeny}}, &v)
+		if v.States[0] == limiter.Allowed {
 			admitted += req.Cost
 		} else {
 			refused = true
@@ -197,7 +198,7 @@ func turn(fleet []*Limiter, req Request) (admitted int64, refused bool) {
 
 // turns sends req through each instance of fleet in turn, pausing pause
 // after each turn, for d, and counts the cost admitted.
-func turns(fleet []*Limiter, req Request, d, pause time.Duration) (admitted int64) {
+func turns(fleet []*instance, req limiter.Request, d, pause time.Duration) (admitted int64) {
 	for start := time.Now(); time.Since(start) < d; time.Sleep(pause) {
 		a, _ := turn(fleet, req)
 		admitted += a
@@ -208,7 +209,7 @@ func turns(fleet []*Limiter, req Request, d, pause time.Duration) (admitted int6
 // turnsUntil is turns until done, asked after each turn (refused: a
 // request of it was), says that turn is the last; it fails t when that
 // takes more than 10 s (what: what it waits for).
-func turnsUntil(t *testing.T, fleet []*Limiter, req Request, pause time.Duration, what string, done func(refused bool) bool) (admitted int64) {
+func turnsUntil(t *testing.T, fleet []*instance, req limiter.Request, pause time.Duration, what string, done func(refused bool) bool) (admitted int64) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(pause) {
 		a, refused := turn(fleet, req)
@@ -230,8 +231,8 @@ func TestStorageFleetCostOverShare(t *testing.T) {
 	const every = 200 * time.Millisecond // a read late by less than 3 of them is no failure, on a busy machine
 	for _, c := range []struct{ n, limit, cost int64 }{{10, 5, 1}, {3, 10, 5}} {
 		fleet := storageFleetOf(t, t.TempDir(), int(c.n), every, nil)
-		p := Policy{Algorithm: FixedWindow, Rate: c.limit, Period: time.Hour, Burst: c.limit}
-		req := Request{Zone: "api", Key: "k", Policy: p, Cost: c.cost, Sync: 2 * every}.WithDigest(nil)
+		p := limiter.Policy{Algorithm: limiter.FixedWindow, Rate: c.limit, Period: time.Hour, Burst: c.limit}
+		req := limiter.Request{Zone: "api", Key: "k", Policy: p, Cost: c.cost, Sync: 2 * every}.WithDigest(nil)
 		if got := turns(fleet, req, time.Second, 10*time.Millisecond); got != c.limit {
 			t.Errorf("%d instances, a limit of %d, a cost of %d: %d admitted, want %d", c.n, c.limit, c.cost, got, c.limit)
 		}
@@ -244,9 +245,9 @@ func TestStorageFleetCostOverShare(t *testing.T) {
 func TestStorageFleetShortWindows(t *testing.T) {
 	const every = 500 * time.Millisecond
 	fleet := storageFleetOf(t, t.TempDir(), 1, every, nil)
-	for _, algo := range []Algorithm{FixedWindow, SlidingWindowCounter} {
-		p := Policy{Algorithm: algo, Rate: 10, Period: 200 * time.Millisecond, Burst: 10}
-		req := Request{Zone: "z" + algo.String(), Key: "k", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
+	for _, algo := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter} {
+		p := limiter.Policy{Algorithm: algo, Rate: 10, Period: 200 * time.Millisecond, Burst: 10}
+		req := limiter.Request{Zone: "z" + algo.String(), Key: "k", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
 		got := turns(fleet, req, 2*time.Second, 5*time.Millisecond)
 		t.Logf("%s, 10 in 200 ms, sync 1s: %d admitted in 2 s (the exact limit: about 100)", algo, got)
 		if got < 50 || got > 110 {
@@ -303,7 +304,7 @@ func TestStorageFleetHostileFiles(t *testing.T) {
 	st := sizedFileStorage{&certmagic.FileStorage{Path: dir}}
 	o := fleetsync.StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond, Timeout: 200 * time.Millisecond, Events: ev}
 	start := time.Now()
-	a, b := mustNew(t, Config{Storage: st, StorageOptions: o}), mustNew(t, Config{Storage: st, StorageOptions: o})
+	a, b := newInstance(st, o), newInstance(st, o)
 	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("two instances took %s to start", took)
 	}
@@ -351,8 +352,8 @@ func TestStorageFleetWriteFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(5 * every)
-	p := Policy{Algorithm: FixedWindow, Rate: 40, Period: time.Hour, Burst: 40}
-	req := Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Rate: 40, Period: time.Hour, Burst: 40}
+	req := limiter.Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
 	if got := turns(fleet[:1], req, 300*time.Millisecond, time.Millisecond); got != 20 {
 		t.Fatalf("an instance that cannot write admitted %d of 40, want its share, 20", got)
 	}
@@ -365,8 +366,8 @@ func TestStorageFleetWriteFails(t *testing.T) {
 func TestStorageFleetStopped(t *testing.T) {
 	const every = time.Second // a write or a read late by less than 3 of them is no failure, on a busy machine
 	fleet := storageFleetOf(t, t.TempDir(), 3, every, nil)
-	p := Policy{Algorithm: FixedWindow, Rate: 30, Period: time.Hour, Burst: 30}
-	req := Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Rate: 30, Period: time.Hour, Burst: 30}
+	req := limiter.Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
 	untilRefused := func(refused bool) bool { return refused }
 	if got := turnsUntil(t, fleet[2:], req, time.Millisecond, "refused", untilRefused); got != 10 {
 		t.Fatalf("one of three admitted %d of 30, want its share, 10", got)
@@ -391,8 +392,8 @@ func TestStorageFleetStopped(t *testing.T) {
 func TestStorageFleetOwnerTurns(t *testing.T) {
 	const every = time.Second // a write or a read late by less than 3 of them is no failure, on a busy machine
 	fleet := storageFleetOf(t, t.TempDir(), 3, every, nil)
-	p := Policy{Algorithm: FixedWindow, Rate: 2, Period: 300 * time.Millisecond, Burst: 2}
-	req := Request{Zone: "api", Key: "pinned", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Rate: 2, Period: 300 * time.Millisecond, Burst: 2}
+	req := limiter.Request{Zone: "api", Key: "pinned", Policy: p, Cost: 1, Sync: 2 * every}.WithDigest(nil)
 	start := time.Now()
 	got := turns(fleet[:1], req, 3*time.Second, 5*time.Millisecond)
 	windows := int64(time.Since(start)/(300*time.Millisecond)) + 1
@@ -426,15 +427,15 @@ func (h *hookedStorage) Load(ctx context.Context, key string) ([]byte, error) {
 func TestStorageFleetChargesDuringRead(t *testing.T) {
 	st := &hookedStorage{Storage: &certmagic.FileStorage{Path: t.TempDir()}}
 	o := fleetsync.StorageOptions{WriteEvery: time.Hour, ReadEvery: time.Hour, Timeout: time.Minute} // no reads or writes but the test's
-	a, b := mustNew(t, Config{Storage: st, StorageOptions: o}), mustNew(t, Config{Storage: st, StorageOptions: o})
+	a, b := newInstance(st, o), newInstance(st, o)
 	defer a.Close()
 	defer b.Close()
 	a.fleet.Read(time.Minute) // a counts b
-	p := Policy{Algorithm: FixedWindow, Rate: 20, Period: time.Hour, Burst: 20}
-	req := Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: time.Hour}.WithDigest(nil)
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Rate: 20, Period: time.Hour, Burst: 20}
+	req := limiter.Request{Zone: "api", Key: "k", Policy: p, Cost: 1, Sync: time.Hour}.WithDigest(nil)
 	admit := func(n int) {
 		for range n {
-			if _, refused := turn([]*Limiter{a}, req); refused {
+			if _, refused := turn([]*instance{a}, req); refused {
 				t.Errorf("a refused, its share of 20 not spent")
 			}
 		}

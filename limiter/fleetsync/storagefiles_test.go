@@ -1,4 +1,4 @@
-package limiter
+package fleetsync_test
 
 import (
 	"context"
@@ -14,17 +14,18 @@ import (
 
 	"github.com/caddyserver/certmagic"
 
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/fleetsync"
 )
 
 // filesFleet is n Limiters sharing Caddy's file system storage at dir
 // (telling sizes, as the handler's storage does), with o, each having read
 // the others' first files.
-func filesFleet(t *testing.T, dir string, n int, o fleetsync.StorageOptions) []*Limiter {
+func filesFleet(t *testing.T, dir string, n int, o fleetsync.StorageOptions) []*instance {
 	t.Helper()
-	var fleet []*Limiter
+	var fleet []*instance
 	for range n {
-		l := mustNew(t, Config{Storage: sizedFileStorage{&certmagic.FileStorage{Path: dir}}, StorageOptions: o})
+		l := newInstance(sizedFileStorage{&certmagic.FileStorage{Path: dir}}, o)
 		t.Cleanup(func() { l.Close() })
 		fleet = append(fleet, l)
 	}
@@ -82,12 +83,12 @@ func (r *recordedStorage) skips(name string) (n int) {
 }
 
 // hourOf100 is a request of a window of 100 an hour, synced every 100 ms.
-var hourOf100 = Request{Zone: "api", Key: "k", Policy: Policy{Algorithm: FixedWindow, Rate: 100, Period: time.Hour, Burst: 100},
+var hourOf100 = limiter.Request{Zone: "api", Key: "k", Policy: limiter.Policy{Algorithm: limiter.FixedWindow, Rate: 100, Period: time.Hour, Burst: 100},
 	Cost: 1, Sync: 100 * time.Millisecond}.WithDigest(nil)
 
 // seesAll fails unless, within 10 s, every instance of fleet counts the
 // admitted of req's bucket: the others' files were read.
-func seesAll(t *testing.T, fleet []*Limiter, req Request, admitted int64) {
+func seesAll(t *testing.T, fleet []*instance, req limiter.Request, admitted int64) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		all := true
@@ -317,14 +318,14 @@ func TestStorageFleetTellsInstances(t *testing.T) {
 	told := &syncRounds{}
 	fleet[0].sync.OnEvents(told)
 	fleet = append(fleet, filesFleet(t, dir, 1, fleetsync.StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond})...)
-	p := Policy{Algorithm: FixedWindow, Rate: 100, Period: time.Minute, Burst: 100}
-	req := Request{Zone: "told", Key: "k", Policy: p, Cost: 1, Sync: 100 * time.Millisecond}.WithDigest(nil)
-	var v Verdict
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Rate: 100, Period: time.Minute, Burst: 100}
+	req := limiter.Request{Zone: "told", Key: "k", Policy: p, Cost: 1, Sync: 100 * time.Millisecond}.WithDigest(nil)
+	var v limiter.Verdict
 	for end := time.Now().Add(5 * time.Second); told.instances.Load() != 2; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatalf("the first instance told %d instances, want 2", told.instances.Load())
 		}
-		fleet[0].Decide(context.Background(), time.Time{}, []Request{req}, Caller{}, &v)
+		fleet[0].Decide(context.Background(), time.Time{}, []limiter.Request{req}, limiter.Caller{}, &v)
 		v.Release()
 	}
 }

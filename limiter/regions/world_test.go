@@ -1,4 +1,4 @@
-package limiter
+package regions_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/regions"
 )
 
@@ -23,7 +24,7 @@ type pacedResult struct {
 	failures int // decisions that were not the store's
 }
 
-func pace(w *world, key string, p Policy, tick time.Duration, global bool, stop <-chan struct{}) pacedResult {
+func pace(w *world, key string, p limiter.Policy, tick time.Duration, global bool, stop <-chan struct{}) pacedResult {
 	res := pacedResult{admitted: map[string]int{}, sent: map[string]int{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -41,15 +42,15 @@ func pace(w *world, key string, p Policy, tick time.Duration, global bool, stop 
 				case <-t.C:
 				}
 				began := time.Now()
-				var v Verdict
-				r.l.Decide(context.Background(), time.Time{}, []Request{{Zone: "api", Key: key, Policy: p, Cost: 1, Global: global}}, Caller{Events: quietEvents{}}, &v)
+				var v limiter.Verdict
+				r.l.Decide(context.Background(), time.Time{}, []limiter.Request{{Zone: "api", Key: key, Policy: p, Cost: 1, Global: global}}, limiter.Caller{Events: quietEvents{}}, &v)
 				took := time.Since(began)
 				mu.Lock()
 				res.sent[r.name]++
-				if v.States[0] == Allowed {
+				if v.States[0] == limiter.Allowed {
 					res.admitted[r.name]++
 				}
-				if v.Calls[0].Failure != NoFailure {
+				if v.Calls[0].Failure != limiter.NoFailure {
 					res.failures++
 				}
 				res.slowest = max(res.slowest, took)
@@ -72,7 +73,7 @@ func (p pacedResult) total() int {
 }
 
 // run paces key through w for d.
-func runPaced(w *world, key string, p Policy, tick, d time.Duration, global bool) pacedResult {
+func runPaced(w *world, key string, p limiter.Policy, tick, d time.Duration, global bool) pacedResult {
 	stop := make(chan struct{})
 	time.AfterFunc(d, func() { close(stop) })
 	return pace(w, key, p, tick, global, stop)
@@ -86,7 +87,7 @@ func runPaced(w *world, key string, p Policy, tick, d time.Duration, global bool
 func TestRegionsBound(t *testing.T) {
 	const interval = 200 * time.Millisecond
 	w := newWorld(t, 80*time.Millisecond, interval)
-	p := Policy{Algorithm: TokenBucket, Rate: 100, Period: time.Second, Burst: 30}
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 100, Period: time.Second, Burst: 30}
 	time.Sleep(3 * interval) // each region's mark reaches the others
 	res := runPaced(w, "spread", p, 10*time.Millisecond, 5*time.Second, true)
 	exact := float64(p.Burst) + 100*res.span.Seconds()
@@ -128,7 +129,7 @@ func TestRegionsBound(t *testing.T) {
 func TestRegionsCutOff(t *testing.T) {
 	const interval = 200 * time.Millisecond
 	w := newWorld(t, 80*time.Millisecond, interval)
-	p := Policy{Algorithm: TokenBucket, Rate: 100, Period: time.Second, Burst: 30}
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 100, Period: time.Second, Burst: 30}
 	time.Sleep(3 * interval)
 	bound := regions.Bound(p, 3, interval, time.Second)
 	link := regions.LinkTimeout(interval, time.Second)
@@ -152,7 +153,7 @@ func TestRegionsCutOff(t *testing.T) {
 	w.cut(t, "ap", true)
 	check("ap cut off", runPaced(w, "cut", p, 10*time.Millisecond, link+3*time.Second, true), cutExtra)
 	for _, r := range w.regions {
-		if _, counted := r.x.Links(); counted != 1 {
+		if _, counted := r.l.RegionLinks(); counted != 1 {
 			t.Errorf("%s counts %d regions admitting up to the rate while ap is cut off; want itself alone", r.name, counted)
 		}
 	}
@@ -186,13 +187,13 @@ func TestRegionsCutOff(t *testing.T) {
 func TestRegionsBanGlobal(t *testing.T) {
 	const interval = 200 * time.Millisecond
 	w := newWorld(t, 80*time.Millisecond, interval)
-	p := Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Hour, Burst: 3, Ban: Ban{After: 2, Within: time.Minute, For: time.Hour}}
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 1, Period: time.Hour, Burst: 3, Ban: limiter.Ban{After: 2, Within: time.Minute, For: time.Hour}}
 	for _, global := range []bool{true, false} {
-		req := Request{Zone: "login", Key: fmt.Sprint("banned-", global), Policy: p, Cost: 1, Global: global}
+		req := limiter.Request{Zone: "login", Key: fmt.Sprint("banned-", global), Policy: p, Cost: 1, Global: global}
 		eu := w.regions[0].l
 		for range 5 {
-			var v Verdict
-			eu.Decide(context.Background(), time.Time{}, []Request{req}, Caller{Events: quietEvents{}}, &v)
+			var v limiter.Verdict
+			eu.Decide(context.Background(), time.Time{}, []limiter.Request{req}, limiter.Caller{Events: quietEvents{}}, &v)
 			v.Release()
 		}
 		if left, err := eu.BanLeft(context.Background(), req); err != nil || left < 59*time.Minute {
@@ -218,7 +219,7 @@ func TestRegionsBanGlobal(t *testing.T) {
 
 // banWithin is how long req's client is banned in l once it is, within
 // d when wait, else now.
-func banWithin(l *Limiter, req Request, d time.Duration, wait bool) (time.Duration, error) {
+func banWithin(l *limiter.Limiter, req limiter.Request, d time.Duration, wait bool) (time.Duration, error) {
 	deadline := time.Now().Add(d)
 	for {
 		left, err := l.BanLeft(context.Background(), req)
@@ -239,7 +240,7 @@ func banWithin(l *Limiter, req Request, d time.Duration, wait bool) (time.Durati
 func TestRegionsManyKeys(t *testing.T) {
 	const interval, keys = 200 * time.Millisecond, 10000
 	w := newWorld(t, 80*time.Millisecond, interval)
-	p := Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Hour, Burst: 30}
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 1, Period: time.Hour, Burst: 30}
 	eu, us, ap := w.regions[0], w.regions[1], w.regions[2]
 	time.Sleep(3 * interval)
 	before := commandStats(t, us)
@@ -253,9 +254,9 @@ func TestRegionsManyKeys(t *testing.T) {
 			for i := g; i < 2*keys; i += 8 {
 				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / 4000))) // 4,000 a second in all
 				r := []*region{eu, ap}[i%2]
-				var v Verdict
-				r.l.Decide(context.Background(), time.Time{}, []Request{{Zone: "many", Key: fmt.Sprint("k", i%keys), Policy: p, Cost: 1, Global: true}}, Caller{Events: quietEvents{}}, &v)
-				if v.States[0] != Allowed {
+				var v limiter.Verdict
+				r.l.Decide(context.Background(), time.Time{}, []limiter.Request{{Zone: "many", Key: fmt.Sprint("k", i%keys), Policy: p, Cost: 1, Global: true}}, limiter.Caller{Events: quietEvents{}}, &v)
+				if v.States[0] != limiter.Allowed {
 					t.Errorf("key %d refused in %s: %v", i%keys, r.name, v.States[0])
 				}
 				v.Release()
@@ -284,7 +285,7 @@ func TestRegionsManyKeys(t *testing.T) {
 		r.ev.mu.Unlock()
 	}
 	for _, i := range []int{0, 1, keys / 2, keys - 1} {
-		d, err := us.l.Peek(context.Background(), Request{Zone: "many", Key: fmt.Sprint("k", i), Policy: p, Global: true})
+		d, err := us.l.Peek(context.Background(), limiter.Request{Zone: "many", Key: fmt.Sprint("k", i), Policy: p, Global: true})
 		if err != nil || d.Remaining != 10-2 { // us's share of 30, less one from eu and one from ap
 			t.Errorf("key %d in us: %+v (%v); want 8 left of 10: charged by eu and ap", i, d, err)
 		}
@@ -340,7 +341,7 @@ func commandStats(t *testing.T, r *region) cmdStats {
 func TestRegionsOneLinkCut(t *testing.T) {
 	const interval, timeout = 200 * time.Millisecond, 300 * time.Millisecond
 	w := newWorldTimeout(t, 20*time.Millisecond, interval, timeout)
-	p := Policy{Algorithm: TokenBucket, Rate: 100, Period: time.Second, Burst: 30}
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 100, Period: time.Second, Burst: 30}
 	time.Sleep(3 * interval)
 	bound := regions.Bound(p, 3, interval, timeout)
 	link := regions.LinkTimeout(interval, timeout)
@@ -354,7 +355,7 @@ func TestRegionsOneLinkCut(t *testing.T) {
 		t.Errorf("%d admitted with one link cut; want at most %.0f", res.total(), exact+bound+extra)
 	}
 	for _, r := range w.regions {
-		if _, counted := r.x.Links(); (counted == 1) != (r.name != "ap") {
+		if _, counted := r.l.RegionLinks(); (counted == 1) != (r.name != "ap") {
 			t.Errorf("%s counts %d regions admitting up to the rate; want 1 in eu and us, 3 in ap", r.name, counted)
 		}
 	}
@@ -368,11 +369,11 @@ func TestRegionsOneLinkCut(t *testing.T) {
 func TestRegionsRollout(t *testing.T) {
 	const interval = 200 * time.Millisecond
 	w := newWorld(t, 20*time.Millisecond, interval)
-	p := Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Hour, Burst: 30}
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 1, Period: time.Hour, Burst: 30}
 	eu, us := w.regions[0], w.regions[1]
-	decide := func(r *region, global bool) State {
-		var v Verdict
-		r.l.Decide(context.Background(), time.Time{}, []Request{{Zone: "rollout", Key: "k", Policy: p, Cost: 1, Global: global}}, Caller{Events: quietEvents{}}, &v)
+	decide := func(r *region, global bool) limiter.State {
+		var v limiter.Verdict
+		r.l.Decide(context.Background(), time.Time{}, []limiter.Request{{Zone: "rollout", Key: "k", Policy: p, Cost: 1, Global: global}}, limiter.Caller{Events: quietEvents{}}, &v)
 		defer v.Release()
 		return v.States[0]
 	}
@@ -380,11 +381,11 @@ func TestRegionsRollout(t *testing.T) {
 		decide(eu, true)
 	}
 	time.Sleep(5 * interval) // exchanges
-	d, err := us.l.Peek(context.Background(), Request{Zone: "rollout", Key: "k", Policy: p})
+	d, err := us.l.Peek(context.Background(), limiter.Request{Zone: "rollout", Key: "k", Policy: p})
 	if err != nil || d.Remaining != 30 {
 		t.Fatalf("us's own bucket of the zone after eu admitted 10 as global: %+v (%v); want 30 left, untouched", d, err)
 	}
-	g, err := us.l.Peek(context.Background(), Request{Zone: "rollout", Key: "k", Policy: p, Global: true})
+	g, err := us.l.Peek(context.Background(), limiter.Request{Zone: "rollout", Key: "k", Policy: p, Global: true})
 	if err != nil || g.Remaining != 0 {
 		t.Errorf("us's global bucket after eu admitted 10: %+v (%v); want its share of 10, charged 10", g, err)
 	}
