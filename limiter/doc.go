@@ -10,17 +10,21 @@
 // keeps the buckets (Overrides). Its users need no other package of this
 // module but limiter/bucket's types, which it aliases, and limiter/overrides:
 // New dials Redis (limiter/redisstore's Dial, from plain RedisOptions) and the
-// peer regions, and every component it builds is reached through its methods. A request is a set of Requests, one per zone
-// (limiter/bucket): Decide gives a Verdict with a State and a Decision per
-// zone, all or nothing: when one zone refuses, no zone is charged. Dry-run
-// zones (Request.DryRun) are decided in a call of their own, before the
-// enforced ones, charged as any, and never refuse: their refusal is
-// WouldRefuse. Each caller brings a Caller: its on_store_error (Fallback) and
-// its Events, so that failures and bans are told to the handler that met them;
-// a Limiter keeps no metrics. Time is a parameter: the clock of memory
-// decisions, of the cache and of bans; Redis decides on its server's clock.
-// One Limiter serves every handler that shares its store, safe for concurrent
-// use.
+// peer regions, and every component it builds is reached through its methods
+// (TestRootImports holds the Caddy module to that). Other Go programs may
+// import it, without a promise of a stable API across this module's versions:
+// the Caddy module's configuration is the product's interface.
+//
+// A request is a set of Requests, one per zone (limiter/bucket): Decide gives
+// a Verdict with a State and a Decision per zone, all or nothing: when one
+// zone refuses, no zone is charged. Dry-run zones (Request.DryRun) are decided
+// in a call of their own, before the enforced ones, charged as any, and never
+// refuse: their refusal is WouldRefuse. Each caller brings a Caller: its
+// on_store_error (Fallback) and its Events, so that failures and bans are told
+// to the handler that met them; a Limiter keeps no metrics. Time is a
+// parameter: the clock of memory decisions, of the cache and of bans; Redis
+// decides on its server's clock. One Limiter serves every handler that shares
+// its store, safe for concurrent use.
 //
 // # Deciding
 //
