@@ -64,9 +64,12 @@
 // times): the whole rate, or its own share. Counting any fewer than all
 // is unsound: a peer cut off from this region only may still count
 // itself with the others, and admit its share and more unseen here
-// (TestRegionsOneLinkCut). While a fleet starts together (LinkTimeout
-// from Start, while no peer's mark is in this region's Redis) every peer
-// is heard. A sender marks its region in a peer only while its charges
+// (TestRegionsOneLinkCut). An instance starts alone, and counts the
+// others once an exchange with each has succeeded and each is heard: one
+// that starts during a partition never takes a cut region's rate
+// (TestRegionsStartDuringPartition); a fleet that starts together decides
+// with its shares for an interval or two. A mark missing while the
+// instance starts (for LinkTimeout) is not reported. A sender marks its region in a peer only while its charges
 // there succeed. What it could not send a peer whose link is down is
 // dropped, not sent when the link heals (the peer counted this region at
 // its share meanwhile); bans wait, and are told when it heals. Links and

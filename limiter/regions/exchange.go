@@ -115,7 +115,7 @@ func New(cfg Config) *Exchange {
 		x.peers = append(x.peers, newSender(x, name, cfg.Peers[name]))
 		x.names = append(x.names, name)
 	}
-	x.counted.Store(x.regions)
+	x.counted.Store(1) // alone until every peer is told and heard (count)
 	x.copies = newOverrideCopies(cfg.Writers, cfg.Interval, cfg.Timeout)
 	return x
 }

@@ -20,10 +20,15 @@ func TestBound(t *testing.T) {
 }
 
 // TestPolicyShare: a region decides with ⌈burst/R⌉ and the rate of the
-// regions counted; other algorithms are left alone.
+// regions counted, alone until it has counted the others; other
+// algorithms are left alone.
 func TestPolicyShare(t *testing.T) {
 	x := New(Config{This: "eu", Peers: map[string]Peer{"us": nil, "ap": nil}, Interval: time.Second, Timeout: time.Second})
 	p := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 100, Period: time.Second, Burst: 10}
+	if got := x.Policy(p); got.Period != 3*time.Second || got.Burst != 4 {
+		t.Errorf("new, no peer told or heard: %+v; want period 3s (a third of the rate), burst 4", got)
+	}
+	x.counted.Store(3)
 	if got := x.Policy(p); got.Burst != 4 || got.Period != time.Second || got.Rate != 100 {
 		t.Errorf("every region counted: %+v; want burst 4, the rate unchanged", got)
 	}

@@ -2,7 +2,6 @@ package regions
 
 import (
 	"context"
-	"slices"
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
@@ -78,25 +77,23 @@ func (x *Exchange) handOut() {
 // this one alone, deciding with its share, rate / R. A region cut off from
 // one peer only counts itself alone too: that peer may admit its own
 // share and more unseen, so no region but one that sees every other can
-// take the rate of another (see the package doc). While the fleet starts
-// (for LinkTimeout from Start, and only while no peer's mark is in this
-// region's Redis: a fleet starting together), every peer is heard. When
-// this region's Redis cannot tell the marks, only the links count.
+// take the rate of another (see the package doc). An instance starts
+// alone too (New), and counts the others once it has exchanged with each
+// and heard each: one that starts during a partition never takes the rate
+// of a region it cannot reach; a fleet that starts together decides with
+// its shares for an interval or two. When this region's Redis cannot tell
+// the marks, only the links count.
 func (x *Exchange) count() {
 	ctx, cancel := context.WithTimeout(context.Background(), x.cfg.Timeout)
 	defer cancel()
 	seen, err := x.cfg.Home.RegionsSeen(ctx, x.names)
-	if err == nil && x.now().Sub(x.started) < LinkTimeout(x.cfg.Interval, x.cfg.Timeout) && !slices.Contains(seen, true) {
-		for i := range seen { // the peers start too: heard until they could have marked
-			seen[i] = true
-		}
-	}
+	starting := x.now().Sub(x.started) < LinkTimeout(x.cfg.Interval, x.cfg.Timeout)
 	k := x.regions
 	for i, s := range x.peers {
-		if err == nil {
+		if err == nil && (seen[i] || !starting) { // a mark missing at the start is not news
 			s.hear(seen[i])
 		}
-		if up, _ := s.isUp(); !up || err == nil && !seen[i] {
+		if !s.counts() || err == nil && !seen[i] {
 			k = 1
 		}
 	}

@@ -24,6 +24,7 @@ type sender struct {
 	wake    chan struct{}
 	lastOK  time.Time // the last exchange that succeeded (or the start)
 	up      bool
+	told    bool      // an exchange succeeded since the start: the peer has heard from this instance
 	down    bool      // reported down, not yet up again
 	unheard bool      // its mark was missing at the last count: reported, not yet back
 	charged bool      // the last exchange's charges succeeded (or none was made yet)
@@ -284,7 +285,7 @@ func (s *sender) record(now time.Time, err error) {
 	changed, dropped := false, 0
 	switch {
 	case err == nil:
-		s.lastOK = now
+		s.lastOK, s.told = now, true
 		changed, s.up, s.down = s.down, true, false
 	case now.Sub(s.lastOK) >= LinkTimeout(s.x.cfg.Interval, s.x.cfg.Timeout):
 		changed, s.up = !s.down, false
@@ -313,6 +314,16 @@ func (s *sender) isUp() (bool, time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.up, s.lastOK
+}
+
+// counts reports whether the link may count the peer as admitting up to
+// the rate: it is up, and an exchange has succeeded since the start (a
+// link is reported up from the start until it fails, but an instance that
+// starts during a partition has told the peer nothing).
+func (s *sender) counts() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.up && s.told
 }
 
 // linkTimeout is how long a link lasts without an exchange that

@@ -390,3 +390,45 @@ func TestRegionsRollout(t *testing.T) {
 		t.Errorf("us's global bucket after eu admitted 10: %+v (%v); want its share of 10, charged 10", g, err)
 	}
 }
+
+// TestRegionsStartDuringPartition: an instance that starts in a region cut
+// off from the others (a restart during a partition) decides its global
+// zones with the region's share from its first request, having told and
+// heard no peer: over its first LinkTimeout it admits at most the share of
+// the burst and rate / R, not the whole rate until its links time out.
+func TestRegionsStartDuringPartition(t *testing.T) {
+	const interval = 200 * time.Millisecond
+	w := newWorld(t, 80*time.Millisecond, interval)
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 100, Period: time.Second, Burst: 30}
+	link := regions.LinkTimeout(interval, time.Second)
+	ap := w.regions[2]
+	w.cut(t, ap.name, true)
+	time.Sleep(link + 2*interval) // the marks of ap in the others, and theirs in ap, expire
+	l := ap.instance(t)
+	req := limiter.Request{Zone: "api", Key: "restarted", Policy: p, Cost: 1, Global: true}
+	admitted, sent := 0, 0
+	start := time.Now()
+	for ; time.Since(start) < link; time.Sleep(3 * time.Millisecond) { // 3 times the whole rate
+		var v limiter.Verdict
+		l.Decide(context.Background(), time.Time{}, []limiter.Request{req}, limiter.Caller{Events: quietEvents{}}, &v)
+		if v.States[0] == limiter.Allowed {
+			admitted++
+		}
+		sent++
+		v.Release()
+	}
+	took := time.Since(start)
+	share := 10 + 100.0/3*(took+interval).Seconds() // ⌈burst/R⌉ + rate/R, an interval's slack
+	_, counted := l.RegionLinks()
+	t.Logf("started cut off: admitted %d of %d in %s (share: at most %.0f; the whole rate: %.0f), regions counted %d",
+		admitted, sent, took.Round(time.Millisecond), share, 10+100*took.Seconds(), counted)
+	if float64(admitted) > share {
+		t.Errorf("an instance started cut off admitted %d in %s; want at most its region's share, %.0f", admitted, took.Round(time.Millisecond), share)
+	}
+	if admitted < 10 {
+		t.Errorf("an instance started cut off admitted %d; want at least the share of the burst, 10", admitted)
+	}
+	if counted != 1 {
+		t.Errorf("an instance started cut off counts %d regions; want itself alone", counted)
+	}
+}

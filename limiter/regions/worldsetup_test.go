@@ -28,6 +28,7 @@ type region struct {
 	ev      *linkEvents
 	addrs   []string // its Redis's nodes
 	cluster bool
+	config  limiter.Config // l's: another instance of the region is made of it
 }
 
 // world is the regions and the proxies of their links: proxies[from][to]
@@ -100,15 +101,23 @@ func newWorldTimeout(t *testing.T, delay, interval, timeout time.Duration) *worl
 			}
 		}
 		r.ev = &linkEvents{exchanges: map[string][2]int{}}
-		l, err := limiter.New(limiter.Config{Redis: &limiter.RedisOptions{Addresses: r.addrs, Cluster: r.cluster, KeyPrefix: prefix, Timeout: time.Second},
-			Regions: &limiter.Regions{This: r.name, Peers: peers, Interval: interval}, RegionEvents: r.ev})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.l = l
-		t.Cleanup(func() { l.Close() })
+		r.config = limiter.Config{Redis: &limiter.RedisOptions{Addresses: r.addrs, Cluster: r.cluster, KeyPrefix: prefix, Timeout: time.Second},
+			Regions: &limiter.Regions{This: r.name, Peers: peers, Interval: interval}, RegionEvents: r.ev}
+		r.l = r.instance(t)
 	}
 	return w
+}
+
+// instance starts an instance of r, through r's proxies to the others;
+// it is closed when t ends.
+func (r *region) instance(t *testing.T) *limiter.Limiter {
+	t.Helper()
+	l, err := limiter.New(r.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
 }
 
 // client is a client of r's Redis.
