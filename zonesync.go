@@ -116,7 +116,7 @@ func (h *Handler) logBounds(n int) {
 		b := syncBound(z.policy, time.Duration(z.Sync), n)
 		h.logger.Info("zone syncs "+h.syncedThrough()+": its decisions are local, and over any period the fleet may admit beyond the exact limit up to rate × sync + (instances − 1) / instances × (burst + rate × sync)",
 			zap.String("zone", z.name), zap.String("algorithm", z.policy.Algorithm.String()), zap.Duration("sync", time.Duration(z.Sync)), zap.Int("instances", n),
-			zap.Int64("bound", b), zap.String("with_one_more_instance", fmt.Sprint(syncBound(z.policy, time.Duration(z.Sync), n+1))))
+			zap.Int64("bound", b), zap.Int64("with_one_more_instance", syncBound(z.policy, time.Duration(z.Sync), n+1)))
 	}
 }
 
