@@ -25,7 +25,10 @@ func (idlePeer) RegionsSeen(context.Context, []string) ([]bool, error)    { retu
 
 // BenchmarkDecideGlobal: the request path of a zone, and of the same zone
 // global (its policy scaled, what it admits counted for the peers), on the
-// memory store, 10,000 keys in turn.
+// memory store, 10,000 keys in turn. It is package limiter's, not
+// limiter/regions': what it measures is decideGlobal (regions.go), and
+// the idle peers are handed to the Limiter here (useRegions), as
+// limiter.New, whose regions dial Redis, cannot.
 func BenchmarkDecideGlobal(b *testing.B) {
 	p := Policy{Algorithm: TokenBucket, Rate: 1 << 40, Period: time.Second, Burst: 1 << 40}
 	reqs0 := make([]Request, 10000) // with their digests, as the handler makes them

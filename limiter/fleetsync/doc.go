@@ -143,7 +143,7 @@
 //   - A failing fleet means the local share, then no more than the bound:
 //     TestStorageFleetFailing, TestStorageFleetWriteFails.
 //   - A reading late for a bucket's window forgets none of its counts:
-//     TestStorageLateReading (here: it sets the fleet's clock).
+//     TestStorageLateReading (internal: it sets the fleet's clock).
 //   - Rounds charge buckets of any slot in a cluster: TestSyncManyKeysCluster.
 //   - What lies in the directory costs a timeout at most, once, and no raw
 //     key is written: TestStorageFleetHostileFiles, TestStorageFleetFiles,
@@ -152,8 +152,10 @@
 //     TestStorageFilesSwapped, TestStorageFilesAhead,
 //     TestStorageFilesTooLargeCounted, TestCompatDistributed (internal/e2e).
 //
-// The tests are in package limiter, through Limiters, but for
-// TestStorageLateReading.
+// The tests are an external test package but for TestStorageLateReading:
+// those of a Redis fleet decide through Limiters (limiter.New), those of a
+// storage fleet through a StorageFleet and the Syncer of its zones, made
+// as limiter.New makes them (instance_test.go).
 //
 // # Imports
 //

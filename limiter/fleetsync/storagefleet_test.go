@@ -273,33 +273,7 @@ func (s sizedFileStorage) Size(ctx context.Context, key string) (int64, error) {
 // instance. The instances that write their files still count each other.
 func TestStorageFleetHostileFiles(t *testing.T) {
 	dir := t.TempDir()
-	sub := filepath.Join(dir, "rate_limit", "sync")
-	if err := os.MkdirAll(sub, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 10 { // FIFOs where files should be: a read of one never ends
-		fifo := filepath.Join(sub, fmt.Sprintf("fifo%d.json", i))
-		if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		defer func() { // let the reads that wait on it end
-			for range 2 {
-				if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-					w.Close()
-				}
-			}
-		}()
-	}
-	big, err := os.Create(filepath.Join(sub, "b1b1b1b1b1b1b1b1.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = big.Truncate(fleetsync.MaxFileSize + 1)
-	big.Close()
-	ahead, _ := json.Marshal(fleetsync.StorageFile{Version: 1, Instance: "a0a0a0a0a0a0a0a0", At: time.Now().Add(time.Hour).UnixNano()})
-	if err := os.WriteFile(filepath.Join(sub, "a0a0a0a0a0a0a0a0.json"), ahead, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	hostileFiles(t, syncDir(t, dir))
 	ev := &recordedStorage{}
 	st := sizedFileStorage{&certmagic.FileStorage{Path: dir}}
 	o := fleetsync.StorageOptions{WriteEvery: 50 * time.Millisecond, ReadEvery: 50 * time.Millisecond, Timeout: 200 * time.Millisecond, Events: ev}
@@ -334,6 +308,37 @@ func TestStorageFleetHostileFiles(t *testing.T) {
 	slices.Sort(want)
 	if !slices.Equal(skipped, want) {
 		t.Errorf("skipped %v, want %v (each once per instance)", skipped, want)
+	}
+}
+
+// hostileFiles lays in sub what else may lie in a fleet's directory: ten
+// FIFOs where files should be (a read of one never ends; the reads that
+// wait on them end when the test does), a file too large to be an
+// instance's counts, and one written an hour ahead of this clock.
+func hostileFiles(t *testing.T, sub string) {
+	t.Helper()
+	for i := range 10 {
+		fifo := filepath.Join(sub, fmt.Sprintf("fifo%d.json", i))
+		if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { // let the reads that wait on it end
+			for range 2 {
+				if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+					w.Close()
+				}
+			}
+		})
+	}
+	big, err := os.Create(filepath.Join(sub, "b1b1b1b1b1b1b1b1.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = big.Truncate(fleetsync.MaxFileSize + 1)
+	big.Close()
+	ahead, _ := json.Marshal(fleetsync.StorageFile{Version: 1, Instance: "a0a0a0a0a0a0a0a0", At: time.Now().Add(time.Hour).UnixNano()})
+	if err := os.WriteFile(filepath.Join(sub, "a0a0a0a0a0a0a0a0.json"), ahead, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
 
