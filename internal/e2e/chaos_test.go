@@ -23,7 +23,7 @@ import (
 // The chaos suite: real Redis processes killed, hung, restarted, paused
 // and flushed under load through a real Caddy, and reloads under load.
 // Every case asserts exact limits before and after, and logs what it
-// measured (BENCHMARKS.md quotes these lines).
+// measured.
 
 // chaosTimeout is the Redis timeout of chaosSite.
 const chaosTimeout = 100 * time.Millisecond
