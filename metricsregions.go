@@ -18,7 +18,7 @@ func initRegionMetrics() {
 	}
 	m := &regionMetrics
 	m.linkUp = gauge("region_link_up",
-		"1 while the link to a peer region is up (an exchange succeeded within 2 × (sync + timeout)), 0 while it is down and the global zones decide with this region's share.")
+		"1 while the link to a peer region is up (an exchange succeeded within 2 × (sync + timeout), and fewer than 3 of the last 10 failed), 0 while it is down or degraded and the global zones decide with this region's share.")
 	m.heard = gauge("region_heard",
 		"1 while a peer region's mark is in this region's Redis (it exchanged within 2 × (sync + timeout)), 0 while it is missing and the global zones count that region at its share.")
 	m.lastExchange = gauge("region_last_exchange_timestamp_seconds",

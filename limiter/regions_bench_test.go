@@ -19,6 +19,7 @@ func (idlePeer) ChargeAll(context.Context, []bucket.Request) ([]bucket.Decision,
 }
 func (idlePeer) Groups(context.Context, []bucket.Request) [][]int         { return nil }
 func (idlePeer) MarkRegion(context.Context, string, time.Duration) error  { return nil }
+func (idlePeer) Ping(context.Context) error                               { return nil }
 func (idlePeer) Ban(context.Context, bucket.Request, time.Duration) error { return nil }
 func (idlePeer) Prepare(context.Context) error                            { return nil }
 func (idlePeer) RegionsSeen(context.Context, []string) ([]bool, error)    { return nil, nil }

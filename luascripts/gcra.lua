@@ -18,12 +18,75 @@
 -- MaxDebt in Go, in µs: how far beyond the burst a charge may put the TAT
 local max_debt = 30 * 24 * 3600 * 1000000
 
+-- records holds, by key, what follows the time in the key's value: the
+-- records of the charges sent once (see charged_once), kept by every
+-- write of the key
+local records = {}
+
 -- the time stored in key, in µs from now, or nil
 local function stored_time(key)
-  local us, ns = string.match(redis.call('GET', key) or '', '^(%d+)(%d%d%d)$')
+  local us, ns, rest = string.match(redis.call('GET', key) or '', '^(%d+)(%d%d%d)(.*)$')
+  records[key] = nil
+  if rest ~= '' and rest then
+    if string.match(rest, '^|[%w:|]*$') then
+      records[key] = rest
+    else -- another shape
+      us = nil
+    end
+  end
   if us then
     return tonumber(us) - now + tonumber(ns) / 1000
   end
+end
+
+-- A charge sent once, by a region's exchange (see limiter/regions): its
+-- id is "n:<sender>:<epoch>", the first send of an epoch, or
+-- "o:<sender>:<epoch>", a send again; its cost is the total the sender
+-- charged the key in that epoch, sent whole until the sender knows that
+-- it ran. The key's value keeps, after its time, each sender's latest
+-- "|<sender>:<epoch>:<total>" (at most max_records, the latest), and a
+-- charge charges what its total adds to its sender's record: nothing for
+-- a send that ran already, or a late copy (a lower total, an earlier
+-- epoch). The records go with the key: a bucket that refilled is deleted
+-- with them, and a send again then charges its whole total.
+local max_records = 8
+
+-- charged_once is what k's charge of key still has to charge, and
+-- records it (any other charge: its cost). An id is parsed once for the
+-- keys that share it (an exchange's first sends).
+local once_id, once_tag, once_epoch
+local function charged_once(key, k)
+  local first = string.byte(k.id, 1)
+  if first ~= 110 and first ~= 111 then -- "n", "o"
+    return k.cost
+  end
+  if k.id ~= once_id then
+    local sender, epoch = string.match(k.id, '^.:(%w+):(%d+)$')
+    once_id, once_tag, once_epoch = k.id, sender and '|' .. sender .. ':', tonumber(epoch)
+  end
+  if not once_tag then
+    return k.cost
+  end
+  local rest, applied = records[key] or '', 0
+  local i = string.find(rest, once_tag, 1, true)
+  if i then -- this sender's record: "<epoch>:<total>", cut out of rest
+    local j = string.find(rest, '|', i + 1, true)
+    local e, t = string.match(string.sub(rest, i + #once_tag, (j or 0) - 1), '^(%d+):(%d+)$')
+    e = tonumber(e) or 0
+    if e == once_epoch then
+      applied = tonumber(t) or 0
+    elseif e > once_epoch then
+      applied = k.cost
+    end
+    rest = string.sub(rest, 1, i - 1) .. (j and string.sub(rest, j) or '')
+  elseif rest ~= '' and select(2, string.gsub(rest, '|', '')) >= max_records then
+    rest = string.sub(rest, (string.find(rest, '|', 2, true) or #rest + 1)) -- the oldest goes
+  end
+  if applied >= k.cost then
+    return 0
+  end
+  records[key] = rest .. once_tag .. string.format('%.0f:%.0f', once_epoch, k.cost)
+  return k.cost - applied
 end
 
 -- how early a request may come and still pass, in µs: one, the clock's
@@ -70,7 +133,7 @@ local function gcra(key, k, empty)
     local _, e = taken(k)
     wait = math.max(wait - math.min(k.cost * interval, math.max(e - now, 0)), 0)
   elseif charge then
-    wait = math.min(wait + k.cost * interval, full + max_debt)
+    wait = math.min(wait + charged_once(key, k) * interval, full + max_debt)
   end
   return { interval = interval, full = full, room = full + tolerance(interval), offset = offset, wait = wait }
 end
@@ -100,6 +163,6 @@ local function write_time(key, s)
     redis.call('DEL', key)
     return
   end
-  redis.call('SET', key, string.format('%.0f%03d', now + s.whole, s.ns), 'PX', ttl_ms(s.wait))
+  redis.call('SET', key, string.format('%.0f%03d', now + s.whole, s.ns) .. (records[key] or ''), 'PX', ttl_ms(s.wait))
 end
 

@@ -21,6 +21,10 @@
 // grow, and a direction's throughput is at most 1 MiB per delay. SetDelay
 // applies to bytes read after it.
 //
+// Reset resets every open connection (a TCP RST) and keeps listening;
+// Flap cuts the link for a part of every period, then heals it, as a lossy
+// or flapping link does.
+//
 // The link is in one of three states:
 //
 //   - up: bytes flow, delayed.

@@ -135,3 +135,16 @@ func (l *link) close() {
 	}
 	l.p.forget(l)
 }
+
+// reset closes both connections with a TCP RST (no linger), then as close.
+func (l *link) reset() {
+	l.mu.Lock()
+	server := l.server
+	l.mu.Unlock()
+	for _, c := range []net.Conn{l.client, server} {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+	}
+	l.close()
+}

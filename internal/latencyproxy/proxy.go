@@ -235,3 +235,47 @@ func closeAll(links []*link) {
 		l.close()
 	}
 }
+
+// Reset resets every open connection at both ends (a TCP RST: the bytes in
+// flight are lost) and keeps listening: clients see "connection reset"
+// on their next read or write, and reconnect.
+func (p *Proxy) Reset() {
+	p.mu.Lock()
+	links := p.takeLinks()
+	p.mu.Unlock()
+	for _, l := range links {
+		l.reset()
+	}
+}
+
+// Flap makes the link fail for down of every period, from now until the
+// returned stop is called: it is cut (every byte sent meanwhile lost, the
+// requests in flight time out) for down, then healed (the connections cut
+// are closed, new ones go through). stop waits for the schedule to end
+// and leaves the link up.
+func (p *Proxy) Flap(down, period time.Duration) (stop func()) {
+	done, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			p.Cut()
+			select {
+			case <-done:
+			case <-time.After(down):
+			}
+			_ = p.Heal()
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(done) })
+		<-ended
+	}
+}

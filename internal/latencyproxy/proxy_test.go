@@ -241,3 +241,55 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	pprof.Lookup("goroutine").WriteTo(&stacks, 1)
 	t.Fatalf("%d goroutines after Close, %d before:\n%s", n, base, stacks.String())
 }
+
+// TestResetResetsAndKeepsListening: Reset ends an open connection with a
+// reset (not a clean end of stream), and a new connection goes through.
+func TestResetResetsAndKeepsListening(t *testing.T) {
+	p := startProxy(t, startServer(t, echo).addr(), 10*time.Millisecond)
+	c := dial(t, p.Addr())
+	roundTrip(t, c, "up")
+	p.Reset()
+	c.SetReadDeadline(time.Now().Add(slack))
+	if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("read after Reset: %v, want connection reset", err)
+	}
+	roundTrip(t, dial(t, p.Addr()), "back")
+}
+
+// TestFlapFailsPartOfEveryPeriod: over a second of Flap(40ms, 100ms) (ten
+// failures), round trips on new connections fail in most failures and
+// succeed between them; stop leaves the link up.
+func TestFlapFailsPartOfEveryPeriod(t *testing.T) {
+	p := startProxy(t, startServer(t, echo).addr(), 0)
+	stop := p.Flap(40*time.Millisecond, 100*time.Millisecond)
+	ok, failed := 0, 0
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if echoed(p.Addr(), 20*time.Millisecond) {
+			ok++
+		} else {
+			failed++
+		}
+	}
+	stop()
+	t.Logf("round trips during Flap: %d ok, %d failed", ok, failed)
+	if failed < 5 || ok < 30 {
+		t.Errorf("%d round trips failed and %d succeeded during Flap(40ms, 100ms); want at least 5 and 30", failed, ok)
+	}
+	roundTrip(t, dial(t, p.Addr()), "after")
+}
+
+// echoed reports whether a new connection to addr echoes a byte within d.
+func echoed(addr string, d time.Duration) bool {
+	c, err := net.DialTimeout("tcp", addr, d)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(d))
+	buf := []byte{'x'}
+	if _, err := c.Write(buf); err != nil {
+		return false
+	}
+	_, err = io.ReadFull(c, buf)
+	return err == nil
+}

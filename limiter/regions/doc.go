@@ -22,13 +22,14 @@
 // peer's Redis (Peer.ChargeAll, batched by node) and, at once, marks this
 // region there (Peer.MarkRegion, expiring after LinkTimeout): one round
 // trip. Before its first exchange a sender prepares the peer
-// (Peer.Prepare: connections, scripts loaded). A part that fails before
-// it was sent stays in the backlog; one that may have run (a timeout) is
-// counted told, never sent twice, as the Syncer's rounds do: what a slow
-// peer did not apply is lost to it, which the bound below does not cover
-// (region_exchanges_total{result="error"} counts such exchanges). A peer that is slow
-// or down holds only its own sender: requests never wait on a peer, and
-// the counts for it wait in its backlog (at most maxBacklog buckets).
+// (Peer.Prepare: connections, scripts loaded). A part that fails, having
+// run or not (a time-out, a reset), puts its buckets in doubt: they are
+// charged again at the next exchanges, each by its total since the last
+// charge known to have run, and the peer applies what of a total it has
+// not applied yet, so that each admission is charged exactly once
+// (charges.go). A peer that is slow or down holds only its own sender:
+// requests never wait on a peer, and the counts for it wait in its
+// backlog (at most maxBacklog buckets, with those in doubt).
 //
 // A ban started by a global zone (Banned) is told to every peer at the
 // next exchange (Peer.Ban: the ban set there for what is left of it,
@@ -54,8 +55,12 @@
 // # Failure
 //
 // A link to a peer is down once no exchange with it succeeded for
-// LinkTimeout (two intervals and two timeouts); the Exchange reports it once
-// (Events.LinkChanged) and once more when an exchange succeeds again.
+// LinkTimeout (two intervals and two timeouts), or while it is degraded
+// (3 of its last 10 exchanges failed: health.go); the Exchange reports it
+// once (Events.LinkChanged) and once more when it is up again. A degraded
+// link stops marking this region in the peer, and, once the last mark has
+// expired there (LinkTimeout), charges it nothing and pings it instead:
+// both regions then decide with their shares, as cut off from each other.
 // A peer is heard while its mark is in this region's Redis. Each
 // interval the Exchange counts the regions admitting up to the rate
 // (Links): every region while this one's link to each peer is up and each
@@ -100,6 +105,11 @@
 //     keeps the bound too (TestRegionsOneLinkCut).
 //   - A ban of a global zone reaches every region; another zone's does
 //     not (TestRegionsBanGlobal).
+//   - A charge in doubt is charged again until it is known to have run,
+//     and runs once (TestChargesInDoubtRunOnce; in Redis, TestChargeOnce
+//     in limiter/redisstore); over links that fail 200 ms of every 500 ms
+//     the regions stay within Bound (TestRegionsLossyLinks); a link is
+//     degraded and healed as stated (TestHealth).
 //
 // # Imports
 //

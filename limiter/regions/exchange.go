@@ -4,7 +4,9 @@ import (
 	"context"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +30,9 @@ type Peer interface {
 	// Prepare connects and loads what an exchange runs, so that the
 	// first costs no more than the others.
 	Prepare(ctx context.Context) error
+	// Ping checks that the peer answers: an exchange of a degraded link
+	// that charges nothing (see health.go).
+	Ping(ctx context.Context) error
 }
 
 // Home is this region's own Redis, where the others mark themselves.
@@ -83,6 +88,7 @@ const linkTimeouts = 2
 // package doc).
 type Exchange struct {
 	cfg              Config
+	id               string // this instance's, in the peers' records of its charges (charges.go)
 	regions          int64
 	mu               sync.Mutex
 	pending          map[bucket.ID]*count // admitted since the last interval
@@ -109,7 +115,7 @@ type count struct {
 
 // New makes an Exchange of cfg; Start starts it.
 func New(cfg Config) *Exchange {
-	x := &Exchange{cfg: cfg, regions: int64(len(cfg.Peers) + 1), pending: map[bucket.ID]*count{},
+	x := &Exchange{cfg: cfg, id: strconv.FormatUint(rand.Uint64()>>16, 36), regions: int64(len(cfg.Peers) + 1), pending: map[bucket.ID]*count{},
 		now: time.Now, stop: make(chan struct{}), stopSenders: make(chan struct{})}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Peers)) {
 		x.peers = append(x.peers, newSender(x, name, cfg.Peers[name]))

@@ -1,7 +1,9 @@
 package regions
 
 import (
+	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,5 +72,39 @@ func TestRecord(t *testing.T) {
 	c := x.pending[bucket.IDOf(reqs[0])]
 	if c == nil || c.cost != 5 || c.req.Policy.Burst != 5 {
 		t.Fatalf("key a counted %+v; want 5, with burst 5 (the share of 10 among 2)", c)
+	}
+}
+
+// TestHealth: a link degrades at the third failure among its last ten
+// exchanges, stays degraded while any of the last ten failed, and heals
+// after ten successes in a row; each change is reported once.
+func TestHealth(t *testing.T) {
+	var h health
+	changes := 0
+	run := func(results string) {
+		for _, r := range results {
+			if h.add(r == 'x') {
+				changes++
+			}
+		}
+	}
+	run("x...x....") // two failures in nine
+	if h.degraded || changes != 0 {
+		t.Fatalf("two failures: degraded %v, %d changes; want healthy", h.degraded, changes)
+	}
+	run("x")
+	if !h.degraded || changes != 1 {
+		t.Fatalf("three failures in ten: degraded %v, %d changes; want degraded, once", h.degraded, changes)
+	}
+	if err := h.err(errors.New("a\nb")); !errors.Is(err, ErrDegraded) || strings.Contains(err.Error(), "\n") {
+		t.Errorf("err = %q; want ErrDegraded, on one line", err)
+	}
+	run(".........")
+	if !h.degraded {
+		t.Fatal("nine successes after a failure: healed; want degraded until ten")
+	}
+	run(".")
+	if h.degraded || changes != 2 {
+		t.Fatalf("ten successes in a row: degraded %v, %d changes; want healed, reported once", h.degraded, changes)
 	}
 }

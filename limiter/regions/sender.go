@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"math"
 	"sync"
 	"time"
 
@@ -14,21 +13,24 @@ import (
 // sender tells one peer region what this instance admitted: its own
 // goroutine, so that a slow peer holds nothing else.
 type sender struct {
-	x       *Exchange
-	name    string
-	peer    Peer
-	mu      sync.Mutex
-	backlog map[bucket.ID]count // to charge the peer
-	bans    map[bucket.ID]ban   // to tell the peer
-	dropped int                 // buckets dropped since the last report
-	wake    chan struct{}
-	lastOK  time.Time // the last exchange that succeeded (or the start)
-	up      bool
-	told    bool      // an exchange succeeded since the start: the peer has heard from this instance
-	down    bool      // reported down, not yet up again
-	unheard bool      // its mark was missing at the last count: reported, not yet back
-	charged bool      // the last exchange's charges succeeded (or none was made yet)
-	taken   time.Time // the last take
+	x          *Exchange
+	name       string
+	peer       Peer
+	mu         sync.Mutex
+	backlog    map[bucket.ID]count // to charge the peer
+	doubts     map[bucket.ID]doubt // charged, may not have run: to charge again (see charges.go)
+	epoch      uint64              // exchanges made
+	bans       map[bucket.ID]ban   // to tell the peer
+	dropped    int                 // buckets dropped since the last report
+	health     health              // the last exchanges' failures
+	degradedAt time.Time           // when health last changed
+	wake       chan struct{}
+	lastOK     time.Time // the last exchange that succeeded (or the start)
+	up         bool
+	told       bool      // an exchange succeeded since the start: the peer has heard from this instance
+	unheard    bool      // its mark was missing at the last count: reported, not yet back
+	charged    bool      // the last exchange's charges succeeded (or none was made yet)
+	taken      time.Time // the last take
 }
 
 // hear takes whether the peer's mark is in this region's Redis, and tells
@@ -45,7 +47,7 @@ func (s *sender) hear(seen bool) {
 }
 
 func newSender(x *Exchange, name string, p Peer) *sender {
-	return &sender{x: x, name: name, peer: p, backlog: map[bucket.ID]count{}, bans: map[bucket.ID]ban{},
+	return &sender{x: x, name: name, peer: p, backlog: map[bucket.ID]count{}, doubts: map[bucket.ID]doubt{}, bans: map[bucket.ID]ban{},
 		wake: make(chan struct{}, 1), up: true, charged: true}
 }
 
@@ -112,11 +114,12 @@ const (
 	banWorkers  = 8
 )
 
-// add merges counts into the backlog, at most maxBacklog buckets.
+// add merges counts into the backlog, at most maxBacklog buckets with
+// those in doubt.
 func (s *sender) add(counts map[bucket.ID]*count) {
 	s.mu.Lock()
 	for id, c := range counts {
-		if _, ok := s.backlog[id]; !ok && len(s.backlog) >= maxBacklog {
+		if _, ok := s.backlog[id]; !ok && len(s.backlog)+len(s.doubts) >= maxBacklog {
 			s.dropped++
 			continue
 		}
@@ -158,44 +161,63 @@ func (s *sender) run(stop <-chan struct{}) {
 // take: a connection to each node, the slot map, the scripts' loads.
 const prepareTimeouts = 4
 
-// exchange charges the peer the backlog, in parts (by node), and marks
-// this region there, all at once. A part certainly not run stays in the backlog; one
-// that may have run is counted charged (never sent twice). Once no
-// exchange succeeded for linkTimeout, the link is down: the backlog is
-// dropped (the peer counts this region at its share meanwhile).
+// exchange charges the peer the backlog and the buckets in doubt, in
+// parts (by node), and marks this region there, all at once. A part that
+// fails puts its buckets in doubt, charged again at the next exchanges
+// (charges.go). Once no exchange succeeded for LinkTimeout, the link is
+// down: the backlog and the doubts are dropped (the peer counts this
+// region at its share meanwhile).
 func (s *sender) exchange() {
 	x := s.x
 	ctx, cancel := context.WithTimeout(context.Background(), x.cfg.Timeout)
 	defer cancel()
 	start := time.Now()
-	reqs, ids := s.take(x.now())
+	s.epoch++
+	var reqs []bucket.Request
+	var all []sent
+	if !s.resting(x.now()) {
+		reqs, all = s.take(x.now(), s.epoch)
+	}
 	bans, mark := make(chan error, 1), make(chan error, 1) // at once with the charges: one round trip
 	go func() { bans <- s.tellBans(ctx) }()
 	go func() { mark <- s.mark(ctx) }()
-	charged := s.charge(ctx, reqs, ids)
+	var charged error
+	if all == nil && s.resting(x.now()) {
+		charged = s.peer.Ping(ctx) // the link's health, charging nothing
+	} else {
+		charged = s.charge(ctx, reqs, all)
+	}
 	s.mu.Lock()
 	s.charged = charged == nil
 	s.mu.Unlock()
-	failed := errors.Join(charged, <-bans, <-mark)
+	told, marked := <-bans, <-mark
+	failed := errors.Join(charged, told, marked)
 	if ev := x.events(); ev != nil {
 		n := len(reqs)
 		if charged != nil {
-			n = 0 // given back, or lost: not charged as far as it knows
+			n = 0 // in doubt: not charged as far as it knows
 		}
 		ev.Exchanged(s.name, n, time.Since(start), failed)
 	}
-	s.record(x.now(), failed)
+	if errors.Is(marked, errNoMark) {
+		marked = nil // the charges' failure, counted once
+	}
+	s.record(x.now(), failed, errors.Join(charged, told, marked))
 }
 
 // mark marks this region in the peer's Redis, unless the last exchange's
-// charges failed: a peer must not hear a region whose counts do not reach
-// it (it would count it at the whole rate). A mark skipped is a failure.
+// charges failed (a failure) or the link is degraded: a peer must not hear
+// a region whose counts may not reach it (it would count it at the whole
+// rate).
 func (s *sender) mark(ctx context.Context) error {
 	s.mu.Lock()
-	ok := s.charged
+	ok, degraded := s.charged, s.health.degraded
 	s.mu.Unlock()
-	if !ok {
+	switch {
+	case !ok:
 		return errNoMark
+	case degraded:
+		return nil
 	}
 	return s.peer.MarkRegion(ctx, s.x.cfg.This, LinkTimeout(s.x.cfg.Interval, s.x.cfg.Timeout))
 }
@@ -203,95 +225,31 @@ func (s *sender) mark(ctx context.Context) error {
 // errNoMark: a mark skipped after charges that failed.
 var errNoMark = errors.New("not marked: the last charges failed")
 
-// charge charges reqs to the peer, its parts (by node) at once: an
-// exchange costs one round trip to the peer, not one per node.
-func (s *sender) charge(ctx context.Context, reqs []bucket.Request, ids []bucket.ID) error {
-	if len(reqs) == 0 {
-		return nil
-	}
-	parts := s.peer.Groups(ctx, reqs)
-	errs := make([]error, len(parts))
-	var wg sync.WaitGroup
-	for j, part := range parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, errs[j] = s.peer.ChargeAll(ctx, bucket.Pick(reqs, part))
-			if errs[j] != nil && !bucket.MayHaveRun(errs[j]) {
-				s.giveBack(reqs, ids, part)
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// take empties the backlog into requests to charge, at now. A bucket's
-// charge is at most twice what this instance can have admitted of it
-// since the last take (its share of the burst and the refill meanwhile):
-// what no decision here could have admitted is no one's to charge.
-func (s *sender) take(now time.Time) ([]bucket.Request, []bucket.ID) {
+// record takes an exchange's result at now: err, its failure, and
+// failure, what of it counts towards the link's health (see health). The
+// link is up while exchanges succeed and it is not degraded; it goes down
+// after LinkTimeout without a success, or once degraded (reported once
+// each way).
+func (s *sender) record(now time.Time, err, failure error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	elapsed := now.Sub(s.taken)
-	if s.taken.IsZero() {
-		elapsed = s.x.cfg.Interval
-	}
-	s.taken = now
-	reqs := make([]bucket.Request, 0, len(s.backlog))
-	ids := make([]bucket.ID, 0, len(s.backlog))
-	for id, c := range s.backlog {
-		r := c.req
-		r.Cost = min(c.cost, maxCharge(r.Policy, elapsed))
-		reqs, ids = append(reqs, r), append(ids, id)
-	}
-	clear(s.backlog)
-	return reqs, ids
-}
-
-// maxCharge is twice what a bucket of policy p (its burst the region's
-// share) admits in elapsed, at least 1.
-func maxCharge(p bucket.Policy, elapsed time.Duration) int64 {
-	if p.Period <= 0 {
-		return math.MaxInt64 / 2
-	}
-	refill := float64(p.Rate) * float64(max(elapsed, 0)) / float64(p.Period)
-	return max(2*(p.Burst+int64(min(refill, float64(math.MaxInt64/8)))), 1)
-}
-
-// giveBack puts the requests of part, not charged, back in the backlog.
-func (s *sender) giveBack(reqs []bucket.Request, ids []bucket.ID, part []int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, i := range part {
-		s.merge(ids[i], reqs[i], reqs[i].Cost)
-	}
-}
-
-// merge adds cost to the backlog's count of id (r's bucket); s.mu held.
-func (s *sender) merge(id bucket.ID, r bucket.Request, cost int64) {
-	b, ok := s.backlog[id]
-	if !ok {
-		b.req = r
-	}
-	b.cost = min(b.cost+cost, math.MaxInt64/2)
-	s.backlog[id] = b
-}
-
-// record takes an exchange's result at now: the link comes up at a
-// success, goes down after LinkTimeout without one (reported once each).
-func (s *sender) record(now time.Time, err error) {
-	s.mu.Lock()
-	changed, dropped := false, 0
-	switch {
-	case err == nil:
+	dropped, why := 0, err
+	if err == nil {
 		s.lastOK, s.told = now, true
-		changed, s.up, s.down = s.down, true, false
-	case now.Sub(s.lastOK) >= LinkTimeout(s.x.cfg.Interval, s.x.cfg.Timeout):
-		changed, s.up = !s.down, false
-		s.down = true
-		dropped = len(s.backlog)
+	}
+	if s.health.add(failure != nil) {
+		why, s.degradedAt = s.health.err(failure), now
+	}
+	if now.Sub(s.lastOK) >= LinkTimeout(s.x.cfg.Interval, s.x.cfg.Timeout) {
+		dropped = len(s.backlog) + len(s.doubts)
 		clear(s.backlog) // counted at this region's share by the peer; bans kept: told again at no risk
+		clear(s.doubts)
+		why = err
+	}
+	up := now.Sub(s.lastOK) < LinkTimeout(s.x.cfg.Interval, s.x.cfg.Timeout) && !s.health.degraded
+	changed := up != s.up
+	s.up = up
+	if up {
+		why = nil
 	}
 	dropped += s.dropped
 	s.dropped = 0
@@ -301,11 +259,28 @@ func (s *sender) record(now time.Time, err error) {
 		return
 	}
 	if changed {
-		ev.LinkChanged(s.name, err == nil, err)
+		ev.LinkChanged(s.name, up, why)
 	}
 	if dropped > 0 {
 		ev.Dropped(s.name, dropped)
 	}
+}
+
+// resting reports whether the link has been degraded for LinkTimeout at
+// now: the peer no longer hears this region (its last mark expired) and
+// counts it at its share, so nothing is charged it: the counts for it are
+// dropped (and reported), and each exchange pings it instead, until the
+// link is healthy again (see health.go).
+func (s *sender) resting(now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.health.degraded || now.Sub(s.degradedAt) < LinkTimeout(s.x.cfg.Interval, s.x.cfg.Timeout) {
+		return false
+	}
+	s.dropped += len(s.backlog) + len(s.doubts)
+	clear(s.backlog)
+	clear(s.doubts)
+	return true
 }
 
 // isUp reports whether the link to the peer is up, and since when the

@@ -1,0 +1,150 @@
+package regions
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+)
+
+// Charges that run exactly once. A part of an exchange that fails may or
+// may not have run (a time-out, a reset connection): each bucket it
+// charged is then in doubt, and is charged again at the next exchanges,
+// with what was admitted since, until a charge of it is known to have run.
+// So that no charge runs twice, a sender charges a bucket by its total in
+// an epoch (the exchange that first sent it, since the last charge that
+// ran): the peer keeps, in the bucket's value after its time, each
+// sender's total in its latest epoch, and charges only what a total adds
+// to it (see charged_once in gcra.lua). Once a charge is known to have
+// run, the bucket's epoch ends: its next charge starts another. A bucket
+// is in doubt at most LinkTimeout (then the link is down, and its counts
+// dropped as the backlog's are). The records live as long as the bucket:
+// one that refilled meanwhile is deleted with them, and a send again
+// then charges its whole total again, at most what it refilled.
+
+// doubt is a bucket whose charges to the peer may not have run.
+type doubt struct {
+	req   bucket.Request
+	epoch uint64    // the exchange that first sent them
+	total int64     // what this epoch's charges add up to
+	since time.Time // when they were first sent
+	again bool      // sent before in this epoch: the peer may hold a record
+}
+
+// maxTotal bounds a bucket's total in an epoch: the scripts' largest cost.
+const maxTotal = 1 << 40
+
+// sent is a bucket charged in an exchange.
+type sent struct {
+	id bucket.ID
+	d  doubt
+}
+
+// take empties the backlog, and the buckets in doubt, into requests to
+// charge at now, in the exchange epoch. A bucket's new charge is at most
+// twice what this instance can have admitted of it since the last take
+// (its share of the burst and the refill meanwhile): what no decision
+// here could have admitted is no one's to charge.
+func (s *sender) take(now time.Time, epoch uint64) ([]bucket.Request, []sent) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	elapsed := now.Sub(s.taken)
+	if s.taken.IsZero() {
+		elapsed = s.x.cfg.Interval
+	}
+	s.taken = now
+	all := make([]sent, 0, len(s.backlog)+len(s.doubts))
+	for id, c := range s.backlog {
+		d, ok := s.doubts[id]
+		if !ok {
+			d = doubt{req: c.req, epoch: epoch, since: now}
+		}
+		d.total = min(d.total+min(c.cost, maxCharge(c.req.Policy, elapsed)), maxTotal)
+		delete(s.doubts, id)
+		all = append(all, sent{id, d})
+	}
+	for id, d := range s.doubts {
+		all = append(all, sent{id, d})
+	}
+	for i := range all {
+		all[i].d.again = all[i].d.epoch != epoch
+	}
+	clear(s.backlog)
+	clear(s.doubts)
+	reqs := make([]bucket.Request, len(all))
+	for i, a := range all {
+		reqs[i] = a.d.req
+		reqs[i].Cost = a.d.total
+		reqs[i].ID = "n:" + s.x.id + ":" + strconv.FormatUint(a.d.epoch, 10)
+		if a.d.again {
+			reqs[i].ID = "o" + reqs[i].ID[1:]
+		}
+	}
+	return reqs, all
+}
+
+// charge charges reqs to the peer, its parts (by node) at once: an
+// exchange costs one round trip to the peer, not one per node. The
+// buckets of a part that failed are in doubt; it returns the first error.
+func (s *sender) charge(ctx context.Context, reqs []bucket.Request, all []sent) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	parts := s.peer.Groups(ctx, reqs)
+	errs := make([]error, len(parts))
+	var wg sync.WaitGroup
+	for j, part := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, errs[j] = s.peer.ChargeAll(ctx, bucket.Pick(reqs, part)); errs[j] != nil {
+				s.doubtful(all, part)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// doubtful puts the buckets of part in doubt, for at most LinkTimeout
+// from their first send: past it, they are dropped (and reported).
+func (s *sender) doubtful(all []sent, part []int) {
+	oldest := s.x.now().Add(-LinkTimeout(s.x.cfg.Interval, s.x.cfg.Timeout))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, i := range part {
+		if a := all[i]; a.d.since.After(oldest) {
+			s.doubts[a.id] = a.d
+		} else {
+			s.dropped++
+		}
+	}
+}
+
+// maxCharge is twice what a bucket of policy p (its burst the region's
+// share) admits in elapsed, at least 1.
+func maxCharge(p bucket.Policy, elapsed time.Duration) int64 {
+	if p.Period <= 0 {
+		return math.MaxInt64 / 2
+	}
+	refill := float64(p.Rate) * float64(max(elapsed, 0)) / float64(p.Period)
+	return max(2*(p.Burst+int64(min(refill, float64(math.MaxInt64/8)))), 1)
+}
+
+// merge adds cost to the backlog's count of id (r's bucket); s.mu held.
+func (s *sender) merge(id bucket.ID, r bucket.Request, cost int64) {
+	b, ok := s.backlog[id]
+	if !ok {
+		b.req = r
+	}
+	b.cost = min(b.cost+cost, math.MaxInt64/2)
+	s.backlog[id] = b
+}
