@@ -7,6 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // names.
 var regionMetrics struct {
 	linkUp, heard, lastExchange       *prometheus.GaugeVec
+	differs                           *prometheus.GaugeVec
 	exchanges, exchangedKeys, dropped *prometheus.CounterVec
 	exchangeDuration                  *prometheus.HistogramVec
 }
@@ -21,6 +22,8 @@ func initRegionMetrics() {
 		"1 while the link to a peer region is up (an exchange succeeded within 2 × (sync + timeout), and fewer than 3 of the last 10 failed), 0 while it is down or degraded and the global zones decide with this region's share.")
 	m.heard = gauge("region_heard",
 		"1 while a peer region's mark is in this region's Redis (it exchanged within 2 × (sync + timeout)), 0 while it is missing and the global zones count that region at its share.")
+	m.differs = gauge("region_config_differs",
+		"1 while a peer region's fingerprint (its key_secret, its global zones' keys, algorithms, rates and bursts) differs from this region's: the global zones decide with this region's share and charge it nothing; 0 while they agree.")
 	m.lastExchange = gauge("region_last_exchange_timestamp_seconds",
 		"When the last exchange with a peer region succeeded (Unix time): the lag of what this instance told it is the time since.")
 	m.exchanges = counterVec("region_exchanges_total",
@@ -39,7 +42,7 @@ func initRegionMetrics() {
 // regionCollectors are the collectors to register.
 func regionCollectors() []prometheus.Collector {
 	m := &regionMetrics
-	return []prometheus.Collector{m.linkUp, m.heard, m.lastExchange, m.exchanges, m.exchangedKeys, m.dropped, m.exchangeDuration}
+	return []prometheus.Collector{m.linkUp, m.heard, m.differs, m.lastExchange, m.exchanges, m.exchangedKeys, m.dropped, m.exchangeDuration}
 }
 
 // deleteRegionSeries deletes the series of peer region name.
@@ -48,7 +51,7 @@ func deleteRegionSeries(name string) {
 		return // never initialised: no handler registered the metrics
 	}
 	m := &regionMetrics
-	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.linkUp, m.heard, m.lastExchange, m.exchanges, m.exchangedKeys, m.dropped, m.exchangeDuration} {
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.linkUp, m.heard, m.differs, m.lastExchange, m.exchanges, m.exchangedKeys, m.dropped, m.exchangeDuration} {
 		v.DeletePartialMatch(prometheus.Labels{"region": name})
 	}
 }

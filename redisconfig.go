@@ -175,6 +175,7 @@ func (h *Handler) provisionRedis() error {
 		if lc.Regions, err = h.Regions.limiterRegions(); err != nil {
 			return err
 		}
+		lc.Regions.Fingerprint = h.regionFingerprint() // from the first mark
 	}
 	lc.LocalCache, lc.LocalCacheMaxAge = localCacheSize(cfg.LocalCache), localCacheMaxAge
 	created := false
@@ -184,6 +185,10 @@ func (h *Handler) provisionRedis() error {
 	})
 	if err == nil && created {
 		h.checkRedis(time.Duration(cfg.Timeout))
+	}
+	if err == nil && h.Regions != nil {
+		f := h.regionFingerprint()
+		h.store.holdFingerprint(h, &f)
 	}
 	return err
 }

@@ -45,9 +45,12 @@ type sharedLimiter struct {
 	capacities map[*Handler]int           // the memory_capacity of each handler that holds the store and sets one
 	polls      map[*Handler]time.Duration // the overrides_poll of each handler that sets one
 	syncing    map[*Handler]bool          // the handlers with zones that sync (their bounds are logged as N changes)
-	poll       time.Duration              // the overrides' poll, as last set
-	capacity   atomic.Int64               // the memory store's capacity, as last set
-	watchOnce  sync.Once                  // the evictions are watched
+	// fingerprints are the parts of the regions' fingerprint of each
+	// handler that holds the store (regionsfingerprint.go).
+	fingerprints map[*Handler]limiter.RegionFingerprint
+	poll         time.Duration // the overrides' poll, as last set
+	capacity     atomic.Int64  // the memory store's capacity, as last set
+	watchOnce    sync.Once     // the evictions are watched
 	// evictionLogged is when evictions were last logged (Unix ns);
 	// evictedUnlogged, how many came since.
 	evictionLogged  atomic.Int64
@@ -182,6 +185,9 @@ func (h *Handler) releaseStore() error {
 	h.store.holdCapacity(h, -1)
 	h.store.holdPoll(h, -1)
 	h.store.holdSyncing(h, false)
+	if h.Regions != nil {
+		h.store.holdFingerprint(h, nil)
+	}
 	_, err := stores.Delete(h.poolKey)
 	h.poolKey = ""
 	return err

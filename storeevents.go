@@ -128,6 +128,16 @@ func (e regionEvents) Heard(peer string, heard bool) {
 		zap.String("region", peer))
 }
 
+func (e regionEvents) ConfigDiffers(peer, diff string) {
+	regionMetrics.differs.WithLabelValues(peer).Set(boolGauge(diff != ""))
+	if diff == "" {
+		e.s.logger.Info("a region agrees again on the global zones and the key secret: global zones count it again", zap.String("region", peer))
+		return
+	}
+	e.s.logger.Warn("a region's config differs from this one's (its key_secret, or its global zones' keys, algorithms, rates or bursts): global zones decide with this region's share, and charge it nothing, until they agree",
+		zap.String("region", peer), zap.String("differs", diff))
+}
+
 func (e regionEvents) Dropped(peer string, n int) {
 	if peer == "" {
 		peer = "all" // more buckets than an instance keeps counts of

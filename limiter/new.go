@@ -53,6 +53,9 @@ type Regions struct {
 	This     string
 	Peers    map[string]RedisOptions
 	Interval time.Duration
+	// Fingerprint is what the regions must agree on (see
+	// Limiter.SetRegionFingerprint), from the first exchange.
+	Fingerprint RegionFingerprint
 }
 
 // Aliases of the types a Config is made of, so that its users need no
@@ -66,7 +69,11 @@ type (
 	SyncEvents     = fleetsync.Events
 	RegionEvents   = regions.Events
 	RegionLink     = regions.Link
-	Breaker        = redisstore.Breaker
+	// RegionFingerprint is what the regions of global zones must agree
+	// on; ZoneFingerprint a global zone's part of it.
+	RegionFingerprint = regions.Fingerprint
+	ZoneFingerprint   = regions.ZoneFingerprint
+	Breaker           = redisstore.Breaker
 )
 
 // Store-wide figures and defaults, for configs and their messages.
@@ -154,7 +161,7 @@ func (l *Limiter) startRegions(r *Regions, ev RegionEvents) error {
 		writers[name] = overrides.NewRedisWriter(st.Client(), st.Prefix(), o.DB)
 	}
 	x := regions.New(regions.Config{This: r.This, Home: l.redis, Peers: peers, Writers: writers,
-		Interval: r.Interval, Timeout: cmp.Or(timeout, time.Second)})
+		Interval: r.Interval, Timeout: cmp.Or(timeout, time.Second), Fingerprint: r.Fingerprint})
 	if ev != nil {
 		x.OnEvents(ev)
 	}

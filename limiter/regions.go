@@ -104,3 +104,13 @@ func (l *Limiter) regional(req Request) Request {
 	}
 	return req
 }
+
+// SetRegionFingerprint sets what this region tells the peers it decides
+// its global zones by, and compares theirs with, from the next exchange:
+// a peer whose fingerprint differs is counted at its share (see package
+// limiter/regions). Nothing without regions.
+func (l *Limiter) SetRegionFingerprint(f RegionFingerprint) {
+	if l.regions != nil {
+		l.regions.SetFingerprint(f)
+	}
+}

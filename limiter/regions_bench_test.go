@@ -17,12 +17,12 @@ type idlePeer struct{}
 func (idlePeer) ChargeAll(context.Context, []bucket.Request) ([]bucket.Decision, error) {
 	return nil, nil
 }
-func (idlePeer) Groups(context.Context, []bucket.Request) [][]int         { return nil }
-func (idlePeer) MarkRegion(context.Context, string, time.Duration) error  { return nil }
-func (idlePeer) Ping(context.Context) error                               { return nil }
-func (idlePeer) Ban(context.Context, bucket.Request, time.Duration) error { return nil }
-func (idlePeer) Prepare(context.Context) error                            { return nil }
-func (idlePeer) RegionsSeen(context.Context, []string) ([]bool, error)    { return nil, nil }
+func (idlePeer) Groups(context.Context, []bucket.Request) [][]int                { return nil }
+func (idlePeer) MarkRegion(context.Context, string, string, time.Duration) error { return nil }
+func (idlePeer) Ping(context.Context) error                                      { return nil }
+func (idlePeer) Ban(context.Context, bucket.Request, time.Duration) error        { return nil }
+func (idlePeer) Prepare(context.Context) error                                   { return nil }
+func (idlePeer) RegionMarks(context.Context, []string, int) ([]string, error)    { return nil, nil }
 
 // BenchmarkDecideGlobal: the request path of a zone, and of the same zone
 // global (its policy scaled, what it admits counted for the peers), on the

@@ -29,6 +29,7 @@ type regionsWorld struct {
 	*fleetScenario
 	region  []string // of each Caddy
 	proxies map[[2]string]*latencyproxy.Proxy
+	secret  map[string]string // each region's key_secret, if any
 }
 
 const (
@@ -36,12 +37,16 @@ const (
 	regionsDelay = 80 * time.Millisecond
 )
 
-func startRegions(t *testing.T) *regionsWorld {
+func startRegions(t *testing.T) *regionsWorld { return startRegionsWith(t, nil) }
+
+// startRegionsWith starts a world whose regions digest their client keys
+// with the key_secret secret gives them.
+func startRegionsWith(t *testing.T, secret map[string]string) *regionsWorld {
 	t.Helper()
 	cl := redistest.NewClusterOf(t, 3, 0)
 	redis := map[string][]string{"eu": {redistest.NewServer(t).Addr}, "us": {redistest.NewServer(t).Addr}, "ap": cl.Addrs()}
 	w := &regionsWorld{fleetScenario: &fleetScenario{t: t, prefix: fmt.Sprintf("regions%d:", time.Now().UnixNano())},
-		proxies: map[[2]string]*latencyproxy.Proxy{}}
+		proxies: map[[2]string]*latencyproxy.Proxy{}, secret: secret}
 	for from := range redis {
 		for to, addrs := range redis {
 			if from == to {
@@ -79,9 +84,13 @@ func (w *regionsWorld) site(name string, addrs []string) string {
 	zone := func(zone, path, global string) string {
 		return fmt.Sprintf("\t\tzone %s {\n\t\t\tmatch {\n\t\t\t\tpath %s\n\t\t\t}\n\t\t\tkey {http.request.header.X-API-Key}\n\t\t\trate 100r/s\n\t\t\tburst 30\n%s\t\t}\n", zone, path, global)
 	}
-	return fmt.Sprintf("\trate_limit {\n\t\tredis {\n\t\t\taddresses %s\n\t\t\tkey_prefix %s\n\t\t\ttimeout 1s\n\t\t}\n"+
+	secret := ""
+	if s := w.secret[name]; s != "" {
+		secret = "\t\t\tkey_secret " + s + "\n"
+	}
+	return fmt.Sprintf("\trate_limit {\n\t\tredis {\n\t\t\taddresses %s\n\t\t\tkey_prefix %s\n\t\t\ttimeout 1s\n%s\t\t}\n"+
 		"\t\tregions %s {\n%s\t\t\tsync %s\n\t\t}\n\t\ton_store_error deny\n%s%s\t}\n\trespond \"ok\"\n",
-		strings.Join(addrs, " "), w.prefix, name, peers.String(), regionsSync, zone("api", "/api", "\t\t\tglobal\n"), zone("local", "/local", ""))
+		strings.Join(addrs, " "), w.prefix, secret, name, peers.String(), regionsSync, zone("api", "/api", "\t\t\tglobal\n"), zone("local", "/local", ""))
 }
 
 // cut cuts (or heals) every link into and out of region.
@@ -229,6 +238,36 @@ func (w *regionsWorld) checkLinkLogs() {
 		}
 		if fmt.Sprint(down) != fmt.Sprint(want) || fmt.Sprint(back) != fmt.Sprint(want) {
 			w.t.Errorf("Caddy %d (%s) reported links down %v, back %v; want %v each", i, w.region[i], down, back, want)
+		}
+	}
+}
+
+// TestRegionsKeySecretDiffers: eu's Caddys digest client keys under
+// another key_secret than us's and ap's (the peers' blocks leave it out,
+// as the docs advise). Each region finds the others' fingerprint differs,
+// logs it once naming key_secret, and decides with its share: one client
+// spread over the regions stays within the exact limit plus the bound.
+func TestRegionsKeySecretDiffers(t *testing.T) {
+	t.Parallel()
+	w := startRegionsWith(t, map[string]string{"eu": "eu-secret-0123456789", "us": "us-ap-secret-0123456789", "ap": "us-ap-secret-0123456789"})
+	bound := w.boundLogged()
+	for _, c := range w.caddys {
+		c.WaitLogs(`a region's config differs`)
+	}
+	w.check("key_secret differs", w.paced("/api", "secret", 3*time.Second), bound)
+	for i, c := range w.caddys {
+		n := 0
+		for line := range strings.SplitSeq(c.Logs(), "\n") {
+			var l struct{ Msg, Region, Differs string }
+			if json.Unmarshal([]byte(line), &l) == nil && strings.HasPrefix(l.Msg, "a region's config differs") {
+				n++
+				if l.Differs != "key_secret" || (w.region[i] == "eu") != (l.Region != "eu") {
+					t.Errorf("Caddy %d (%s): %s; want key_secret, of a region with the other secret", i, w.region[i], line)
+				}
+			}
+		}
+		if want := map[bool]int{true: 2, false: 1}[w.region[i] == "eu"]; n != want {
+			t.Errorf("Caddy %d (%s) logged %d regions whose config differs; want %d, once each", i, w.region[i], n, want)
 		}
 	}
 }

@@ -12,42 +12,45 @@ import (
 
 // The marks of the regions that exchange with this Redis's (see package
 // limiter/regions): each region sets <prefix>{regions}:seen:<region> in
-// the others' Redis at every exchange that succeeded, to expire after
-// ttl; a region whose mark is absent from its own Redis is one the others
-// cannot hear from. The keys share one hash slot ({regions}), so that one
-// MGET reads them in a cluster.
+// the others' Redis at every exchange that succeeded, to its fingerprint,
+// expiring after ttl; a region whose mark is absent from its own Redis is
+// one the others cannot hear from. The keys share one hash slot
+// ({regions}), so that one pipeline to one node reads them in a cluster.
 
 // regionKey is the key of region's mark.
 func (s *Store) regionKey(region string) string { return s.prefix + "{regions}:seen:" + region }
 
 // MarkRegion marks region as having exchanged with this Redis now, for
-// ttl.
-func (s *Store) MarkRegion(ctx context.Context, region string, ttl time.Duration) error {
-	if err := s.client.Set(ctx, s.regionKey(region), "1", ttl).Err(); err != nil {
+// ttl, with mark.
+func (s *Store) MarkRegion(ctx context.Context, region, mark string, ttl time.Duration) error {
+	if err := s.client.Set(ctx, s.regionKey(region), mark, ttl).Err(); err != nil {
 		return fmt.Errorf("mark of region %s: %w", region, err)
 	}
 	return nil
 }
 
-// RegionsSeen reports, for each of regions, whether its mark is in this
-// Redis.
-func (s *Store) RegionsSeen(ctx context.Context, regions []string) ([]bool, error) {
+// RegionMarks reads the mark of each of regions in this Redis, "" for
+// none, each at most limit bytes: a longer one is read cut to limit + 1
+// bytes (and so cannot be taken for a mark that fits).
+func (s *Store) RegionMarks(ctx context.Context, regions []string, limit int) ([]string, error) {
 	if len(regions) == 0 {
 		return nil, nil
 	}
-	keys := make([]string, len(regions))
-	for i, r := range regions {
-		keys[i] = s.regionKey(r)
-	}
-	vals, err := s.client.MGet(ctx, keys...).Result()
+	cmds := make([]*redis.StringCmd, len(regions))
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, r := range regions {
+			cmds[i] = p.GetRange(ctx, s.regionKey(r), 0, int64(limit))
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("marks of the regions: %w", err)
 	}
-	seen := make([]bool, len(regions))
-	for i := range seen {
-		seen[i] = i < len(vals) && vals[i] != nil
+	marks := make([]string, len(regions))
+	for i, c := range cmds {
+		marks[i] = c.Val()
 	}
-	return seen, nil
+	return marks, nil
 }
 
 // Prepare readies this Redis for exchanges from another region: it

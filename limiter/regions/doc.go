@@ -20,7 +20,8 @@
 // instance admitted in global zones, by bucket; every interval the counts
 // are handed to each peer region's sender, which charges them to the
 // peer's Redis (Peer.ChargeAll, batched by node) and, at once, marks this
-// region there (Peer.MarkRegion, expiring after LinkTimeout): one round
+// region there (Peer.MarkRegion, expiring after LinkTimeout, with this
+// region's Fingerprint: see fingerprint.go): one round
 // trip. Before its first exchange a sender prepares the peer
 // (Peer.Prepare: connections, scripts loaded). A part that fails, having
 // run or not (a time-out, a reset), puts its buckets in doubt: they are
@@ -110,6 +111,10 @@
 //     in limiter/redisstore); over links that fail 200 ms of every 500 ms
 //     the regions stay within Bound (TestRegionsLossyLinks); a link is
 //     degraded and healed as stated (TestHealth).
+//   - Regions whose fingerprints differ (fingerprint.go) decide with their
+//     shares, charge each other nothing, say what differs once, and stay
+//     within Bound (TestRegionsDifferentSecrets, TestRegionsDifferentLimits,
+//     TestFingerprintDiffers; end to end, TestRegionsKeySecretDiffers).
 //
 // # Imports
 //

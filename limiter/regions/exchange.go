@@ -23,8 +23,9 @@ type Peer interface {
 	ChargeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.Decision, error)
 	// Groups splits reqs into the calls of one exchange.
 	Groups(ctx context.Context, reqs []bucket.Request) [][]int
-	// MarkRegion marks region as having exchanged with this Redis, for ttl.
-	MarkRegion(ctx context.Context, region string, ttl time.Duration) error
+	// MarkRegion marks region as having exchanged with this Redis, for
+	// ttl, with mark (its Fingerprint).
+	MarkRegion(ctx context.Context, region, mark string, ttl time.Duration) error
 	// Ban bans r's client for left, unless it is banned longer.
 	Ban(ctx context.Context, r bucket.Request, left time.Duration) error
 	// Prepare connects and loads what an exchange runs, so that the
@@ -37,8 +38,9 @@ type Peer interface {
 
 // Home is this region's own Redis, where the others mark themselves.
 type Home interface {
-	// RegionsSeen reports, for each region, whether its mark is there.
-	RegionsSeen(ctx context.Context, regions []string) ([]bool, error)
+	// RegionMarks reads each region's mark there, "" for none, each at
+	// most maxMark bytes.
+	RegionMarks(ctx context.Context, regions []string, limit int) ([]string, error)
 }
 
 // Events are told of the links to the peer regions. Their methods must not
@@ -52,6 +54,10 @@ type Events interface {
 	// Heard: peer's mark went missing from this region's Redis (it is
 	// counted at its share) or came back.
 	Heard(peer string, heard bool)
+	// ConfigDiffers: peer's fingerprint differs from this region's (diff
+	// says what differs), or agrees again (diff is ""); until it agrees,
+	// it is not heard.
+	ConfigDiffers(peer, diff string)
 	// Dropped: counts of n buckets were dropped, for peer ("" for every
 	// peer: more buckets than maxBacklog), because its link was down or
 	// the backlog full. Called at most once per interval and peer.
@@ -72,6 +78,9 @@ type Config struct {
 	// Interval is how often this instance tells the peers what it
 	// admitted; Timeout bounds each exchange.
 	Interval, Timeout time.Duration
+	// Fingerprint is what the regions must agree on, until
+	// SetFingerprint (see fingerprint.go).
+	Fingerprint Fingerprint
 }
 
 // maxBacklog bounds the buckets an instance keeps counts of for a peer;
@@ -95,7 +104,8 @@ type Exchange struct {
 	overflow         int                  // requests not counted since the last interval: pending was full
 	peers            []*sender
 	names            []string
-	counted          atomic.Int64 // regions counted as admitting up to the rate (see Policy)
+	counted          atomic.Int64          // regions counted as admitting up to the rate (see Policy)
+	own              atomic.Pointer[owned] // this region's fingerprint, and its mark
 	ev               atomic.Pointer[Events]
 	now              func() time.Time
 	started          time.Time       // when Start ran
@@ -122,8 +132,21 @@ func New(cfg Config) *Exchange {
 		x.names = append(x.names, name)
 	}
 	x.counted.Store(1) // alone until every peer is told and heard (count)
+	x.SetFingerprint(cfg.Fingerprint)
 	x.copies = newOverrideCopies(cfg.Writers, cfg.Interval, cfg.Timeout)
 	return x
+}
+
+// owned is this region's fingerprint and the mark that carries it.
+type owned struct {
+	f    Fingerprint
+	mark string
+}
+
+// SetFingerprint sets what this region's marks carry from the next
+// exchange on, and what the peers' are compared with.
+func (x *Exchange) SetFingerprint(f Fingerprint) {
+	x.own.Store(&owned{f: f, mark: f.encode()})
 }
 
 // OnEvents sets who is told of the links.

@@ -108,3 +108,23 @@ func TestHealth(t *testing.T) {
 		t.Fatalf("ten successes in a row: degraded %v, %d changes; want healed, reported once", h.degraded, changes)
 	}
 }
+
+// TestFingerprintDiffers: what differs is named, zone by zone; a mark
+// that is not a fingerprint (another version, a hostile writer, too long)
+// differs; peers' zone names are quoted.
+func TestFingerprintDiffers(t *testing.T) {
+	f := Fingerprint{Secret: "s", Zones: map[string]ZoneFingerprint{"api": {Key: "k", Limit: "l"}, "login": {Key: "k", Limit: "l"}}}
+	if d := f.differs(f.encode()); d != "" {
+		t.Errorf("itself: %q; want nothing", d)
+	}
+	o := Fingerprint{Secret: "t", Zones: map[string]ZoneFingerprint{"api": {Key: "k2", Limit: "l2"}, "new\nzone": {Key: "k", Limit: "l"}}}
+	want := `key_secret; zone "api"'s key; zone "api"'s algorithm, rate or burst; zone "login" is global here, not there; zone "new\nzone" is global there, not here`
+	if d := f.differs(o.encode()); d != want {
+		t.Errorf("differs:\n%s\nwant\n%s", d, want)
+	}
+	for _, mark := range []string{"1", `{"v":2,"s":"s"}`, f.encode() + strings.Repeat(" ", maxMark)} {
+		if d := f.differs(mark); !strings.Contains(d, "no fingerprint") {
+			t.Errorf("mark %.20q: %q; want it unreadable", mark, d)
+		}
+	}
+}

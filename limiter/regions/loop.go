@@ -2,6 +2,7 @@ package regions
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
@@ -86,19 +87,32 @@ func (x *Exchange) handOut() {
 func (x *Exchange) count() {
 	ctx, cancel := context.WithTimeout(context.Background(), x.cfg.Timeout)
 	defer cancel()
-	seen, err := x.cfg.Home.RegionsSeen(ctx, x.names)
+	marks, err := x.cfg.Home.RegionMarks(ctx, x.names, maxMark)
+	if err == nil && len(marks) != len(x.names) {
+		err = errMarks
+	}
 	starting := x.now().Sub(x.started) < LinkTimeout(x.cfg.Interval, x.cfg.Timeout)
+	own := x.own.Load().f
 	k := x.regions
 	for i, s := range x.peers {
-		if err == nil && (seen[i] || !starting) { // a mark missing at the start is not news
-			s.hear(seen[i])
+		seen, agrees := err == nil && marks[i] != "", true
+		if err == nil && (seen || !starting) { // a mark missing at the start is not news
+			s.hear(seen)
 		}
-		if !s.counts() || err == nil && !seen[i] {
+		if seen {
+			diff := own.differs(marks[i])
+			s.differ(diff)
+			agrees = diff == ""
+		}
+		if !s.counts() || err == nil && (!seen || !agrees) {
 			k = 1
 		}
 	}
 	x.counted.Store(k)
 }
+
+// errMarks: a reply of the marks that does not hold one per region.
+var errMarks = errors.New("marks of the regions: a reply of the wrong length")
 
 // Link is what this instance knows of the link to one peer region.
 type Link struct {

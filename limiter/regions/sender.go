@@ -29,8 +29,21 @@ type sender struct {
 	up         bool
 	told       bool      // an exchange succeeded since the start: the peer has heard from this instance
 	unheard    bool      // its mark was missing at the last count: reported, not yet back
+	differs    string    // what its fingerprint differs in at the last count: reported, "" when it agrees
 	charged    bool      // the last exchange's charges succeeded (or none was made yet)
 	taken      time.Time // the last take
+}
+
+// differ takes what the peer's fingerprint differs in ("" for nothing),
+// and tells Events.ConfigDiffers when that changes.
+func (s *sender) differ(diff string) {
+	s.mu.Lock()
+	changed := s.differs != diff
+	s.differs = diff
+	s.mu.Unlock()
+	if ev := s.x.events(); ev != nil && changed {
+		ev.ConfigDiffers(s.name, diff)
+	}
 }
 
 // hear takes whether the peer's mark is in this region's Redis, and tells
@@ -175,7 +188,7 @@ func (s *sender) exchange() {
 	s.epoch++
 	var reqs []bucket.Request
 	var all []sent
-	if !s.resting(x.now()) {
+	if !s.resting(x.now()) && !s.disagrees() {
 		reqs, all = s.take(x.now(), s.epoch)
 	}
 	bans, mark := make(chan error, 1), make(chan error, 1) // at once with the charges: one round trip
@@ -219,7 +232,7 @@ func (s *sender) mark(ctx context.Context) error {
 	case degraded:
 		return nil
 	}
-	return s.peer.MarkRegion(ctx, s.x.cfg.This, LinkTimeout(s.x.cfg.Interval, s.x.cfg.Timeout))
+	return s.peer.MarkRegion(ctx, s.x.cfg.This, s.x.own.Load().mark, LinkTimeout(s.x.cfg.Interval, s.x.cfg.Timeout))
 }
 
 // errNoMark: a mark skipped after charges that failed.
@@ -275,6 +288,21 @@ func (s *sender) resting(now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.health.degraded || now.Sub(s.degradedAt) < LinkTimeout(s.x.cfg.Interval, s.x.cfg.Timeout) {
+		return false
+	}
+	s.dropped += len(s.backlog) + len(s.doubts)
+	clear(s.backlog)
+	clear(s.doubts)
+	return true
+}
+
+// disagrees reports whether the peer's fingerprint differs from this
+// region's: it does not count this region, nor this one it, and nothing
+// is charged it (the counts for it are dropped, and reported).
+func (s *sender) disagrees() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.differs == "" {
 		return false
 	}
 	s.dropped += len(s.backlog) + len(s.doubts)

@@ -1,6 +1,7 @@
 package regions_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strconv"
@@ -42,8 +43,10 @@ func pace(w *world, key string, p limiter.Policy, tick time.Duration, global boo
 				case <-t.C:
 				}
 				began := time.Now()
+				p := p
+				p.Rate = cmp.Or(w.rateIn[r.name], p.Rate)
 				var v limiter.Verdict
-				r.l.Decide(context.Background(), time.Time{}, []limiter.Request{{Zone: "api", Key: key, Policy: p, Cost: 1, Global: global}}, limiter.Caller{Events: quietEvents{}}, &v)
+				r.l.Decide(context.Background(), time.Time{}, []limiter.Request{{Zone: "api", Key: w.keyIn[r.name] + key, Policy: p, Cost: 1, Global: global}}, limiter.Caller{Events: quietEvents{}}, &v)
 				took := time.Since(began)
 				mu.Lock()
 				res.sent[r.name]++

@@ -36,6 +36,8 @@ type region struct {
 type world struct {
 	regions []*region
 	proxies map[string]map[string]map[string]*latencyproxy.Proxy
+	keyIn   map[string]string // by region: what its client keys start with (a key_secret of its own)
+	rateIn  map[string]int64  // by region: its zone's rate, when it is not the policy's
 }
 
 // linkEvents records what an exchange tells.
@@ -44,6 +46,7 @@ type linkEvents struct {
 	changes   []string
 	failures  []string          // each peer's first failed exchange
 	heard     []string          // the marks missing, then back
+	differs   []string          // the fingerprints that differ, then agree
 	exchanges map[string][2]int // by peer: ok, failed
 }
 
@@ -69,6 +72,12 @@ func (e *linkEvents) Exchanged(peer string, _ int, _ time.Duration, err error) {
 }
 
 func (e *linkEvents) Dropped(string, int) {}
+
+func (e *linkEvents) ConfigDiffers(peer, diff string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.differs = append(e.differs, fmt.Sprintf("%s: %q", peer, diff))
+}
 
 func (e *linkEvents) Heard(peer string, heard bool) {
 	e.mu.Lock()
