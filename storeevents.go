@@ -128,6 +128,14 @@ func (e regionEvents) Heard(peer string, heard bool) {
 		zap.String("region", peer))
 }
 
+func (e regionEvents) Flooding(on bool) {
+	if !on {
+		e.s.logger.Info("global zones' buckets fit in what an instance keeps counts of again: global zones count the other regions again")
+		return
+	}
+	e.s.logger.Warn("more buckets of global zones came than an instance keeps counts of (a flood of distinct keys?): global zones decide with this region's share until they fit (caddy_rate_limit_region_dropped_keys_total counts what was not told)")
+}
+
 func (e regionEvents) ConfigDiffers(peer, diff string) {
 	regionMetrics.differs.WithLabelValues(peer).Set(boolGauge(diff != ""))
 	if diff == "" {

@@ -68,6 +68,13 @@ func (r Request) Anonymous() Request {
 	return r
 }
 
+// RequestOf is a request of a global zone's bucket named by id, of no
+// client key, with policy p (of id's algorithm): what a store needs to
+// charge it.
+func RequestOf(id ID, p Policy) Request {
+	return Request{Zone: id.Zone, Policy: p, Global: true, digest: id.Hash, hasDigest: true}
+}
+
 // Digest is the digest WithDigest computed, or else KeyHash(r.Key).
 func (r Request) Digest() [16]byte {
 	if r.hasDigest {

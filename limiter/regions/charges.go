@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
@@ -27,11 +28,11 @@ import (
 
 // doubt is a bucket whose charges to the peer may not have run.
 type doubt struct {
-	req   bucket.Request
-	epoch uint64    // the exchange that first sent them
-	total int64     // what this epoch's charges add up to
-	since time.Time // when they were first sent
-	again bool      // sent before in this epoch: the peer may hold a record
+	p     *bucket.Policy // the policy it is charged with
+	epoch uint64         // the exchange that first sent them
+	total int64          // what this epoch's charges add up to
+	since time.Time      // when they were first sent
+	again bool           // sent before in this epoch: the peer may hold a record
 }
 
 // maxTotal bounds a bucket's total in an epoch: the scripts' largest cost.
@@ -60,9 +61,9 @@ func (s *sender) take(now time.Time, epoch uint64) ([]bucket.Request, []sent) {
 	for id, c := range s.backlog {
 		d, ok := s.doubts[id]
 		if !ok {
-			d = doubt{req: c.req, epoch: epoch, since: now}
+			d = doubt{p: c.p, epoch: epoch, since: now}
 		}
-		d.total = min(d.total+min(c.cost, maxCharge(c.req.Policy, elapsed)), maxTotal)
+		d.total = min(d.total+min(c.cost, maxCharge(*c.p, elapsed)), maxTotal)
 		delete(s.doubts, id)
 		all = append(all, sent{id, d})
 	}
@@ -76,7 +77,7 @@ func (s *sender) take(now time.Time, epoch uint64) ([]bucket.Request, []sent) {
 	clear(s.doubts)
 	reqs := make([]bucket.Request, len(all))
 	for i, a := range all {
-		reqs[i] = a.d.req
+		reqs[i] = bucket.RequestOf(a.id, *a.d.p)
 		reqs[i].Cost = a.d.total
 		reqs[i].ID = "n:" + s.x.id + ":" + strconv.FormatUint(a.d.epoch, 10)
 		if a.d.again {
@@ -86,32 +87,75 @@ func (s *sender) take(now time.Time, epoch uint64) ([]bucket.Request, []sent) {
 	return reqs, all
 }
 
-// charge charges reqs to the peer, its parts (by node) at once: an
-// exchange costs one round trip to the peer, not one per node. The
-// buckets of a part that failed are in doubt; it returns the first error.
-func (s *sender) charge(ctx context.Context, reqs []bucket.Request, all []sent) error {
+// An exchange is paced so that the peer's Redis is never held long: the
+// buckets go in parts of one node's, at most partKeys each (a script call
+// of about 1.5 ms there), one part every partGap (so that the peer's
+// other clients wait at most about one part's time, and the exchanges
+// take at most about a third of the peer's time), at most partsInFlight
+// at once, and no part starts once half the exchange's timeout has
+// passed: the buckets not sent are charged at the next exchange (in
+// doubt, by their totals), within LinkTimeout, else dropped and the
+// instance floods (see flood.go). So an exchange tells a peer at most
+// timeout / 2 / partGap × partKeys buckets: 16,000 with a timeout of 1 s.
+const (
+	partKeys      = 128
+	partGap       = 4 * time.Millisecond
+	partsInFlight = 64
+)
+
+// charge charges reqs to the peer, paced (see partKeys). The buckets of
+// a part that failed, or was not sent, are in doubt; it returns the
+// first failure and how many buckets were charged.
+func (s *sender) charge(ctx context.Context, reqs []bucket.Request, all []sent) (int, error) {
 	if len(reqs) == 0 {
-		return nil
+		return 0, nil
 	}
-	parts := s.peer.Groups(ctx, reqs)
+	start, budget := time.Now(), s.x.cfg.Timeout/2
+	parts := splitParts(s.peer.Groups(ctx, reqs), partKeys)
 	errs := make([]error, len(parts))
+	slots := make(chan struct{}, partsInFlight)
 	var wg sync.WaitGroup
+	var charged atomic.Int64
 	for j, part := range parts {
+		if wait := time.Until(start.Add(time.Duration(j) * partGap)); wait > 0 {
+			time.Sleep(wait)
+		}
+		slots <- struct{}{}
+		if time.Since(start) > budget { // the rest at the next exchange
+			for _, rest := range parts[j:] {
+				s.doubtful(all, rest)
+			}
+			break
+		}
 		wg.Add(1)
 		go func() {
-			defer wg.Done()
+			defer func() { <-slots; wg.Done() }()
 			if _, errs[j] = s.peer.ChargeAll(ctx, bucket.Pick(reqs, part)); errs[j] != nil {
 				s.doubtful(all, part)
+			} else {
+				charged.Add(int64(len(part)))
 			}
 		}()
 	}
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
-			return err
+			return int(charged.Load()), err
 		}
 	}
-	return nil
+	return int(charged.Load()), nil
+}
+
+// splitParts cuts parts into parts of at most n.
+func splitParts(parts [][]int, n int) [][]int {
+	var out [][]int
+	for _, p := range parts {
+		for len(p) > n {
+			out, p = append(out, p[:n]), p[n:]
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // doubtful puts the buckets of part in doubt, for at most LinkTimeout
@@ -125,6 +169,7 @@ func (s *sender) doubtful(all []sent, part []int) {
 			s.doubts[a.id] = a.d
 		} else {
 			s.dropped++
+			s.x.flooded() // not told in time: the peer must count this region at its share
 		}
 	}
 }
@@ -139,12 +184,12 @@ func maxCharge(p bucket.Policy, elapsed time.Duration) int64 {
 	return max(2*(p.Burst+int64(min(refill, float64(math.MaxInt64/8)))), 1)
 }
 
-// merge adds cost to the backlog's count of id (r's bucket); s.mu held.
-func (s *sender) merge(id bucket.ID, r bucket.Request, cost int64) {
+// merge adds c to the backlog's count of id; s.mu held.
+func (s *sender) merge(id bucket.ID, c count) {
 	b, ok := s.backlog[id]
 	if !ok {
-		b.req = r
+		b.p = c.p
 	}
-	b.cost = min(b.cost+cost, math.MaxInt64/2)
+	b.cost = min(b.cost+c.cost, math.MaxInt64/2)
 	s.backlog[id] = b
 }

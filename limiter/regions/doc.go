@@ -30,7 +30,10 @@
 // not applied yet, so that each admission is charged exactly once
 // (charges.go). A peer that is slow or down holds only its own sender:
 // requests never wait on a peer, and the counts for it wait in its
-// backlog (at most maxBacklog buckets, with those in doubt).
+// backlog (at most maxBacklog buckets, with those in doubt). An exchange
+// is paced so that the peer's Redis serves its own clients between its
+// calls (charges.go); a flood of distinct keys beyond what an instance
+// keeps counts of, or can tell, makes it decide with its share (flood.go).
 //
 // A ban started by a global zone (Banned) is told to every peer at the
 // next exchange (Peer.Ban: the ban set there for what is left of it,
@@ -111,6 +114,10 @@
 //     in limiter/redisstore); over links that fail 200 ms of every 500 ms
 //     the regions stay within Bound (TestRegionsLossyLinks); a link is
 //     degraded and healed as stated (TestHealth).
+//   - A million keys in an interval: the peer's Redis serves its other
+//     clients within 25 ms, every admission is charged or counted
+//     dropped, the instance floods and recovers (TestExchangeFlood); a
+//     bucket counted takes at most 120 bytes (TestPendingMemory).
 //   - Regions whose fingerprints differ (fingerprint.go) decide with their
 //     shares, charge each other nothing, say what differs once, and stay
 //     within Bound (TestRegionsDifferentSecrets, TestRegionsDifferentLimits,

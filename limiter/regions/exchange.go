@@ -54,6 +54,9 @@ type Events interface {
 	// Heard: peer's mark went missing from this region's Redis (it is
 	// counted at its share) or came back.
 	Heard(peer string, heard bool)
+	// Flooding: more buckets than an instance keeps counts of came (on),
+	// or none for LinkTimeout (off): see flood.go.
+	Flooding(on bool)
 	// ConfigDiffers: peer's fingerprint differs from this region's (diff
 	// says what differs), or agrees again (diff is ""); until it agrees,
 	// it is not heard.
@@ -83,9 +86,10 @@ type Config struct {
 	Fingerprint Fingerprint
 }
 
-// maxBacklog bounds the buckets an instance keeps counts of for a peer;
-// past it, the counts of new buckets are dropped (and reported).
-const maxBacklog = 1 << 20
+// maxBacklog bounds the buckets an instance keeps counts of, since the
+// last interval and for each peer; past it, the counts of new buckets are
+// dropped, reported, and the instance floods (see flood.go).
+const maxBacklog = 1 << 18
 
 // linkTimeouts is how many exchanges (an interval and a timeout each) a
 // link may go without one that succeeded before it is down, and how many
@@ -100,12 +104,15 @@ type Exchange struct {
 	id               string // this instance's, in the peers' records of its charges (charges.go)
 	regions          int64
 	mu               sync.Mutex
-	pending          map[bucket.ID]*count // admitted since the last interval
-	overflow         int                  // requests not counted since the last interval: pending was full
+	pending          map[bucket.ID]count              // admitted since the last interval
+	policies         map[bucket.Policy]*bucket.Policy // the policies of the counts, each once (at most maxPolicies)
+	overflow         int                              // requests not counted since the last interval: pending was full
 	peers            []*sender
 	names            []string
 	counted          atomic.Int64          // regions counted as admitting up to the rate (see Policy)
 	own              atomic.Pointer[owned] // this region's fingerprint, and its mark
+	floodUntil       atomic.Int64          // Unix ns: until when it floods (flood.go)
+	floodReported    bool                  // a flood reported, not its end yet (count's)
 	ev               atomic.Pointer[Events]
 	now              func() time.Time
 	started          time.Time       // when Start ran
@@ -117,16 +124,22 @@ type Exchange struct {
 	close            sync.Once
 }
 
-// count is what this instance admitted of one bucket.
+// count is what this instance admitted of one bucket (its ID the key of
+// the map that holds it), and the policy a peer is charged with: 16 bytes.
 type count struct {
-	req  bucket.Request
+	p    *bucket.Policy
 	cost int64
 }
 
+// maxPolicies bounds the policies an Exchange keeps once (zones' and their
+// tiers'); others are kept with each count.
+const maxPolicies = 4096
+
 // New makes an Exchange of cfg; Start starts it.
 func New(cfg Config) *Exchange {
-	x := &Exchange{cfg: cfg, id: strconv.FormatUint(rand.Uint64()>>16, 36), regions: int64(len(cfg.Peers) + 1), pending: map[bucket.ID]*count{},
-		now: time.Now, stop: make(chan struct{}), stopSenders: make(chan struct{})}
+	x := &Exchange{cfg: cfg, id: strconv.FormatUint(rand.Uint64()>>16, 36), regions: int64(len(cfg.Peers) + 1), pending: map[bucket.ID]count{},
+		policies: map[bucket.Policy]*bucket.Policy{},
+		now:      time.Now, stop: make(chan struct{}), stopSenders: make(chan struct{})}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Peers)) {
 		x.peers = append(x.peers, newSender(x, name, cfg.Peers[name]))
 		x.names = append(x.names, name)
@@ -146,7 +159,7 @@ type owned struct {
 // SetFingerprint sets what this region's marks carry from the next
 // exchange on, and what the peers' are compared with.
 func (x *Exchange) SetFingerprint(f Fingerprint) {
-	x.own.Store(&owned{f: f, mark: f.encode()})
+	x.own.Store(&owned{f: f, mark: f.Mark()})
 }
 
 // OnEvents sets who is told of the links.
@@ -202,22 +215,30 @@ func (x *Exchange) Record(r *bucket.Request) {
 	if !r.Global || r.DryRun || r.Cost <= 0 {
 		return
 	}
-	id := bucket.IDOf(*r)
+	id := bucket.IDOf(*r) // no client key kept
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if c := x.pending[id]; c != nil {
+	if c, ok := x.pending[id]; ok {
 		c.cost = min(c.cost+r.Cost, math.MaxInt64/2)
+		x.pending[id] = c
 		return
 	}
 	if len(x.pending) >= maxBacklog {
 		x.overflow++
 		return
 	}
-	c := &count{req: r.Anonymous(), cost: r.Cost} // no client key kept
-	if c.req.Policy.Algorithm == bucket.TokenBucket {
-		c.req.Policy.Burst = shareOf(c.req.Policy.Burst, x.regions)
+	p := r.Policy
+	if p.Algorithm == bucket.TokenBucket {
+		p.Burst = shareOf(p.Burst, x.regions)
 	}
-	x.pending[id] = c
+	shared := x.policies[p]
+	if shared == nil {
+		shared = &p
+		if len(x.policies) < maxPolicies {
+			x.policies[p] = shared
+		}
+	}
+	x.pending[id] = count{p: shared, cost: r.Cost}
 }
 
 // Bound is Bound of p for this exchange's regions, interval and timeout.

@@ -3,6 +3,8 @@ package regions
 import (
 	"errors"
 	"math"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -69,8 +71,8 @@ func TestRecord(t *testing.T) {
 	if len(x.pending) != 1 {
 		t.Fatalf("pending %v; want key a alone", x.pending)
 	}
-	c := x.pending[bucket.IDOf(reqs[0])]
-	if c == nil || c.cost != 5 || c.req.Policy.Burst != 5 {
+	c, ok := x.pending[bucket.IDOf(reqs[0])]
+	if !ok || c.cost != 5 || c.p.Burst != 5 {
 		t.Fatalf("key a counted %+v; want 5, with burst 5 (the share of 10 among 2)", c)
 	}
 }
@@ -114,17 +116,48 @@ func TestHealth(t *testing.T) {
 // differs; peers' zone names are quoted.
 func TestFingerprintDiffers(t *testing.T) {
 	f := Fingerprint{Secret: "s", Zones: map[string]ZoneFingerprint{"api": {Key: "k", Limit: "l"}, "login": {Key: "k", Limit: "l"}}}
-	if d := f.differs(f.encode()); d != "" {
+	if d := f.differs(f.Mark()); d != "" {
 		t.Errorf("itself: %q; want nothing", d)
 	}
 	o := Fingerprint{Secret: "t", Zones: map[string]ZoneFingerprint{"api": {Key: "k2", Limit: "l2"}, "new\nzone": {Key: "k", Limit: "l"}}}
 	want := `key_secret; zone "api"'s key; zone "api"'s algorithm, rate or burst; zone "login" is global here, not there; zone "new\nzone" is global there, not here`
-	if d := f.differs(o.encode()); d != want {
+	if d := f.differs(o.Mark()); d != want {
 		t.Errorf("differs:\n%s\nwant\n%s", d, want)
 	}
-	for _, mark := range []string{"1", `{"v":2,"s":"s"}`, f.encode() + strings.Repeat(" ", maxMark)} {
+	for _, mark := range []string{"1", `{"v":2,"s":"s"}`, f.Mark() + strings.Repeat(" ", maxMark)} {
 		if d := f.differs(mark); !strings.Contains(d, "no fingerprint") {
 			t.Errorf("mark %.20q: %q; want it unreadable", mark, d)
 		}
 	}
+}
+
+// TestPendingMemory: a bucket counted since the last interval takes at
+// most 120 bytes (its ID, its count and the map's share), its policy kept
+// once for all; maxBacklog of them at most.
+func TestPendingMemory(t *testing.T) {
+	x := New(Config{This: "eu", Peers: map[string]Peer{"us": nil}, Interval: time.Second, Timeout: time.Second})
+	p := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 100, Period: time.Second, Burst: 10}
+	const n = 200000
+	reqs := make([]bucket.Request, n)
+	for i := range reqs {
+		reqs[i] = bucket.Request{Zone: "api", Key: strconv.Itoa(i), Policy: p, Cost: 1, Global: true}
+	}
+	before := heapAlloc()
+	for i := range reqs {
+		x.Record(&reqs[i])
+	}
+	perKey := float64(heapAlloc()-before) / n
+	t.Logf("%.0f bytes per bucket counted; %d policies kept", perKey, len(x.policies))
+	if perKey > 120 || len(x.policies) != 1 {
+		t.Errorf("%.0f bytes per bucket counted, %d policies kept; want at most 120, and one policy", perKey, len(x.policies))
+	}
+	runtime.KeepAlive(reqs)
+}
+
+// heapAlloc is the live heap after a collection.
+func heapAlloc() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }

@@ -45,8 +45,8 @@ type ZoneFingerprint struct {
 // a thousand zones.
 const maxMark = 64 << 10
 
-// encode is f as a mark's value.
-func (f Fingerprint) encode() string {
+// Mark is f as a mark's value.
+func (f Fingerprint) Mark() string {
 	b, _ := json.Marshal(markValue{Version: 1, Fingerprint: f}) // strings and maps of strings: never fails
 	return string(b)
 }

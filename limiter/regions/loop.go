@@ -62,8 +62,11 @@ func (x *Exchange) tick() {
 func (x *Exchange) handOut() {
 	x.mu.Lock()
 	counts, overflow := x.pending, x.overflow
-	x.pending, x.overflow = make(map[bucket.ID]*count, len(counts)), 0
+	x.pending, x.overflow = make(map[bucket.ID]count, len(counts)), 0
 	x.mu.Unlock()
+	if overflow > 0 {
+		x.flooded()
+	}
 	for _, s := range x.peers {
 		s.add(counts) // wakes it even when empty: its mark
 	}
@@ -107,6 +110,11 @@ func (x *Exchange) count() {
 		if !s.counts() || err == nil && (!seen || !agrees) {
 			k = 1
 		}
+	}
+	flooding := x.flooding()
+	x.reportFlood(flooding)
+	if flooding {
+		k = 1
 	}
 	x.counted.Store(k)
 }

@@ -129,14 +129,15 @@ const (
 
 // add merges counts into the backlog, at most maxBacklog buckets with
 // those in doubt.
-func (s *sender) add(counts map[bucket.ID]*count) {
+func (s *sender) add(counts map[bucket.ID]count) {
 	s.mu.Lock()
 	for id, c := range counts {
 		if _, ok := s.backlog[id]; !ok && len(s.backlog)+len(s.doubts) >= maxBacklog {
 			s.dropped++
+			s.x.flooded()
 			continue
 		}
-		s.merge(id, c.req, c.cost)
+		s.merge(id, c)
 	}
 	s.mu.Unlock()
 	select {
@@ -195,10 +196,11 @@ func (s *sender) exchange() {
 	go func() { bans <- s.tellBans(ctx) }()
 	go func() { mark <- s.mark(ctx) }()
 	var charged error
+	n := 0
 	if all == nil && s.resting(x.now()) {
 		charged = s.peer.Ping(ctx) // the link's health, charging nothing
 	} else {
-		charged = s.charge(ctx, reqs, all)
+		n, charged = s.charge(ctx, reqs, all)
 	}
 	s.mu.Lock()
 	s.charged = charged == nil
@@ -206,10 +208,6 @@ func (s *sender) exchange() {
 	told, marked := <-bans, <-mark
 	failed := errors.Join(charged, told, marked)
 	if ev := x.events(); ev != nil {
-		n := len(reqs)
-		if charged != nil {
-			n = 0 // in doubt: not charged as far as it knows
-		}
 		ev.Exchanged(s.name, n, time.Since(start), failed)
 	}
 	if errors.Is(marked, errNoMark) {
@@ -229,7 +227,7 @@ func (s *sender) mark(ctx context.Context) error {
 	switch {
 	case !ok:
 		return errNoMark
-	case degraded:
+	case degraded || s.x.flooding():
 		return nil
 	}
 	return s.peer.MarkRegion(ctx, s.x.cfg.This, s.x.own.Load().mark, LinkTimeout(s.x.cfg.Interval, s.x.cfg.Timeout))

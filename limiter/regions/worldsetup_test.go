@@ -47,6 +47,7 @@ type linkEvents struct {
 	failures  []string          // each peer's first failed exchange
 	heard     []string          // the marks missing, then back
 	differs   []string          // the fingerprints that differ, then agree
+	floods    []bool            // floods' starts and ends
 	exchanges map[string][2]int // by peer: ok, failed
 }
 
@@ -72,6 +73,12 @@ func (e *linkEvents) Exchanged(peer string, _ int, _ time.Duration, err error) {
 }
 
 func (e *linkEvents) Dropped(string, int) {}
+
+func (e *linkEvents) Flooding(on bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.floods = append(e.floods, on)
+}
 
 func (e *linkEvents) ConfigDiffers(peer, diff string) {
 	e.mu.Lock()

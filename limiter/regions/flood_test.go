@@ -1,0 +1,153 @@
+package regions_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/regions"
+)
+
+// floodEvents counts what an exchange charged and dropped.
+type floodEvents struct {
+	mu               sync.Mutex
+	charged, dropped int
+	exchanges, fails int
+	floods           []bool
+}
+
+func (e *floodEvents) LinkChanged(string, bool, error) {}
+func (e *floodEvents) Heard(string, bool)              {}
+func (e *floodEvents) ConfigDiffers(string, string)    {}
+func (e *floodEvents) Exchanged(_ string, keys int, _ time.Duration, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.charged += keys
+	e.exchanges++
+	if err != nil {
+		e.fails++
+	}
+}
+func (e *floodEvents) Dropped(_ string, n int) { e.mu.Lock(); e.dropped += n; e.mu.Unlock() }
+func (e *floodEvents) Flooding(on bool)        { e.mu.Lock(); e.floods = append(e.floods, on); e.mu.Unlock() }
+
+// TestExchangeFlood: a million distinct keys admitted in one interval.
+// The instance floods: it decides with its share (counted alone) and
+// reports it once; the exchanges tell the peer what they can, paced, so
+// that the peer's Redis never holds its other clients beyond a quarter
+// of their 100 ms timeout (a probe's pings, and the peer's slow log);
+// every admission is either charged to the peer or counted dropped; and
+// once the flood is over, the instance counts the peer again.
+func TestExchangeFlood(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a million keys")
+	}
+	home, peerServer := redistest.NewServer(t), redistest.NewServer(t)
+	open := func(addr string) *redisstore.Store {
+		s, err := redisstore.Open(redisstore.Options{Addresses: []string{addr}, KeyPrefix: "flood:", Timeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	homeStore, peerStore := open(home.Addr), open(peerServer.Addr)
+	probe := redis.NewClient(&redis.Options{Addr: peerServer.Addr})
+	defer probe.Close()
+	probe.ConfigSet(context.Background(), "slowlog-log-slower-than", "5000")
+	probe.SlowLogReset(context.Background())
+	const interval = 100 * time.Millisecond
+	ev := &floodEvents{}
+	x := regions.New(regions.Config{This: "eu", Home: homeStore, Peers: map[string]regions.Peer{"us": peerStore},
+		Interval: interval, Timeout: time.Second})
+	x.OnEvents(ev)
+	x.Start()
+	defer x.Close()
+	homeStore.MarkRegion(context.Background(), "us", regions.Fingerprint{}.Mark(), time.Hour) // us is heard
+	waitCounted(t, x, 2)
+
+	stop := pingPeer(probe)
+	p := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 1, Period: time.Minute, Burst: 10}
+	const keys = 1 << 20
+	for i := range keys {
+		x.Record(&bucket.Request{Zone: "api", Key: fmt.Sprint("k", i), Policy: p, Cost: 1, Global: true})
+	}
+	time.Sleep(2 * interval)
+	if _, counted := x.Links(); counted != 1 {
+		t.Errorf("flooding: %d regions counted; want this one alone", counted)
+	}
+	waitCounted(t, x, 2) // the flood ends LinkTimeout after the last count dropped
+	lat := stop()
+	slow := probe.SlowLogGet(context.Background(), 100).Val()
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	slices.Sort(lat)
+	slowest := time.Duration(0)
+	for _, s := range slow {
+		slowest = max(slowest, s.Duration)
+	}
+	t.Logf("the peer's slowest command: %s", slowest)
+	t.Logf("%d keys: charged %d, dropped %d, in %d exchanges (%d failed); floods %v; peer pings %d, p99 %s, max %s; slow log %d entries over 5 ms",
+		keys, ev.charged, ev.dropped, ev.exchanges, ev.fails, ev.floods, len(lat), lat[len(lat)*99/100], lat[len(lat)-1], len(slow))
+	if ev.charged+ev.dropped != keys {
+		t.Errorf("%d charged and %d dropped of %d admitted; want every one, one or the other", ev.charged, ev.dropped, keys)
+	}
+	if fmt.Sprint(ev.floods) != "[true false]" {
+		t.Errorf("floods reported %v; want one start and one end", ev.floods)
+	}
+	if ev.charged < 10000 {
+		t.Errorf("%d charged; want the exchanges to tell the peer what they can", ev.charged)
+	}
+	for _, s := range slow {
+		if s.Duration > 25*time.Millisecond {
+			t.Errorf("the peer's Redis ran %v for %s; want at most 25 ms, a quarter of its clients' timeout", s.Args[:min(len(s.Args), 2)], s.Duration)
+		}
+	}
+	if p99 := lat[len(lat)*99/100]; p99 > 25*time.Millisecond {
+		t.Errorf("the peer's other clients waited %s at p99; want at most 25 ms", p99)
+	}
+}
+
+// waitCounted waits until x counts n regions.
+func waitCounted(t *testing.T, x *regions.Exchange, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, counted := x.Links(); counted == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			_, counted := x.Links()
+			t.Fatalf("%d regions counted after 30 s; want %d", counted, n)
+		}
+	}
+}
+
+// pingPeer pings c every 2 ms until stop, which returns each ping's time.
+func pingPeer(c *redis.Client) (stop func() []time.Duration) {
+	done := make(chan struct{})
+	var lat []time.Duration
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			start := time.Now()
+			c.Ping(context.Background())
+			lat = append(lat, time.Since(start))
+		}
+	}()
+	return func() []time.Duration { close(done); wg.Wait(); return lat }
+}
