@@ -159,7 +159,10 @@ func splitParts(parts [][]int, n int) [][]int {
 }
 
 // doubtful puts the buckets of part in doubt, for at most LinkTimeout
-// from their first send: past it, they are dropped (and reported).
+// from their first send: past it, they are dropped (and reported), and
+// while the link is up (an exchange succeeded within LinkTimeout: the
+// peer counts this region at the whole rate) the instance floods; a link
+// down is counted at its share by the peer already.
 func (s *sender) doubtful(all []sent, part []int) {
 	oldest := s.x.now().Add(-LinkTimeout(s.x.cfg.Interval, s.x.cfg.Timeout))
 	s.mu.Lock()
@@ -169,7 +172,9 @@ func (s *sender) doubtful(all []sent, part []int) {
 			s.doubts[a.id] = a.d
 		} else {
 			s.dropped++
-			s.x.flooded() // not told in time: the peer must count this region at its share
+			if s.lastOK.After(oldest) { // not told in time, the link up: the peer must count this region at its share
+				s.x.flooded()
+			}
 		}
 	}
 }
