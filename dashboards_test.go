@@ -165,9 +165,10 @@ func TestPrometheusRules(t *testing.T) {
 	if err := dec.Decode(&rules); err != nil {
 		t.Fatal(err)
 	}
-	alerts := map[string]bool{}
+	alerts, severity := map[string]bool{}, map[string]string{}
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
+			severity[r.Alert] = r.Labels["severity"]
 			if r.Alert == "" || alerts[r.Alert] || r.Labels["severity"] == "" || r.Annotations["summary"] == "" {
 				t.Errorf("rule %q: want a unique alert name, a severity and a summary", r.Alert)
 			}
@@ -181,6 +182,38 @@ func TestPrometheusRules(t *testing.T) {
 	for _, a := range []string{"RateLimitFailureMode", "RateLimitCircuitBreakerOpen", "RateLimitStoreErrors", "RateLimitStoreSlow", "RateLimitSyncFailing", "RateLimitRegionLinkDown"} {
 		if !alerts[a] {
 			t.Errorf("no alert %s", a)
+		}
+	}
+	checkAlertTable(t, severity)
+}
+
+// checkAlertTable: docs/operations.md's table of alerts has a row for
+// every alert of the rules, with its severity, and none other.
+func checkAlertTable(t *testing.T, severity map[string]string) {
+	t.Helper()
+	doc, err := os.ReadFile("docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]bool{}
+	for line := range strings.SplitSeq(string(doc), "\n") {
+		name, ok := strings.CutPrefix(line, "| `RateLimit")
+		if !ok {
+			continue
+		}
+		name, _, _ = strings.Cut(name, "`")
+		name = "RateLimit" + name
+		rows[name] = true
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		if sev, ok := severity[name]; !ok {
+			t.Errorf("operations.md lists alert %s, which the rules do not have", name)
+		} else if got := cells[len(cells)-1]; got != sev {
+			t.Errorf("operations.md gives alert %s severity %q; the rules %q", name, got, sev)
+		}
+	}
+	for name := range severity {
+		if !rows[name] {
+			t.Errorf("alert %s of the rules is not in operations.md's table of alerts", name)
 		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 )
 
 // TestDisableMetrics: a handler with disable_metrics counts no decisions.
@@ -72,5 +74,24 @@ func TestFallbackDecisionsCounted(t *testing.T) {
 			t.Errorf("%s: store_error_decisions_total allowed %v, denied %v, decisions_total store_error %v; want %v, 5",
 				mode, allowed, denied, count(metrics.decisions, zone, "store_error"), want)
 		}
+	}
+}
+
+// TestStoreErrorsFromStart: a handler on Redis has its series of
+// store_errors_total from its start, at 0, so that a rate over it and
+// alerts work before the first error.
+func TestStoreErrorsFromStart(t *testing.T) {
+	if err := provision(t, &Handler{Zones: map[string]*Zone{"z": {Key: "k", Rate: "1r/m"}}}); err != nil { // the metrics made
+		t.Fatal(err)
+	}
+	metrics.storeErrors.Reset()
+	h := &Handler{Redis: &RedisConfig{Addresses: []string{redistest.StandaloneAddr(t)}}, Zones: map[string]*Zone{"z": {Key: "k", Rate: "1r/m"}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	n := testutil.CollectAndCount(metrics.storeErrors) // before a lookup, which makes the series
+	c, err := metrics.storeErrors.GetMetricWithLabelValues("redis")
+	if err != nil || n != 1 || testutil.ToFloat64(c) != 0 {
+		t.Errorf("store_errors_total after a start on Redis: %d series (%v); want one, at 0", n, err)
 	}
 }

@@ -114,6 +114,9 @@ func (h *Handler) provisionStore() error {
 	}
 	h.store.watchEvictions()
 	h.store.holdCapacity(h, h.MemoryCapacity)
+	if k := h.store.Kind(); k == limiter.StoreRedis && metrics.storeErrors != nil {
+		metrics.storeErrors.WithLabelValues(string(k)) // at 0 from the start: a rate over it works before the first error
+	}
 	return nil
 }
 

@@ -2,11 +2,11 @@ package limiter
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/errs"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/fleetsync"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/memstore"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
@@ -113,7 +113,7 @@ func (l *Limiter) Close() error {
 	}
 	err := l.memory.Close()
 	if l.redis != nil {
-		err = errors.Join(err, l.redis.Close())
+		err = errs.Join(err, l.redis.Close())
 	}
 	return err
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	joinErrs "github.com/caddy-ratelimit/caddy-rate-limit/internal/errs"
+
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 	"github.com/caddy-ratelimit/caddy-rate-limit/luascripts"
 )
@@ -427,7 +429,7 @@ func (s *Store) refund(ctx context.Context, now string, runs []scriptRun, reqs [
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	return joinErrs.Join(errs...)
 }
 
 // Release gives back the concurrency slots that reqs took; requests of

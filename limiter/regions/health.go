@@ -56,7 +56,7 @@ func (h *health) err(last error) error {
 	}
 	msg := "none"
 	if last != nil {
-		msg = strings.ReplaceAll(last.Error(), "\n", "; ") // errors.Join's lines, on one
+		msg = strings.ReplaceAll(last.Error(), "\n", "; ") // on one line
 	}
 	return fmt.Errorf("%w: %d of the last %d exchanges failed, the latest: %s", ErrDegraded, bits.OnesCount32(h.last), healthWindow, msg)
 }

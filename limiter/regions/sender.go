@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/errs"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
@@ -206,14 +207,14 @@ func (s *sender) exchange() {
 	s.charged = charged == nil
 	s.mu.Unlock()
 	told, marked := <-bans, <-mark
-	failed := errors.Join(charged, told, marked)
+	failed := errs.Join(charged, told, marked) // one line: it is logged
 	if ev := x.events(); ev != nil {
 		ev.Exchanged(s.name, n, time.Since(start), failed)
 	}
 	if errors.Is(marked, errNoMark) {
 		marked = nil // the charges' failure, counted once
 	}
-	s.record(x.now(), failed, errors.Join(charged, told, marked))
+	s.record(x.now(), failed, errs.Join(charged, told, marked))
 }
 
 // mark marks this region in the peer's Redis, unless the last exchange's
