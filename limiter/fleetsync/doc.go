@@ -119,13 +119,55 @@
 // (storagefiles.go): only files named as an instance names its own are read,
 // regular files only on a FileSystem, within a byte and bucket budget
 // (MaxFileSize; smallest first); a file written more than 30 s ahead is not
-// counted; a file skipped is reported once (StorageEvents.FileSkipped). A
+// counted; a file skipped is reported once (StorageEvents.FileSkipped); with
+// a secret, a file is used only when signed with it (see A secret). A
 // reader deletes files not written for PurgeAge, or else faded and not written
 // lately; an instance that stops deletes its own file when it holds nothing.
 // While the others' files cannot be read for three ReadEvery, or this one's
 // written for three WriteEvery, ChargeAll fails with errStorageStale (charging
 // nothing), and the Syncer admits by the local share; StorageEvents hear each
 // failure and recovery once. Files hold digests, never a client key.
+//
+// # A secret
+//
+// With StorageOptions.Secret, each instance signs its file (storagemac.go):
+// HMAC-SHA-256, under a key derived from the secret, of every byte of the
+// file but the MAC, so of the format's version, the instance's name, its
+// write time, whether it stopped, and every count (zone, algorithm,
+// digest, window); a reader checks it, in constant time, on the bytes it
+// read, before it parses them. A file not so signed (no MAC, or another
+// secret's, or altered) is skipped and reported once, by its name, and
+// is no instance, not even a blind one; nor is a file too large to read,
+// whose time is the storage's, not the instance's word. Of a signed file,
+// a reader ignores (and reports once) one whose instance is not its name
+// (a copy), one written more than 30 s ahead of its clock (not
+// remembered), and one written before the file of its instance it
+// accepted last (a replay: storagereplay.go). It remembers the last file
+// it accepted of each instance (until it would purge it, at most 256),
+// and counts an instance whose file a read does not accept (missing,
+// rejected, unreadable) from that file: its counts as they were, an
+// instance while that file was written within InstancesWindow.
+//
+// Without a secret, whoever can write the directory can lift the limits
+// (the files rewritten with no counts: the others' admissions vanish from
+// each view, the fleet tends to N times the limit), squeeze them (files of
+// made-up instances written now: N up to MaxStorageInstances, a share of
+// 1/64), or refuse a client (a file counting its bucket full: its digest
+// is in the files, keyed or not). With one, none of these changes a
+// decision, nor does a replay or a copy of a signed file. What a secret
+// does not protect: whoever can delete or overwrite the files can still
+// hide what an instance admitted since its last file each reader
+// accepted (its last counts still count), and, InstancesWindow after that
+// file was written, the instance itself: the others count it no more (the
+// Syncer's floor keeps N for InstancesWindow more) and their shares grow
+// as if it had stopped; its counts still count until they fade, and what
+// it admits meanwhile is unseen. With every file hidden so, each instance
+// decides alone, on its last view of the others: up to N times the
+// limit. The files stay readable (zone names, counts, digests: keyed by
+// the same secret at the root, not testable against guesses of keys).
+// Fleets that share a secret trust each other's files: a file copied from
+// one's directory to another's counts there. Without a secret nothing is
+// remembered: a file is what it says.
 //
 // # Invariants
 //
@@ -151,8 +193,15 @@
 //     TestStorageFilesManyInstances, TestStorageFilesOversized,
 //     TestStorageFilesSwapped, TestStorageFilesAhead,
 //     TestStorageFilesTooLargeCounted, TestCompatDistributed (internal/e2e).
+//   - With a secret, no file written without it changes a decision, nor an
+//     older or copied signed file: TestStorageMACAttacks,
+//     TestStorageMACLiftAlone, TestStorageMACReplayAndCopy,
+//     TestStorageMACUnsigned, TestStorageMACFleet, TestStorageReplayAhead;
+//     a file deleted hides no more than the doc says:
+//     TestStorageReplayDeleted (internal: it sets the clocks).
 //
-// The tests are an external test package but for TestStorageLateReading:
+// The tests are an external test package but for TestStorageLateReading
+// and TestStorageReplay*:
 // those of a Redis fleet decide through Limiters (limiter.New), those of a
 // storage fleet through a StorageFleet and the Syncer of its zones, made
 // as limiter.New makes them (instance_test.go).
