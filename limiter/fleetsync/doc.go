@@ -148,26 +148,27 @@
 // rejected, unreadable) from that file: its counts as they were, an
 // instance while that file was written within InstancesWindow.
 //
-// Without a secret, whoever can write the directory can lift the limits
-// (the files rewritten with no counts: the others' admissions vanish from
-// each view, the fleet tends to N times the limit), squeeze them (files of
+// Without a secret, whoever can write the directory can lift the limits (the
+// files rewritten with no counts: the others' admissions vanish from each
+// view, the fleet tends to N times the limit), squeeze them (files of
 // made-up instances written now: N up to MaxStorageInstances, a share of
-// 1/64), or refuse a client (a file counting its bucket full: its digest
-// is in the files, keyed or not). With one, none of these changes a
-// decision, nor does a replay or a copy of a signed file. What a secret
-// does not protect: whoever can delete or overwrite the files can still
-// hide what an instance admitted since its last file each reader
-// accepted (its last counts still count), and, InstancesWindow after that
-// file was written, the instance itself: the others count it no more (the
-// Syncer's floor keeps N for InstancesWindow more) and their shares grow
-// as if it had stopped; its counts still count until they fade, and what
-// it admits meanwhile is unseen. With every file hidden so, each instance
-// decides alone, on its last view of the others: up to N times the
-// limit. The files stay readable (zone names, counts, digests: keyed by
-// the same secret at the root, not testable against guesses of keys).
-// Fleets that share a secret trust each other's files: a file copied from
-// one's directory to another's counts there. Without a secret nothing is
-// remembered: a file is what it says.
+// 1/64), or refuse a client (a file counting its bucket full: its digest is
+// in the files, keyed or not). With one, no forged file changes a decision,
+// nor does a replay or a copy of a signed file; but a file forged over an
+// instance's hides it as a deletion does, and one rewritten faster than the
+// instance writes and the others read hides it for good. What a secret does
+// not protect: whoever can delete or overwrite the files can still hide what
+// an instance admitted since its last file each reader accepted (its last
+// counts still count), and, InstancesWindow after that file was written, the
+// instance itself: the others count it no more (the Syncer's floor keeps N
+// for InstancesWindow more) and their shares grow as if it had stopped; its
+// counts still count until they fade, and what it admits meanwhile is
+// unseen. With every file hidden so, each instance decides alone, on its
+// last view of the others: up to N times the limit. The files stay readable
+// (zone names, counts, digests: keyed by the same secret at the root, not
+// testable against guesses of keys). Fleets that share a secret trust each
+// other's files: a file copied from one's directory to another's counts
+// there. Without a secret nothing is remembered: a file is what it says.
 //
 // # Invariants
 //
