@@ -40,7 +40,8 @@ package fleetsync
 // to MaxStorageInstances; one whose file is past the read's budget counts
 // as having spent its share (blindShare). With a secret, every file is
 // signed, and a reader uses only those signed with it, never an older one
-// of an instance than it used last (storagemac.go, storagereplay.go).
+// of an instance than it used last, and counts blind an instance whose
+// file it accepted once and then cannot (storagemac.go, storagereplay.go).
 //
 // Failure. While the others' files cannot be read for three ReadEvery, the
 // fleet's view is stale: rounds fail (nothing charged, kept to charge),
@@ -153,6 +154,7 @@ type StorageFleet struct {
 	surplus   bool                   // more instances than MaxStorageInstances, reported (the reads' own)
 	key       []byte                 // the files' MAC key (Secret); nil: none
 	signed    map[string]StorageFile // with key, the last file accepted of each instance (the reads' own; storagereplay.go)
+	longest   atomic.Int64           // the longest window counted, ns (see forgotten)
 	stop      chan struct{}
 	done      chan struct{}
 	closing   sync.Once
@@ -331,6 +333,7 @@ func (f *StorageFleet) ChargeAll(_ context.Context, reqs []bucket.Request) ([]bu
 			continue
 		}
 		id := bucket.IDOf(r)
+		f.counted(p.Period)
 		c := f.own[id]
 		if c == nil || c.Period != int64(p.Period) {
 			c = &StorageCounts{Zone: r.Zone, Algo: p.Algorithm.String(), Digest: hex.EncodeToString(id.Hash[:]), Period: int64(p.Period)}
@@ -407,7 +410,8 @@ func (f *StorageFleet) Close() {
 }
 
 // Write writes this instance's counts that have not faded, and forgets
-// those that have, within timeout; final, with none, it deletes the file.
+// those that have, within timeout; final, with none and no secret, it
+// deletes the file (with a secret, a deletion is no word: storagereplay.go).
 func (f *StorageFleet) Write(timeout time.Duration, final bool) {
 	f.writeMu.Lock()
 	defer f.writeMu.Unlock()
@@ -430,7 +434,7 @@ func (f *StorageFleet) Write(timeout time.Duration, final bool) {
 	if err == nil && f.key != nil {
 		b = sign(f.key, b)
 	}
-	if err == nil && final && len(file.Buckets) == 0 { // nothing to tell the others (caddy validate, an idle instance)
+	if err == nil && final && len(file.Buckets) == 0 && f.key == nil { // nothing to tell the others (caddy validate, an idle instance); see forgotten
 		err = f.call(name, timeout, func(ctx context.Context) error { return f.st.Delete(ctx, name) })
 		if errors.Is(err, fs.ErrNotExist) {
 			err = nil

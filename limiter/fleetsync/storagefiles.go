@@ -251,7 +251,7 @@ func (f *StorageFleet) keep(now time.Time, rd *reading) {
 	slices.SortStableFunc(rd.files, func(a, b loaded) int { return cmp.Compare(len(a.file.Buckets), len(b.file.Buckets)) })
 	for _, fl := range rd.files {
 		file := fl.file
-		live := !file.Stopped && f.live(now, file.At)
+		live, blind := f.standing(now, fl)
 		if rd.entries+len(file.Buckets) > f.o.MaxEntries {
 			if !fl.remembered { // a file remembered was reported as it was read
 				f.skip(fl.l, fmt.Errorf("%d buckets: more than the %d left of the %d kept of all the others' files (the largest are skipped first)",
@@ -266,12 +266,13 @@ func (f *StorageFleet) keep(now time.Time, rd *reading) {
 			delete(f.skipped, fl.l.name) // read well: reported again if it goes wrong
 		}
 		if live {
-			rd.live = append(rd.live, seen{name: file.Instance, at: file.At})
+			rd.live = append(rd.live, seen{name: file.Instance, at: file.At, blind: blind})
 		}
 		for _, c := range file.Buckets {
 			if id, ok := c.bucketID(); ok {
 				rd.others[id] = append(rd.others[id], c)
 				rd.entries++
+				f.counted(time.Duration(c.Period))
 			}
 		}
 	}

@@ -73,8 +73,9 @@ func forge(t *testing.T, sub, name string, file fleetsync.StorageFile, mac bool)
 // squeeze: 64 instances share the limit), (3) lays a file counting a
 // client's bucket full (the client refused everywhere). Without a secret
 // each works, as the docs say; with one, the files are ignored, each
-// reported once, and the other instance's view and decision are the
-// same as before.
+// reported once, and no file lifts or squeezes: the other instance counts
+// a's 40 and, a's file hidden by the forged one, a blind (its share, 50,
+// taken as spent), and admits what that leaves.
 func TestStorageMACAttacks(t *testing.T) {
 	for _, secret := range []string{"", fleetSecret} {
 		t.Run(fmt.Sprintf("secret %v", secret != ""), func(t *testing.T) {
@@ -106,8 +107,8 @@ func TestStorageMACAttacks(t *testing.T) {
 				}
 				return
 			}
-			if n != 2 || left != 60 || refused {
-				t.Fatalf("with a secret: b counts %d instances, %d left, refused %v: want 2, 60 (a's 40 counted), admitted", n, left, refused)
+			if n != 2 || left != 10 || refused {
+				t.Fatalf("with a secret: b counts %d instances, %d left, refused %v: want 2, 10 (a's 40 counted, its share spent), admitted", n, left, refused)
 			}
 			for _, name := range append(squeeze, a.fleet.ID(), lockout.Instance) {
 				if got := ev.skips(name + ".json"); got != 1 {
@@ -120,7 +121,8 @@ func TestStorageMACAttacks(t *testing.T) {
 
 // TestStorageMACLiftAlone: a's file rewritten with no counts, and nothing
 // else: without a secret, b no longer sees what a admitted; with one, it
-// still does (a's last signed file stands in for it).
+// still does (a's last signed file stands in for it), and counts a blind
+// (its share taken as spent: what it admitted since is unseen).
 func TestStorageMACLiftAlone(t *testing.T) {
 	for _, secret := range []string{"", fleetSecret} {
 		dir := t.TempDir()
@@ -130,7 +132,7 @@ func TestStorageMACLiftAlone(t *testing.T) {
 		forge(t, filepath.Join(dir, "rate_limit", "sync"), a.fleet.ID(),
 			fleetsync.StorageFile{Version: 1, Instance: a.fleet.ID(), At: now.UnixNano(), Until: now.UnixNano()}, false)
 		b.fleet.Read(time.Minute)
-		want := map[bool]int64{false: 100, true: 60}[secret != ""]
+		want := map[bool]int64{false: 100, true: 10}[secret != ""]
 		if left := b.fleet.Left(hourOf100); left != want || b.fleet.Registered() != 2 {
 			t.Errorf("secret %v: after a's file was rewritten empty, b sees %d left of 100 and %d instances, want %d and 2",
 				secret != "", left, b.fleet.Registered(), want)
@@ -140,8 +142,9 @@ func TestStorageMACLiftAlone(t *testing.T) {
 
 // TestStorageMACReplayAndCopy: with a secret, a's older signed file put
 // back over its current one (fewer counts) is ignored, reported once, and
-// b keeps a's latest counts; a's current signed file copied under another
-// instance's name (its counts twice, an instance more) is ignored.
+// b keeps a's latest counts, a blind (its share spent) until it reads a's
+// next file; a's current signed file copied under another instance's name
+// (its counts twice, an instance more) is ignored.
 func TestStorageMACReplayAndCopy(t *testing.T) {
 	dir, ev := t.TempDir(), &recordedStorage{}
 	sub := filepath.Join(dir, "rate_limit", "sync")
@@ -166,8 +169,8 @@ func TestStorageMACReplayAndCopy(t *testing.T) {
 	}
 	b.fleet.Read(time.Minute)
 	b.fleet.Read(time.Minute)
-	if left, n := b.fleet.Left(hourOf100), b.fleet.Registered(); left != 60 || n != 2 {
-		t.Fatalf("after a replay and a copy of a's files, b sees %d left of 100 and %d instances, want 60 and 2", left, n)
+	if left, n := b.fleet.Left(hourOf100), b.fleet.Registered(); left != 10 || n != 2 {
+		t.Fatalf("after a replay and a copy of a's files, b sees %d left of 100 and %d instances, want 10 (a's 40 and its share) and 2", left, n)
 	}
 	for _, name := range []string{a.fleet.ID() + ".json", copied} {
 		if got := ev.skips(name); got != 1 {

@@ -29,8 +29,10 @@ func clockedPair(t *testing.T) (a, b *StorageFleet, aClock, bClock *time.Time, d
 
 // TestStorageReplayDeleted: with a secret, an instance's file deleted
 // (what a secret does not prevent) leaves its last counts counted, and
-// the instance counted until InstancesWindow after its last signed write;
-// then it is no instance, its counts still counted until they fade.
+// the instance counted blind (its share, 50, taken as spent) past
+// InstancesWindow, until its counts have faded and two of the longest
+// window counted have passed since its last signed write: then it is
+// forgotten.
 func TestStorageReplayDeleted(t *testing.T) {
 	a, b, aClock, bClock, sub := clockedPair(t)
 	p := bucket.Policy{Algorithm: bucket.FixedWindow, Rate: 100, Period: time.Hour, Burst: 100}
@@ -50,18 +52,23 @@ func TestStorageReplayDeleted(t *testing.T) {
 	}
 	*bClock = bClock.Add(time.Second)
 	b.Read(time.Minute)
-	if left, n := b.Left(r), b.Registered(); left != 60 || n != 2 {
-		t.Errorf("a's file deleted: b sees %d left and %d instances, want 60 and 2 (a's last file)", left, n)
+	if left, n := b.Left(r), b.Registered(); left != 10 || n != 2 {
+		t.Errorf("a's file deleted: b sees %d left and %d instances, want 10 and 2 (a's last file, a blind)", left, n)
 	}
 	*bClock = aClock.Add(InstancesWindow + time.Second)
 	b.Read(time.Minute)
-	if left, n := b.Left(r), b.Registered(); left != 60 || n != 1 {
-		t.Errorf("InstancesWindow after a's last write: b sees %d left and %d instances, want 60 and 1", left, n)
+	if left, n := b.Left(r), b.Registered(); left != 10 || n != 2 {
+		t.Errorf("InstancesWindow after a's last write: b sees %d left and %d instances, want 10 and 2", left, n)
+	}
+	*bClock = aClock.Add(2*time.Hour - time.Second)
+	b.Read(time.Minute)
+	if n := b.Registered(); n != 2 {
+		t.Errorf("just before two hours after a's last write: b counts %d instances, want 2", n)
 	}
 	*bClock = aClock.Add(2*time.Hour + time.Second)
 	b.Read(time.Minute)
-	if left, remembered := b.Left(r), len(b.signed); left != 100 || remembered != 0 {
-		t.Errorf("a's counts faded: b sees %d left and remembers %d files, want 100 and none", left, remembered)
+	if left, remembered, n := b.Left(r), len(b.signed), b.Registered(); left != 100 || remembered != 0 || n != 1 {
+		t.Errorf("a's counts faded: b sees %d left, remembers %d files, counts %d instances: want 100, none, 1", left, remembered, n)
 	}
 }
 
