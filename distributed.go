@@ -54,7 +54,9 @@ type Distributed struct {
 	// is resolved at load. Each instance signs its file in the storage
 	// with it (HMAC-SHA-256), and ignores the files not signed with it,
 	// so that whoever can write the storage but does not know it can
-	// neither lift nor lower the limits by writing files; and it keys the
+	// neither lift nor lower the limits by writing files (deleting or
+	// overwriting one lowers them for a while: the others take its
+	// instance's share as spent until they would purge it); and it keys the
 	// digests of client keys in the files (HMAC-SHA-256), as the redis
 	// block's key_secret does in Redis, so that whoever reads the storage
 	// cannot test guesses of client keys (an IPv4 address is one of 2^32).
