@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
@@ -48,13 +49,19 @@ type Distributed struct {
 	// all faded. With a redis block, nothing to purge: Redis expires the
 	// counts.
 	PurgeAge caddy.Duration `json:"purge_age,omitempty"`
-	// KeySecret keys the digests of client keys in the storage's files
-	// (HMAC-SHA-256), as the redis block's key_secret does in Redis, so
-	// that whoever reads the storage cannot test guesses of client keys
-	// (an IPv4 address is one of 2^32): at least 16 characters, the same
+	// KeySecret is the fleet's secret: at least 16 characters, the same
 	// on every instance; a placeholder such as {env.RATE_LIMIT_KEY_SECRET}
-	// is resolved at load. Default: none (plain SHA-256). Not with a redis
-	// block, whose key_secret applies.
+	// is resolved at load. Each instance signs its file in the storage
+	// with it (HMAC-SHA-256), and ignores the files not signed with it,
+	// so that whoever can write the storage but does not know it can
+	// neither lift nor lower the limits by writing files (deleting or
+	// overwriting one lowers them for a while: the others take its
+	// instance's share as spent until they would purge it); and it keys the
+	// digests of client keys in the files (HMAC-SHA-256), as the redis
+	// block's key_secret does in Redis, so that whoever reads the storage
+	// cannot test guesses of client keys (an IPv4 address is one of 2^32).
+	// Default: none (files unsigned, a warning at load; plain SHA-256).
+	// Not with a redis block, whose key_secret applies.
 	KeySecret string `json:"key_secret,omitempty"`
 }
 
@@ -110,7 +117,8 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 		}
 		return nil
 	}
-	if err := h.Distributed.check(); err != nil {
+	err := h.Distributed.check()
+	if err != nil {
 		return err
 	}
 	if h.Redis != nil && !isNull(h.Storage) {
@@ -131,11 +139,19 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 	if h.Redis != nil {
 		return nil
 	}
+	if h.storageKey, err = resolveKeySecret("distributed", h.Distributed.KeySecret); err != nil {
+		return err
+	}
 	st, label, err := h.loadStorage(ctx)
 	if err != nil {
 		return err
 	}
 	h.storage, h.storageLabel = st, label
+	if h.storageKey == "" {
+		h.logger.Warn("distributed without key_secret: the instances' files in the storage are not signed, so anyone who can write "+
+			"rate_limit/sync in the storage can raise the limits (up to one limit per instance), lower them, or refuse any client; "+
+			"set key_secret, the same on every instance", zap.String("storage", label))
+	}
 	return nil
 }
 
@@ -189,6 +205,10 @@ func storageLabel(st certmagic.Storage) string {
 func (h *Handler) storagePoolKey() string {
 	write, read := h.Distributed.intervals()
 	id := fmt.Sprintf("%s\x00%s\x00%d %d %d", h.storageLabel, h.Storage, write, read, h.Distributed.PurgeAge)
+	if h.storageKey != "" { // its files are signed with it: another secret, another fleet
+		sum := sha256.Sum256([]byte(h.storageKey))
+		id += "\x00secret " + hex.EncodeToString(sum[:8])
+	}
 	if _, ok := h.storage.(fmt.Stringer); !ok {
 		id += fmt.Sprintf("\x00%p", h.storage) // no description: this storage alone
 	}
@@ -206,7 +226,7 @@ func (h *Handler) provisionStorage() error {
 		s.namespace = label
 		return s.made(limiter.New(limiter.Config{Storage: fleetStorage(st), Sync: s, Overrides: overrideEvents{s},
 			StorageOptions: limiter.StorageOptions{WriteEvery: write, ReadEvery: read, PurgeAge: time.Duration(h.Distributed.PurgeAge),
-				Events: storageEvents{s}, Read: countSync}}))
+				Events: storageEvents{s}, Read: countSync, Secret: h.storageKey}}))
 	})
 }
 
@@ -350,7 +370,7 @@ func parseDistributed(d *caddyfile.Dispenser, h *Handler) error {
 		"write_interval": &h.Distributed.WriteInterval, "purge_age": &h.Distributed.PurgeAge}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		if d.Val() == "key_secret" {
-			if err := oneArg(d, &h.Distributed.KeySecret); err != nil {
+			if err := parseDistributedSecret(d, h.Distributed); err != nil {
 				return err
 			}
 			continue
@@ -365,6 +385,18 @@ func parseDistributed(d *caddyfile.Dispenser, h *Handler) error {
 		if err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// parseDistributedSecret parses key_secret <secret>: a secret without a
+// placeholder is checked here, one with a placeholder at load.
+func parseDistributedSecret(d *caddyfile.Dispenser, dist *Distributed) error {
+	if err := oneArg(d, &dist.KeySecret); err != nil {
+		return err
+	}
+	if s := dist.KeySecret; !strings.Contains(s, "{") && len(s) < minKeySecret {
+		return d.Errf("distributed: key_secret: at least %d characters, not %d (a placeholder such as {env.RATE_LIMIT_KEY_SECRET} is resolved at load)", minKeySecret, len(s))
 	}
 	return nil
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
@@ -151,5 +153,84 @@ func TestDistributedStorageUntrusted(t *testing.T) {
 				t.Errorf("the instance counts %d instances, want 2 (itself and the other's file)", n)
 			}
 		})
+	}
+}
+
+// TestDistributedKeySecretCaddyfile: distributed's key_secret takes one
+// secret of at least 16 characters, checked as the Caddyfile adapts when
+// it has no placeholder (the error at its line); a placeholder is kept
+// for the load to resolve.
+func TestDistributedKeySecretCaddyfile(t *testing.T) {
+	src := func(line string) string {
+		return ":8080 {\n\trate_limit {\n\t\tdistributed {\n\t\t\t" + line + "\n\t\t}\n\t\tzone z {\n\t\t\tevents 5\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n"
+	}
+	for _, c := range []struct{ name, line, want string }{
+		{"none", "key_secret", "wrong argument count or unexpected line ending after 'key_secret', at Caddyfile:4"},
+		{"two", "key_secret 0123456789abcdef more", "wrong argument count or unexpected line ending after 'more', at Caddyfile:4"},
+		{"short", "key_secret short", "distributed: key_secret: at least 16 characters, not 5 (a placeholder such as {env.RATE_LIMIT_KEY_SECRET} is resolved at load), at Caddyfile:4"},
+		{"empty", `key_secret ""`, "distributed: key_secret: at least 16 characters, not 0"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if _, err := adapt(t, src(c.line)); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error = %v\nwant it to contain %q", err, c.want)
+			}
+		})
+	}
+	for _, secret := range []string{"0123456789abcdef", "{env.RL_FLEET_SECRET}"} {
+		out, err := adapt(t, src("key_secret "+secret))
+		if want := `"distributed":{"key_secret":` + strconv.Quote(secret) + `}`; err != nil || !strings.Contains(out, want) {
+			t.Fatalf("key_secret %s: %v\n%s\nwant %s", secret, err, out, want)
+		}
+	}
+}
+
+// TestDistributedSigned: through Caddy's file_system storage, in JSON,
+// with key_secret from an environment variable, the instance's file is
+// signed and another's file that is not is no instance; without
+// key_secret, that file counts, and a warning at load says the storage's
+// writers can lift or lower the limits. A key_secret that resolves to
+// nothing or is short fails to load.
+func TestDistributedSigned(t *testing.T) {
+	t.Setenv("RL_FLEET_SECRET", "0123456789abcdef-fleet")
+	other, _ := json.Marshal(map[string]any{"v": 1, "instance": "00000000000000cc", "at": time.Now().UnixNano(), "until": time.Now().UnixNano(), "buckets": []any{}})
+	for _, secret := range []string{"", "{env.RL_FLEET_SECRET}"} {
+		t.Run(fmt.Sprintf("secret %q", secret), func(t *testing.T) {
+			root := t.TempDir()
+			sub := filepath.Join(root, "rate_limit", "sync")
+			if err := os.MkdirAll(sub, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(sub, "00000000000000cc.json"), other, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			core, logs := observer.New(zap.WarnLevel)
+			h := &Handler{Distributed: &Distributed{KeySecret: secret}, Storage: json.RawMessage(`{"module":"file_system","root":` + strconv.Quote(root) + `}`),
+				Zones: map[string]*Zone{"fw": {Key: "k", Rate: "5r/s", Algorithm: "fixed_window"}}, logger: zap.New(core)}
+			if err := provision(t, h); err != nil {
+				t.Fatal(err)
+			}
+			n, warned := h.store.Limiter.CountSync(context.Background(), time.Second), logs.FilterMessageSnippet("without key_secret").Len()
+			files, _ := filepath.Glob(filepath.Join(sub, "*.json"))
+			signed := 0
+			for _, f := range files {
+				if b, _ := os.ReadFile(f); strings.Contains(string(b), `"mac":"`) {
+					signed++
+				}
+			}
+			want := map[bool][3]int{false: {2, 1, 0}, true: {1, 0, 1}}[secret != ""] // instances, warnings, signed files
+			if got := [3]int{n, warned, signed}; got != want {
+				t.Fatalf("instances counted, warnings, signed files: %v, want %v", got, want)
+			}
+		})
+	}
+	for secret, want := range map[string]string{
+		"{env.RL_UNSET_FLEET_SECRET}": `distributed: key_secret "{env.RL_UNSET_FLEET_SECRET}"`,
+		"short":                       "distributed: key_secret: at least 16 characters, not 5",
+	} {
+		h := &Handler{Distributed: &Distributed{KeySecret: secret}, Storage: json.RawMessage(`{"module":"file_system","root":` + strconv.Quote(t.TempDir()) + `}`),
+			Zones: map[string]*Zone{"fw": {Key: "k", Rate: "5r/s", Algorithm: "fixed_window"}}}
+		if err := provision(t, h); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("key_secret %s: provision = %v, want an error containing %q", secret, err, want)
+		}
 	}
 }

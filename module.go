@@ -228,6 +228,7 @@ type Handler struct {
 	compatLog    bool                 // LogRefusals' lines are caddy-ratelimit's (its spelling, no log_refusals)
 	storage      certmagic.Storage    // where Distributed shares the zones without Redis; nil with Redis
 	storageLabel string               // storage's name in logs and metrics
+	storageKey   string               // Distributed.KeySecret resolved: signs the storage's files; "": none
 	claimConfig  *prometheus.Registry // the config whose zone names h claimed (zonenames.go)
 	// dryRefusals is the memory of the dry-run refusals logged; nil
 	// without dry-run zones.

@@ -127,21 +127,31 @@ func (c *RedisConfig) keyHasher() (*limiter.KeyHasher, error) {
 // or in a storage): keyed by secret, the option key_secret of block; plain
 // SHA-256 without one.
 func sharedKeyHasher(block, keySecret string) (*limiter.KeyHasher, error) {
+	secret, err := resolveKeySecret(block, keySecret)
+	if err != nil || secret == "" {
+		return nil, err
+	}
+	return bucket.NewKeyHasher(secret), nil
+}
+
+// resolveKeySecret is keySecret, the option key_secret of block, with its
+// placeholders resolved and checked; "" without one.
+func resolveKeySecret(block, keySecret string) (string, error) {
 	if keySecret == "" {
-		return nil, nil
+		return "", nil
 	}
 	// A placeholder that is unknown (a typo, or the Caddyfile's {$VAR} in
 	// JSON) or empty is an error: it would leave a secret everyone can read.
 	secret, err := caddy.NewReplacer().ReplaceOrErr(keySecret, true, true)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("%s: key_secret %q: %w", block, keySecret, err)
+		return "", fmt.Errorf("%s: key_secret %q: %w", block, keySecret, err)
 	case secret == "":
-		return nil, fmt.Errorf("%s: key_secret %q resolves to nothing (an unset environment variable?)", block, keySecret)
+		return "", fmt.Errorf("%s: key_secret %q resolves to nothing (an unset environment variable?)", block, keySecret)
 	case len(secret) < minKeySecret:
-		return nil, fmt.Errorf("%s: key_secret: at least %d characters, not %d", block, minKeySecret, len(secret))
+		return "", fmt.Errorf("%s: key_secret: at least %d characters, not %d", block, minKeySecret, len(secret))
 	}
-	return bucket.NewKeyHasher(secret), nil
+	return secret, nil
 }
 
 // defaultRedisTimeout is RedisConfig.Timeout when unset.

@@ -119,13 +119,78 @@
 // (storagefiles.go): only files named as an instance names its own are read,
 // regular files only on a FileSystem, within a byte and bucket budget
 // (MaxFileSize; smallest first); a file written more than 30 s ahead is not
-// counted; a file skipped is reported once (StorageEvents.FileSkipped). A
+// counted; a file skipped is reported once (StorageEvents.FileSkipped); with
+// a secret, a file is used only when signed with it (see A secret). A
 // reader deletes files not written for PurgeAge, or else faded and not written
-// lately; an instance that stops deletes its own file when it holds nothing.
+// lately; an instance that stops deletes its own file when it holds nothing
+// (with a secret, it writes it, stopped).
 // While the others' files cannot be read for three ReadEvery, or this one's
 // written for three WriteEvery, ChargeAll fails with errStorageStale (charging
 // nothing), and the Syncer admits by the local share; StorageEvents hear each
 // failure and recovery once. Files hold digests, never a client key.
+//
+// # A secret
+//
+// With StorageOptions.Secret, each instance signs its file (storagemac.go):
+// HMAC-SHA-256, under a key derived from the secret, of every byte of the
+// file but the MAC, so of the format's version, the instance's name, its
+// write time, whether it stopped, and every count (zone, algorithm,
+// digest, window); a reader checks it, in constant time, on the bytes it
+// read, before it parses them. A file not so signed (no MAC, or another
+// secret's, or altered) is skipped and reported once, by its name, and
+// is no instance, not even a blind one; nor is a file too large to read,
+// whose time is the storage's, not the instance's word. Of a signed file,
+// a reader ignores (and reports once) one whose instance is not its name
+// (a copy), one written more than 30 s ahead of its clock (not
+// remembered), and one written before the file of its instance it
+// accepted last (a replay: storagereplay.go). It remembers the last file
+// it accepted of each instance (at most 256), and an instance whose file a
+// read then does not accept (missing, rejected, unreadable), or whose file
+// accepted was not rewritten within InstancesWindow, is hidden: unless its
+// last file said it stopped, it counts blind (in N, its share of every
+// bucket taken as spent, its last counts still counted), from that read
+// until the horizon: PurgeAge after its last accepted file was written,
+// when set; else once that file would be purged (its counts faded,
+// InstancesWindow past) and two of the longest window this instance has
+// counted (a request of its own, a count read) have passed since it was
+// written. Then it is forgotten, as an instance that stopped. An instance
+// says it stops by its last file, Stopped and signed; with a secret it
+// writes one even when it holds nothing (a deletion says nothing), and
+// the others count it no more at their next read.
+//
+// Without a secret, whoever can write the directory can lift the limits (the
+// files rewritten with no counts: the others' admissions vanish from each
+// view, the fleet tends to N times the limit), squeeze them (files of
+// made-up instances written now: N up to MaxStorageInstances, a share of
+// 1/64), or refuse a client (a file counting its bucket full: its digest is
+// in the files, keyed or not). With one, no forged file changes a decision,
+// nor does a replay or a copy of a signed file; and whoever deletes or
+// overwrites the files only squeezes, for at most the horizon: a reader
+// that cannot read an instance takes its share as spent on top of its last
+// counts, so each instance admits at most what the limit leaves once every
+// instance it cannot see has spent its share, and the fleet stays within
+// the limit and the bound (TestStorageHiddenNoLift: every file rewritten
+// empty, or deleted, every 50 ms for 30 s), while each hidden instance
+// costs the others its share, Rate/N of every bucket. The price of the
+// same rule: an instance that crashed (no stopped file) counts blind as
+// long, and the fleet admits its share less, in every bucket, until the
+// horizon (two of the longest window by default; PurgeAge bounds it).
+// Past the horizon, an instance still hidden is forgotten: if it still
+// reads the others, it sees what they admit and lifts nothing; instances
+// hidden from one another for longer than the horizon (every file kept
+// hidden so long) decide alone, each on its last view: up to N times the
+// limit from then on. Nor is a file frozen hidden at once: its own last
+// signed file put back over each newer one before any reader accepts that
+// is accepted as it is (no replay: no newer one was seen) until
+// InstancesWindow after it was written, and what its instance admits
+// meanwhile is unseen; with every file frozen so, each instance decides
+// on its last view of the others for that long, then counts them blind.
+// The files stay readable (zone names, counts,
+// digests: keyed by the same secret at the root, not testable against
+// guesses of keys). Fleets that share a secret trust each other's files:
+// a file copied from one's directory to another's counts there. Without
+// a secret nothing is remembered: a file is what it says, and a file
+// hidden counts as one deleted.
 //
 // # Invariants
 //
@@ -151,8 +216,17 @@
 //     TestStorageFilesManyInstances, TestStorageFilesOversized,
 //     TestStorageFilesSwapped, TestStorageFilesAhead,
 //     TestStorageFilesTooLargeCounted, TestCompatDistributed (internal/e2e).
+//   - With a secret, no file written without it changes a decision, nor an
+//     older or copied signed file: TestStorageMACAttacks,
+//     TestStorageMACLiftAlone, TestStorageMACReplayAndCopy,
+//     TestStorageMACUnsigned, TestStorageMACFleet, TestStorageReplayAhead;
+//     a file hidden (deleted, rewritten) squeezes, never lifts, until the
+//     horizon: TestStorageReplayDeleted, TestStorageHiddenNoLift,
+//     TestStorageHiddenCrashed, TestStorageHiddenStopped (internal: they
+//     set the clocks).
 //
-// The tests are an external test package but for TestStorageLateReading:
+// The tests are an external test package but for TestStorageLateReading,
+// TestStorageReplay* and TestStorageHidden*:
 // those of a Redis fleet decide through Limiters (limiter.New), those of a
 // storage fleet through a StorageFleet and the Syncer of its zones, made
 // as limiter.New makes them (instance_test.go).

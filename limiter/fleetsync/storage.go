@@ -38,7 +38,10 @@ package fleetsync
 // instancesWindow. An instance counts the instances whose file was written
 // within instancesWindow (three WriteEvery at least), itself included, up
 // to MaxStorageInstances; one whose file is past the read's budget counts
-// as having spent its share (blindShare).
+// as having spent its share (blindShare). With a secret, every file is
+// signed, and a reader uses only those signed with it, never an older one
+// of an instance than it used last, and counts blind an instance whose
+// file it accepted once and then cannot (storagemac.go, storagereplay.go).
 //
 // Failure. While the others' files cannot be read for three ReadEvery, the
 // fleet's view is stale: rounds fail (nothing charged, kept to charge),
@@ -92,6 +95,10 @@ type StorageOptions struct {
 	// Timeout is the longest a storage call waits. Default: 5s.
 	Timeout time.Duration
 	Events  StorageEvents
+	// Secret, when set (at least 16 bytes, the same on every instance),
+	// signs this instance's file and has every other file checked: one not
+	// signed with it is ignored (see storagemac.go).
+	Secret string
 	// Read, when set, is told of every read of the others' files: the
 	// buckets read, how long it took, and its error.
 	Read func(buckets int, took time.Duration, err error)
@@ -139,12 +146,15 @@ type StorageFleet struct {
 	wrote     atomic.Bool                   // this instance's file was written once
 	lastWrite time.Time                     // the last write that worked
 	busyMu    sync.Mutex
-	busy      map[string]bool     // keys with a storage call running (see call)
-	lastRead  time.Time           // the last read that worked
-	failing   [2]bool             // the last read, write failed
-	blind     int64               // instances counted at the last read whose counts were not read (see blindShare)
-	skipped   map[string]skipMark // files reported skipped (the reads' own)
-	surplus   bool                // more instances than MaxStorageInstances, reported (the reads' own)
+	busy      map[string]bool        // keys with a storage call running (see call)
+	lastRead  time.Time              // the last read that worked
+	failing   [2]bool                // the last read, write failed
+	blind     int64                  // instances counted at the last read whose counts were not read (see blindShare)
+	skipped   map[string]skipMark    // files reported skipped (the reads' own)
+	surplus   bool                   // more instances than MaxStorageInstances, reported (the reads' own)
+	key       []byte                 // the files' MAC key (Secret); nil: none
+	signed    map[string]StorageFile // with key, the last file accepted of each instance (the reads' own; storagereplay.go)
+	longest   atomic.Int64           // the longest window counted, ns (see forgotten)
 	stop      chan struct{}
 	done      chan struct{}
 	closing   sync.Once
@@ -185,7 +195,7 @@ func NewStorageFleet(st Storage, o StorageOptions) *StorageFleet {
 	o.WriteEvery, o.ReadEvery = max(cmp.Or(o.WriteEvery, 5*time.Second), 10*time.Millisecond), max(cmp.Or(o.ReadEvery, 5*time.Second), 10*time.Millisecond)
 	o.Timeout = cmp.Or(o.Timeout, 5*time.Second)
 	o.MaxEntries = cmp.Or(o.MaxEntries, maxSyncEntries)
-	return &StorageFleet{st: st, o: o, id: hex.EncodeToString(b[:]), now: time.Now, n: 1,
+	return &StorageFleet{st: st, o: o, id: hex.EncodeToString(b[:]), now: time.Now, n: 1, key: macKey(o.Secret), signed: map[string]StorageFile{},
 		own: map[bucket.ID]*StorageCounts{}, others: map[bucket.ID][]StorageCounts{}, skipped: map[string]skipMark{}, busy: map[string]bool{},
 		stop: make(chan struct{}), done: make(chan struct{})}
 }
@@ -323,6 +333,7 @@ func (f *StorageFleet) ChargeAll(_ context.Context, reqs []bucket.Request) ([]bu
 			continue
 		}
 		id := bucket.IDOf(r)
+		f.counted(p.Period)
 		c := f.own[id]
 		if c == nil || c.Period != int64(p.Period) {
 			c = &StorageCounts{Zone: r.Zone, Algo: p.Algorithm.String(), Digest: hex.EncodeToString(id.Hash[:]), Period: int64(p.Period)}
@@ -399,7 +410,8 @@ func (f *StorageFleet) Close() {
 }
 
 // Write writes this instance's counts that have not faded, and forgets
-// those that have, within timeout; final, with none, it deletes the file.
+// those that have, within timeout; final, with none and no secret, it
+// deletes the file (with a secret, a deletion is no word: storagereplay.go).
 func (f *StorageFleet) Write(timeout time.Duration, final bool) {
 	f.writeMu.Lock()
 	defer f.writeMu.Unlock()
@@ -419,7 +431,10 @@ func (f *StorageFleet) Write(timeout time.Duration, final bool) {
 	f.mu.Unlock()
 	name := f.File(f.id)
 	b, err := json.Marshal(file)
-	if err == nil && final && len(file.Buckets) == 0 { // nothing to tell the others (caddy validate, an idle instance)
+	if err == nil && f.key != nil {
+		b = sign(f.key, b)
+	}
+	if err == nil && final && len(file.Buckets) == 0 && f.key == nil { // nothing to tell the others (caddy validate, an idle instance); see forgotten
 		err = f.call(name, timeout, func(ctx context.Context) error { return f.st.Delete(ctx, name) })
 		if errors.Is(err, fs.ErrNotExist) {
 			err = nil

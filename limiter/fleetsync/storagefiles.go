@@ -30,7 +30,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -42,7 +41,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/caddy-ratelimit/caddy-rate-limit/internal/jsonerr"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
@@ -104,8 +102,9 @@ type reading struct {
 
 // loaded is a file read.
 type loaded struct {
-	l    listed
-	file StorageFile
+	l          listed
+	file       StorageFile
+	remembered bool // not read: the last accepted (storagereplay.go)
 }
 
 // seen is an instance that wrote lately, at at (Unix ns).
@@ -171,6 +170,7 @@ func (f *StorageFleet) gather(now, deadline time.Time, budget time.Duration, rd 
 		}
 		f.readFile(now, l, timeout(), rd)
 	}
+	f.recall(now, rd)
 	f.keep(now, rd)
 	f.count(rd)
 	return nil
@@ -208,15 +208,18 @@ func (f *StorageFleet) readFile(now time.Time, l listed, timeout time.Duration, 
 	}
 	file, n, err := f.load(l.key, inst, limit, timeout)
 	rd.bytes -= n
+	if err == nil && file.At > now.Add(maxAhead).UnixNano() {
+		err = fmt.Errorf("written %s ahead of this instance's clock: check the clocks (NTP)", time.Duration(file.At-now.UnixNano()).Round(time.Second))
+	} else if err == nil && f.key != nil {
+		err = f.vouch(inst, file)
+	}
 	switch {
 	case err != nil:
 		f.skip(l, err, skipMark{sticky: errors.As(err, new(contentError))})
 	case f.purge(now, file):
 		_ = f.call(l.key, timeout, func(ctx context.Context) error { return f.st.Delete(ctx, l.key) }) // another instance may have deleted it first
-	case file.At > now.Add(maxAhead).UnixNano():
-		f.skip(l, fmt.Errorf("written %s ahead of this instance's clock: check the clocks (NTP)", time.Duration(file.At-now.UnixNano()).Round(time.Second)), skipMark{})
 	default:
-		rd.files = append(rd.files, loaded{l, file})
+		rd.files = append(rd.files, loaded{l: l, file: file})
 	}
 }
 
@@ -233,9 +236,10 @@ func (f *StorageFleet) live(now time.Time, at int64) bool {
 }
 
 // unread notes in rd an instance whose file l was skipped for the read's
-// budget: when it wrote lately, it counts, blind.
+// budget: when it wrote lately, it counts, blind. With a secret, l's time
+// is not the instance's word: its last signed file counts (recall).
 func (f *StorageFleet) unread(now time.Time, inst string, l listed, rd *reading) {
-	if !l.mod.IsZero() && f.live(now, l.mod.UnixNano()) {
+	if f.key == nil && !l.mod.IsZero() && f.live(now, l.mod.UnixNano()) {
 		rd.live = append(rd.live, seen{name: inst, at: l.mod.UnixNano(), blind: true})
 	}
 }
@@ -247,23 +251,28 @@ func (f *StorageFleet) keep(now time.Time, rd *reading) {
 	slices.SortStableFunc(rd.files, func(a, b loaded) int { return cmp.Compare(len(a.file.Buckets), len(b.file.Buckets)) })
 	for _, fl := range rd.files {
 		file := fl.file
-		live := !file.Stopped && f.live(now, file.At)
+		live, blind := f.standing(now, fl)
 		if rd.entries+len(file.Buckets) > f.o.MaxEntries {
-			f.skip(fl.l, fmt.Errorf("%d buckets: more than the %d left of the %d kept of all the others' files (the largest are skipped first)",
-				len(file.Buckets), f.o.MaxEntries-rd.entries, f.o.MaxEntries), skipMark{sticky: true, blind: live})
+			if !fl.remembered { // a file remembered was reported as it was read
+				f.skip(fl.l, fmt.Errorf("%d buckets: more than the %d left of the %d kept of all the others' files (the largest are skipped first)",
+					len(file.Buckets), f.o.MaxEntries-rd.entries, f.o.MaxEntries), skipMark{sticky: true, blind: live})
+			}
 			if live {
 				rd.live = append(rd.live, seen{name: file.Instance, at: file.At, blind: true})
 			}
 			continue
 		}
-		delete(f.skipped, fl.l.name) // read well: reported again if it goes wrong
+		if !fl.remembered {
+			delete(f.skipped, fl.l.name) // read well: reported again if it goes wrong
+		}
 		if live {
-			rd.live = append(rd.live, seen{name: file.Instance, at: file.At})
+			rd.live = append(rd.live, seen{name: file.Instance, at: file.At, blind: blind})
 		}
 		for _, c := range file.Buckets {
 			if id, ok := c.bucketID(); ok {
 				rd.others[id] = append(rd.others[id], c)
 				rd.entries++
+				f.counted(time.Duration(c.Period))
 			}
 		}
 	}
@@ -384,7 +393,7 @@ func (f *StorageFleet) load(key, inst string, limit int64, timeout time.Duration
 	if err != nil {
 		return file, 0, err // b may be written still, past the timeout
 	}
-	file, err = parseFile(b, inst)
+	file, err = parseFile(b, inst, f.key)
 	return file, int64(len(b)), err
 }
 
@@ -433,36 +442,6 @@ func ReadRegular(p string, limit int64) ([]byte, error) {
 		return nil, fmt.Errorf("more than the %d bytes it may take", limit)
 	}
 	return b, nil
-}
-
-// parseFile parses and checks b, the file of instance inst.
-func parseFile(b []byte, inst string) (StorageFile, error) {
-	var file StorageFile
-	if err := json.Unmarshal(b, &file); err != nil {
-		return file, contentError{errors.New(jsonerr.Describe(err))}
-	}
-	switch {
-	case file.Version != 1:
-		return file, contentError{fmt.Errorf("version %d: want 1 (written by another version?)", file.Version)}
-	case file.Instance != inst:
-		return file, contentError{errors.New("the instance in the file is not the file's")}
-	}
-	for _, c := range file.Buckets {
-		if _, ok := c.bucketID(); !ok || c.Period <= 0 || c.Curr < 0 || c.Prev < 0 || c.Curr > bucket.MaxCost || c.Prev > bucket.MaxCost {
-			return file, contentError{errors.New("a bucket's counts are malformed")}
-		}
-	}
-	return file, nil
-}
-
-// bucketID is the bucket c counts, false when c does not name one.
-func (c StorageCounts) bucketID() (bucket.ID, bool) {
-	algo, err := bucket.ParseAlgorithm(c.Algo)
-	h, herr := hex.DecodeString(c.Digest)
-	if err != nil || herr != nil || len(h) != 16 || c.Zone == "" {
-		return bucket.ID{}, false
-	}
-	return bucket.ID{Zone: c.Zone, Algo: algo, Hash: [16]byte(h)}, true
 }
 
 // purge reports whether file is to be deleted at now.
