@@ -113,7 +113,13 @@ end
 -- now (0 when past). A refund has already taken off the wait what its
 -- take's charge still holds back (see below), never back before now. A
 -- charge has already added its cost's intervals, whatever the bucket holds:
--- the TAT may go beyond the burst (debt), up to max_debt beyond it.
+-- the TAT may go beyond the burst (debt), up to max_debt beyond it. A
+-- charge whose id is "a<µs>" (a zone that syncs: what an instance
+-- admitted, the last of it that long ago) is made as of that time: a
+-- bucket that was full then is charged from then, not from now, since
+-- it refilled no more after those admissions than the exact bucket
+-- would have (the age is the instance's last request: no earlier than
+-- the admissions, so the charge is never less than theirs).
 --
 -- Charges queue on the TAT in the order of their takes and drain at the
 -- rate, in real time. The charge that ended the TAT at e (the take's
@@ -133,7 +139,11 @@ local function gcra(key, k, empty)
     local _, e = taken(k)
     wait = math.max(wait - math.min(k.cost * interval, math.max(e - now, 0)), 0)
   elseif charge then
-    wait = math.min(wait + charged_once(key, k) * interval, full + max_debt)
+    local age = string.byte(k.id, 1) == 97 and tonumber(string.sub(k.id, 2)) -- "a<µs>"
+    if age then -- as of age µs ago: a bucket full then refilled no more since
+      wait = math.max(t and t + offset or -age, -age)
+    end
+    wait = math.max(math.min(wait + charged_once(key, k) * interval, full + max_debt), 0)
   end
   return { interval = interval, full = full, room = full + tolerance(interval), offset = offset, wait = wait }
 end

@@ -126,11 +126,12 @@ func syncBound(p limiter.Policy, interval time.Duration, n int) int {
 // TestSyncAccuracySmallBursts: zones of bursts 1 to 3 whose refill in one
 // interval is under a token (2r/s, sync 100ms), on 2 and 3 instances,
 // 200 clients at 80% of their limit (Poisson) or 90% (paced):
-// refused no more than the exact replay refuses, but for 1% of the
+// refused no more than the exact replay refuses, but for 0.2% of the
 // requests, and admitted within the replay plus the bound for every
 // client. A share rounds down to no token here: an instance that holds
 // none leaves the request to Redis, once per bucket and interval, when
-// the bucket may hold it.
+// the bucket may hold it; and an instance's charge is made as of its
+// last request, so that a bucket full meanwhile is not charged late.
 func TestSyncAccuracySmallBursts(t *testing.T) {
 	const interval, d, clients = 100 * time.Millisecond, 8 * time.Second, 200
 	for _, tc := range []struct {
@@ -152,8 +153,10 @@ func TestSyncAccuracySmallBursts(t *testing.T) {
 			under := acc.under
 			t.Logf("%d requests: admitted %d, exact replay %d (refused beyond it: %d), largest excess of one client %d",
 				acc.requests, acc.admitted, acc.exactAdmitted, under, acc.over)
-			if allowed := max(acc.requests/100, 1); under > allowed {
-				t.Errorf("refused %d requests beyond the exact replay (%.2f%%), want at most %d (1%%)",
+			// Measured: 0 to 2 in 2,500 (0.08 %); held at 0.2 %, for a
+			// loaded host's timing.
+			if allowed := max(acc.requests/500, 1); under > allowed {
+				t.Errorf("refused %d requests beyond the exact replay (%.2f%%), want at most %d (0.2%%)",
 					under, 100*float64(under)/float64(acc.requests), allowed)
 			}
 			if bound := syncBound(p, interval, tc.instances); acc.over > bound {

@@ -61,7 +61,11 @@
 // (applyPart): a part certainly not sent is charged at the next round; one
 // that may have run (bucket.MayHaveRun) is counted charged, and read next
 // time: nothing is sent twice. Close makes a last round that charges what is
-// left.
+// left. A token bucket's charge is made as of the instance's last request
+// of it (its age, so that clocks need not agree: see gcra.lua): a bucket
+// that was full then is not charged from now, which would take from it
+// what it refilled after those admissions, and refuse what the exact
+// limit admits.
 //
 // The windows (fixed, sliding counter) sync as the token bucket does: the
 // window's limit is the burst, an allowance has no refill, and a bucket is

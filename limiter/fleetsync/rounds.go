@@ -3,6 +3,7 @@ package fleetsync
 import (
 	"cmp"
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
@@ -144,6 +145,9 @@ func (s *Syncer) due(now time.Time, final bool) ([]bucket.Request, []*syncEntry)
 	charge := func(e *syncEntry) {
 		r := e.req
 		r.Cost, r.ID = e.spent, ""
+		if r.Policy.Algorithm == bucket.TokenBucket && !e.used.IsZero() { // as of its last request (see gcra.lua)
+			r.ID = "a" + strconv.FormatInt(max(now.Sub(e.used), 0).Microseconds(), 10)
+		}
 		e.sending, e.wants = e.spent, false
 		reqs, es = append(reqs, r), append(es, e)
 	}
