@@ -37,7 +37,7 @@ for i = 6, #ARGV - 2, 3 do
 end
 local had = tonumber(string.match(cur, '^(%d+)')) or 0
 local held = tonumber(ARGV[2]) or 0
-local next = (math.max(had, held) + 1) .. ':' .. ARGV[3]
+local next = string.format('%.0f', math.max(had, held) + 1) .. ':' .. ARGV[3]
 redis.call('SET', KEYS[2], next)
 if ARGV[4] ~= '0' then
   local p = cur

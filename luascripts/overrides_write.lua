@@ -40,7 +40,7 @@ for _, name in ipairs(gone) do
   redis.call('ZREM', KEYS[3], name)
 end
 local n = tonumber(string.match(prev, '^(%d+)')) or 0
-local next = (n + 1) .. ':' .. ARGV[4]
+local next = string.format('%.0f', n + 1) .. ':' .. ARGV[4]
 redis.call('SET', KEYS[2], next)
 local refusal = ''
 if ARGV[5] ~= '0' then

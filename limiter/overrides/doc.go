@@ -37,7 +37,8 @@
 // no bucket key has: their tags are 16 characters):
 //
 //	{overrides}          hash: "zone:<zone>" | "key:<32 hex digest>:<zone>" → JSON
-//	{overrides}:version  "<n>:<nonce>", a new nonce for every change
+//	{overrides}:version  "<n>:<nonce>", a new nonce for every change; n in digits
+//	                     (string.format('%.0f'): tostring prints 1e+14)
 //	{overrides}:expiry   sorted set: entry name, scored by its expiry (Unix ms)
 //	{overrides}:changed  the channel of the changes (+ ":db<n>" in a database n ≠ 0)
 //
@@ -131,6 +132,7 @@
 //   - While Redis fails, the last Set stays:
 //     TestRedisOverridesKeepLastWhenDown; expired overrides leave Redis and
 //     the Set: TestRedisOverridesExpireInRedis.
+//   - Versions stay integers past 1e14: TestRedisOverridesVersionStaysInteger.
 //   - Shapes are checked once, the same for every source: TestOverrideCheck.
 //   - One computation of an override's effect, read the clock only when an
 //     expiry needs it: TestEffect, TestEffectReadsTheClockOnce; the admin
