@@ -123,6 +123,7 @@ type Overrides struct {
 	pendNames int     // the names in pending
 	full      bool
 	now       func() time.Time
+	clk       hlc // the stamps of the changes made here
 }
 
 // delta is one change of the overrides: from version prev to next, of the
@@ -141,10 +142,10 @@ type overrideSource interface {
 	load(ctx context.Context, skipped func(entry, value string, err error)) (*Set, error)
 	// entries reads the entries named, those gone included.
 	entries(ctx context.Context, names []string, skipped func(entry, value string, err error)) ([]entryChange, error)
-	// write sets zone's override (its key's when digest is set) to o, or
-	// deletes it when o is nil; it says whether there was one, and what
-	// changed.
-	write(ctx context.Context, zone string, digest *[16]byte, o *Override) (found bool, d delta, err error)
+	// write sets zone's entry (its key's when digest is set) to o, an
+	// override or a tombstone, unless it holds a later change of it; it
+	// says whether there was an override, and what changed.
+	write(ctx context.Context, zone string, digest *[16]byte, o Override) (found bool, d delta, err error)
 	// clock is the time overrides expire by.
 	clock(ctx context.Context) (time.Time, error)
 	// watch calls pushed on every change announced, and kick when what
@@ -154,7 +155,7 @@ type overrideSource interface {
 
 func newOverrides(src overrideSource, ev Events) *Overrides {
 	o := &Overrides{src: src, ev: ev, kick: make(chan string, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		now: time.Now, logged: map[uint64]uint64{}}
+		now: time.Now, logged: map[uint64]uint64{}, clk: hlc{origin: nonce()}}
 	o.poll.Store(int64(DefaultPoll))
 	return o
 }
@@ -217,26 +218,47 @@ func (o *Overrides) Close() {
 // other instances read it on its push, or at their next poll. The error
 // is the write's: once written, the change stands.
 func (o *Overrides) Put(ctx context.Context, zone string, digest *[16]byte, ov Override) error {
+	_, err := o.PutStamped(ctx, zone, digest, ov)
+	return err
+}
+
+// PutStamped is Put, and returns the override as written, stamped: what
+// to copy to other regions (Writer.Put). When the store holds a later
+// change of the override (made elsewhere at once), that one stands.
+func (o *Overrides) PutStamped(ctx context.Context, zone string, digest *[16]byte, ov Override) (Override, error) {
+	ov.Deleted = false
+	ov.Stamp = o.clk.next(o.now())
 	if err := ov.Check(digest != nil); err != nil {
-		return err
+		return ov, err
 	}
-	_, d, err := o.src.write(ctx, zone, digest, &ov)
+	_, d, err := o.src.write(ctx, zone, digest, ov)
 	if err != nil {
-		return fmt.Errorf("writing the override: %w", err)
+		return ov, fmt.Errorf("writing the override: %w", err)
 	}
 	o.applyOwn(ctx, d)
-	return nil
+	return ov, nil
 }
 
 // Delete removes zone's override (its key's, when digest is set), and
 // says whether there was one.
 func (o *Overrides) Delete(ctx context.Context, zone string, digest *[16]byte) (bool, error) {
-	found, d, err := o.src.write(ctx, zone, digest, nil)
+	found, _, err := o.DeleteStamped(ctx, zone, digest)
+	return found, err
+}
+
+// DeleteStamped is Delete, and returns the tombstone written: what to copy
+// to other regions (Writer.Put). The tombstone is kept until the override
+// would have expired (TombstoneTTL for one without expiry).
+func (o *Overrides) DeleteStamped(ctx context.Context, zone string, digest *[16]byte) (bool, Override, error) {
+	now := o.now()
+	held, ok := o.cur.Load().held(zone, digest)
+	tomb := tombstone(o.clk.next(now), held, ok && !held.Deleted, now)
+	found, d, err := o.src.write(ctx, zone, digest, tomb)
 	if err != nil {
-		return false, fmt.Errorf("deleting the override: %w", err)
+		return false, tomb, fmt.Errorf("deleting the override: %w", err)
 	}
 	o.applyOwn(ctx, d)
-	return found, nil
+	return found, tomb, nil
 }
 
 // applyOwn puts a change made here in force: from the change itself when
@@ -249,6 +271,7 @@ func (o *Overrides) applyOwn(ctx context.Context, d delta) {
 	o.readMu.Lock()
 	cur := o.cur.Load()
 	switch {
+	case d.prev == d.next: // nothing written: a later change held
 	case cur.tokenOf() == d.prev:
 		o.install(cur, cur.apply(d.changes, d.next), "change")
 	case o.wasApplied(d.next): // in force already
@@ -424,6 +447,7 @@ func (o *Overrides) install(cur, s *Set, via string) {
 		return
 	}
 	s = s.prune(now)
+	o.clk.observe(s.newest)
 	o.cur.Store(s)
 	if t := s.tokenOf(); t != "" {
 		o.applied = append(o.applied, t)

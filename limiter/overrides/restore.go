@@ -94,7 +94,16 @@ func (r *redisOverrides) restore(ctx context.Context, read string, held int64, s
 			}
 		}
 	}
-	v, err := overridesRestore.Run(ctx, r.client, []string{r.hash, r.versionKey, r.expiry}, args...).Slice()
+	var err error
+	s.tombstones(func(z string, d *[16]byte, o Override) bool {
+		err = add(z, d, o)
+		return err == nil
+	})
+	if err != nil {
+		return "", 0, false, err
+	}
+	var v []any
+	v, err = overridesRestore.Run(ctx, r.client, []string{r.hash, r.versionKey, r.expiry}, args...).Slice()
 	if err != nil {
 		return "", 0, false, err
 	}

@@ -225,7 +225,7 @@ func TestRedisOverridesOwnPushReadFirst(t *testing.T) {
 		n, err := c.PubSubNumSub(ctx, src.channel).Result()
 		return err == nil && n[src.channel] > 0
 	})
-	_, d, err := src.write(ctx, "api", nil, &Override{Rate: "2r/h"})
+	_, d, err := src.write(ctx, "api", nil, Override{Rate: "2r/h"})
 	if err != nil {
 		t.Fatal(err)
 	}
