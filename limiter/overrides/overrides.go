@@ -275,8 +275,6 @@ func (o *Overrides) applyOwn(ctx context.Context, d delta) {
 	case cur.tokenOf() == d.prev:
 		o.install(cur, cur.apply(d.changes, d.next), "change")
 	case o.wasApplied(d.next): // in force already
-	case lost(cur, d.prev):
-		_ = o.restore(ctx, cur, cur.apply(d.changes, cur.tokenOf()), d.next)
 	default:
 		o.readMu.Unlock()
 		_ = o.refresh(ctx, "change", true)
@@ -379,11 +377,8 @@ func (o *Overrides) refresh(ctx context.Context, via string, force bool) error {
 		if o.putOff(via) {
 			return nil
 		}
-		if lost(cur, token) {
-			return o.restore(ctx, cur, cur, token)
-		}
 	}
-	return o.readAll(ctx, cur, via, true)
+	return o.readAll(ctx, cur, via)
 }
 
 // putOff reports whether a whole read (or a restore) comes before the
@@ -414,21 +409,24 @@ func (o *Overrides) wholeRead() (ended func()) {
 	}
 }
 
-// readAll puts in force a whole read of the overrides, or, when it says
-// Redis lost those of cur and mayRestore, writes them back. The caller
-// holds readMu.
-func (o *Overrides) readAll(ctx context.Context, cur *Set, via string, mayRestore bool) error {
+// readAll puts in force a whole read of the overrides, with the entries
+// of cur that Redis lacks written back (restore.go). The caller holds
+// readMu.
+func (o *Overrides) readAll(ctx context.Context, cur *Set, via string) error {
 	o.takePending() // a whole read covers them
 	ended := o.wholeRead()
+	defer ended()
 	s, err := o.src.load(ctx, o.skipped)
-	ended()
+	if err == nil && !strings.HasPrefix(s.tokenOf(), "?") {
+		before := s
+		if s, err = o.mergeBack(ctx, cur, s); err == nil && s != before {
+			via = "restore"
+		}
+	}
 	if err != nil {
 		return o.failed(err)
 	}
 	o.recovered()
-	if t := s.tokenOf(); mayRestore && !strings.HasPrefix(t, "?") && lost(cur, t) {
-		return o.restore(ctx, cur, cur, t)
-	}
 	if over := s.leftOut(); over > 0 && !o.over {
 		o.ev.OverridesOverLimit(MaxEntries+over, MaxEntries)
 	}
