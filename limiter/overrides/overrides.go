@@ -28,10 +28,10 @@ package overrides
 // restart, a partition) heals on its own. The instance that makes a change
 // applies it from the script's reply, without a read.
 //
-// An instance that finds the version gone, or at a number below the one it
-// holds, while it was told of no such change (Redis restarted or failed
-// over and lost the overrides, or their last changes), writes back what it
-// holds (restore.go).
+// Every whole read writes back, entry by entry, the changes the instance
+// holds that Redis lacks (Redis restarted or failed over and lost the
+// overrides, or their last changes; another instance wrote back an older
+// state): restore.go.
 //
 // Reads are serialised (one at a time); messages queue (a bounded number)
 // and are read together; while Redis cannot be read the last snapshot
@@ -88,8 +88,8 @@ type Events interface {
 	// confirmed in time (an ACL without the channel?): changes arrive
 	// through the poll alone. Told once.
 	OverridesNotPushed(err error)
-	// OverridesRestored: this instance found the overrides lost (why)
-	// and wrote back the n it held that had not expired.
+	// OverridesRestored: this instance found Redis lacking n changes of
+	// entries it held, not expired (why), and wrote them back.
 	OverridesRestored(n int, why string)
 	// OverridesOverLimit: the store holds held entries, more than
 	// MaxEntries; read were read, the rest left out. Told once,
@@ -263,10 +263,10 @@ func (o *Overrides) DeleteStamped(ctx context.Context, zone string, digest *[16]
 
 // applyOwn puts a change made here in force: from the change itself when
 // the snapshot is at its previous version; not at all when its push was
-// read first (the snapshot is at its version, or beyond: its previous
-// version, below the one held, is then no loss); with what it holds
-// written back when the change found the overrides lost; else by a whole
-// read (which may fail: the change is then read at the next push or poll).
+// read first (the snapshot is at its version, or beyond), nor when it was
+// not written (Redis holds a later change, whose push brings it); else by
+// a whole read, which writes back what Redis lacks (it may fail: the
+// change is then read at the next push or poll).
 func (o *Overrides) applyOwn(ctx context.Context, d delta) {
 	o.readMu.Lock()
 	cur := o.cur.Load()
@@ -346,8 +346,8 @@ func (o *Overrides) wait() time.Duration {
 
 // refresh brings the snapshot up to date: from the changes pushed when
 // they follow on from it, else from the version and, when it moved (or
-// when force), a whole read; or, when the version says Redis lost the
-// overrides, by writing them back. The last snapshot stays on an error.
+// when force), a whole read, which writes back what Redis lacks. The last
+// snapshot stays on an error.
 func (o *Overrides) refresh(ctx context.Context, via string, force bool) error {
 	o.readMu.Lock()
 	defer o.readMu.Unlock()
