@@ -235,7 +235,8 @@ func putOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b ove
 	if len(o.By) > 256 {
 		o.By = o.By[:256] // Check's bound
 	}
-	if err := t.store.overrides.Put(context.Background(), t.zone, t.digestPtr(), o); err != nil {
+	o, err = t.store.overrides.PutStamped(context.Background(), t.zone, t.digestPtr(), o)
+	if err != nil {
 		return apiError(http.StatusBadGateway, "store %s: %v", t.store.label(), err)
 	}
 	t.changed("set", &o)
@@ -277,7 +278,8 @@ func (t overrideTarget) digestPtr() *[16]byte {
 	return nil
 }
 
-// copyToRegions copies a change of t's override (o nil: deleted) to the
+// copyToRegions copies a change of t's override (o stamped; a tombstone
+// when deleted) to the
 // peer regions when t's zone is global, and tells how each took it; nil
 // when it is not copied.
 func (t overrideTarget) copyToRegions(o *overrides.Override) map[string]string {
@@ -292,7 +294,7 @@ func deleteOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b 
 	if b != (overrideBody{Key: b.Key, KeyDigest: b.KeyDigest, Store: b.Store}) {
 		return apiError(http.StatusBadRequest, `a DELETE takes no fields but the key ({"key": ...} or {"key_digest": ...}) and the store`)
 	}
-	found, err := t.store.overrides.Delete(context.Background(), t.zone, t.digestPtr())
+	found, tomb, err := t.store.overrides.DeleteStamped(context.Background(), t.zone, t.digestPtr())
 	if err != nil {
 		return apiError(http.StatusBadGateway, "store %s: %v", t.store.label(), err)
 	}
@@ -304,7 +306,7 @@ func deleteOverride(w http.ResponseWriter, r *http.Request, t overrideTarget, b 
 	if t.key {
 		out["key_digest"] = hex.EncodeToString(t.digest[:])
 	}
-	if regions := t.copyToRegions(nil); regions != nil {
+	if regions := t.copyToRegions(&tomb); regions != nil {
 		out["regions"] = regions
 	}
 	return writeJSON(w, out)

@@ -13,6 +13,29 @@
 // (NewMemory) or in the Redis a fleet shares (NewRedis), where one instance's
 // change reaches the others.
 //
+// # Order
+//
+// Each change of an entry (an override, or a tombstone: its deletion)
+// carries a Stamp and its origin: (ms, n, origin), ordered
+// lexicographically, ms and n integers below 2^53 (exact in Lua's
+// doubles), origin the changing instance's random id in hex. Each
+// Overrides stamps its changes (PutStamped, DeleteStamped) by a hybrid
+// logical clock (stamp.go): ms is the greater of its clock (Overrides.now)
+// and the latest ms it made or read, n counts within that ms; every Set
+// installed moves it past the entries' latest stamp (Set.newest). A change
+// made after reading another's thus comes after it whatever the clocks
+// say; two changes made without reading each other are ordered by their
+// clocks, so a clock N seconds ahead wins for N seconds. An entry without
+// a stamp (written by an earlier version), or that cannot be decoded,
+// comes first. Every store keeps, for each entry, the latest change: a
+// change, a copy to another region (Writer), and a write-back all merge
+// entry by entry, and none replaces a set. A deletion is a tombstone
+// ({"deleted":true, ...}) kept until the override it deletes would have
+// expired, or TombstoneTTL (7 days) for one without expiry; a Set keeps
+// its tombstones apart from the overrides (deadZones, deadKeys): no
+// request looks at them, they count in MaxEntries, and they are written
+// back like the overrides.
+//
 // # Effect
 //
 // Set.Effect is the one place that says what the overrides in force do to
@@ -37,19 +60,23 @@
 // no bucket key has: their tags are 16 characters):
 //
 //	{overrides}          hash: "zone:<zone>" | "key:<32 hex digest>:<zone>" → JSON
-//	{overrides}:version  "<n>:<nonce>", a new nonce for every change
+//	{overrides}:version  "<n>:<nonce>", a new nonce for every change; n in digits
+//	                     (string.format('%.0f'): tostring prints 1e+14)
 //	{overrides}:expiry   sorted set: entry name, scored by its expiry (Unix ms)
 //	{overrides}:changed  the channel of the changes (+ ":db<n>" in a database n ≠ 0)
 //
 // A change is one script (luascripts/overrides_write.lua): the entry written
-// or deleted, its expiry recorded, the entries expired by Redis's clock
+// (an override or a tombstone) unless Redis holds a later change of it
+// (the script says which: 'written', 'same' or 'later'; all three mean
+// Redis holds this change or a later one), its expiry recorded, the
+// entries expired by Redis's clock
 // dropped (at most 1,000 per change, through the sorted set), the version
 // moved on, and the change announced from inside the script, so that messages
 // come in the order of the changes: "<previous version> <new version> <entry
 // names>". It publishes with PUBLISH, and in a cluster SPUBLISH too, where
 // instances subscribe to the shard channel when the nodes know SSUBSCRIBE. A
-// delete of an entry that does not exist, with nothing expired, changes
-// nothing. The nonce makes a version name one change: after a lost write, the
+// change not written, with nothing expired, changes nothing: the version
+// stays. The nonce makes a version name one change: after a lost write, the
 // next change has the lost one's number but not its name, so no instance takes
 // it for what it holds. Put and Delete apply the change made here from the
 // script's reply, without a read (applyOwn); expiries are set on Redis's clock
@@ -89,18 +116,24 @@
 // ignored, for rolling upgrades), then checked; a malformed entry is left out
 // and reported once per entry and value (OverrideSkipped).
 //
-// # Restores
+// # Write-backs
 //
-// No change moves the version back, and a delete moves it on: a version gone,
-// or at a number below the one held, means Redis lost the overrides or their
-// last changes (a restart without persistence, a failover to a lagging
-// replica, an eviction). The instance that finds it writes back what it holds
-// that has not expired (luascripts/overrides_restore.lua: only while the
-// version is still the one read, with a version beyond both), and reports it
-// (OverridesRestored); the others find the version moved on and read it. A
-// change that lands on such a Redis writes back the rest with it. A version of
-// the number held but another nonce is a history of its own: read, not
-// overwritten.
+// No change moves the version back. Every whole read merges both ways
+// (restore.go): the instance takes what Redis holds, and writes back,
+// through luascripts/overrides_restore.lua, every entry it holds
+// (override or tombstone, not expired) that Redis lacks or holds an
+// earlier change of; the script keeps the later change of each and drops
+// what Redis's clock expired. When it writes some, the version moves
+// beyond both the one found and the one held, the entries written are
+// announced by name (none past 1,000: a whole read), and the instance
+// reports it (OverridesRestored). This covers a Redis that lost the
+// overrides (a restart without persistence, a failover to a lagging
+// replica, an eviction), a copy that landed on such a Redis (it stays, the
+// rest is written back around it), and an instance that writes back an
+// older state (one that holds the later change, a tombstone, writes it
+// back over it at its next whole read). Any number of instances may write
+// back at once. An entry removed from Redis without a tombstone (by hand,
+// or by an earlier version's delete) is written back like a lost one.
 //
 // # Digests
 //
@@ -121,16 +154,21 @@
 //   - Whatever Redis holds, what an instance reads is bounded and spaced:
 //     TestRedisOverridesEntriesCapped, TestRedisOverridesOversizedEntries,
 //     TestRedisOverridesWholeReadsSpaced, TestRedisOverridesWholeReadRacing.
-//   - The overrides survive a Redis that loses them, and never overwrite a
-//     history of its own: TestRedisOverridesSurviveEmptyRestart,
+//   - The overrides survive a Redis that loses them, and the latest change
+//     of each entry stands everywhere: TestRedisOverridesSurviveEmptyRestart,
 //     TestRedisOverridesSurviveMasterRestart,
 //     TestRedisOverridesLostWriteRestored,
-//     TestRedisOverridesDivergedNotRestored,
+//     TestRedisOverridesDivergedMerged,
+//     TestRedisOverridesPartitionHealsToLater,
+//     TestRedisOverridesSkewedClockLaterWins,
+//     TestRedisOverridesCopyToEmptyRedisKept,
+//     TestRedisOverridesDeletedStaysDeleted,
 //     TestRedisOverridesOwnPushReadFirst,
 //     TestFleetOverridesSurviveAnEmptyRedis (internal/e2e).
 //   - While Redis fails, the last Set stays:
 //     TestRedisOverridesKeepLastWhenDown; expired overrides leave Redis and
 //     the Set: TestRedisOverridesExpireInRedis.
+//   - Versions stay integers past 1e14: TestRedisOverridesVersionStaysInteger.
 //   - Shapes are checked once, the same for every source: TestOverrideCheck.
 //   - One computation of an override's effect, read the clock only when an
 //     expiry needs it: TestEffect, TestEffectReadsTheClockOnce; the admin

@@ -34,20 +34,15 @@ func (m *memoryOverrides) entries(context.Context, []string, func(string, string
 
 func (m *memoryOverrides) clock(context.Context) (time.Time, error) { return time.Now(), nil }
 
-func (m *memoryOverrides) write(_ context.Context, zone string, digest *[16]byte, o *Override) (bool, delta, error) {
+func (m *memoryOverrides) write(_ context.Context, zone string, digest *[16]byte, o Override) (bool, delta, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var found bool
-	if digest == nil {
-		_, found = m.set.Zone(zone)
-	} else {
-		_, found = m.set.Key(zone, *digest)
+	held, ok := m.set.held(zone, digest)
+	found := ok && !held.Deleted
+	if ok && held.Stamp.Compare(o.Stamp) >= 0 { // a later change held
+		return found, delta{prev: m.set.tokenOf(), next: m.set.tokenOf()}, nil
 	}
-	c := entryChange{zone: zone, digest: digest, gone: o == nil}
-	if o != nil {
-		c.o = *o
-	}
-	d := delta{prev: m.set.tokenOf(), next: fmt.Sprintf("%d:", m.set.Version()+1), changes: []entryChange{c}}
+	d := delta{prev: m.set.tokenOf(), next: fmt.Sprintf("%d:", m.set.Version()+1), changes: []entryChange{{zone: zone, digest: digest, o: o}}}
 	for _, e := range m.set.expired(time.Now()) { // dropped, as Redis drops them
 		x := entryChange{zone: e.Zone, gone: true}
 		if e.Digest != "" {
@@ -56,7 +51,7 @@ func (m *memoryOverrides) write(_ context.Context, zone string, digest *[16]byte
 		}
 		d.changes = append(d.changes, x)
 	}
-	m.set = m.set.apply(d.changes, d.next)
+	m.set = m.set.apply(d.changes, d.next).prune(time.Now())
 	return found, d, nil
 }
 

@@ -28,10 +28,10 @@ package overrides
 // restart, a partition) heals on its own. The instance that makes a change
 // applies it from the script's reply, without a read.
 //
-// An instance that finds the version gone, or at a number below the one it
-// holds, while it was told of no such change (Redis restarted or failed
-// over and lost the overrides, or their last changes), writes back what it
-// holds (restore.go).
+// Every whole read writes back, entry by entry, the changes the instance
+// holds that Redis lacks (Redis restarted or failed over and lost the
+// overrides, or their last changes; another instance wrote back an older
+// state): restore.go.
 //
 // Reads are serialised (one at a time); messages queue (a bounded number)
 // and are read together; while Redis cannot be read the last snapshot
@@ -88,8 +88,8 @@ type Events interface {
 	// confirmed in time (an ACL without the channel?): changes arrive
 	// through the poll alone. Told once.
 	OverridesNotPushed(err error)
-	// OverridesRestored: this instance found the overrides lost (why)
-	// and wrote back the n it held that had not expired.
+	// OverridesRestored: this instance found Redis lacking n changes of
+	// entries it held, not expired (why), and wrote them back.
 	OverridesRestored(n int, why string)
 	// OverridesOverLimit: the store holds held entries, more than
 	// MaxEntries; read were read, the rest left out. Told once,
@@ -123,6 +123,7 @@ type Overrides struct {
 	pendNames int     // the names in pending
 	full      bool
 	now       func() time.Time
+	clk       hlc // the stamps of the changes made here
 }
 
 // delta is one change of the overrides: from version prev to next, of the
@@ -141,10 +142,10 @@ type overrideSource interface {
 	load(ctx context.Context, skipped func(entry, value string, err error)) (*Set, error)
 	// entries reads the entries named, those gone included.
 	entries(ctx context.Context, names []string, skipped func(entry, value string, err error)) ([]entryChange, error)
-	// write sets zone's override (its key's when digest is set) to o, or
-	// deletes it when o is nil; it says whether there was one, and what
-	// changed.
-	write(ctx context.Context, zone string, digest *[16]byte, o *Override) (found bool, d delta, err error)
+	// write sets zone's entry (its key's when digest is set) to o, an
+	// override or a tombstone, unless it holds a later change of it; it
+	// says whether there was an override, and what changed.
+	write(ctx context.Context, zone string, digest *[16]byte, o Override) (found bool, d delta, err error)
 	// clock is the time overrides expire by.
 	clock(ctx context.Context) (time.Time, error)
 	// watch calls pushed on every change announced, and kick when what
@@ -154,7 +155,7 @@ type overrideSource interface {
 
 func newOverrides(src overrideSource, ev Events) *Overrides {
 	o := &Overrides{src: src, ev: ev, kick: make(chan string, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		now: time.Now, logged: map[uint64]uint64{}}
+		now: time.Now, logged: map[uint64]uint64{}, clk: hlc{origin: nonce()}}
 	o.poll.Store(int64(DefaultPoll))
 	return o
 }
@@ -217,43 +218,63 @@ func (o *Overrides) Close() {
 // other instances read it on its push, or at their next poll. The error
 // is the write's: once written, the change stands.
 func (o *Overrides) Put(ctx context.Context, zone string, digest *[16]byte, ov Override) error {
+	_, err := o.PutStamped(ctx, zone, digest, ov)
+	return err
+}
+
+// PutStamped is Put, and returns the override as written, stamped: what
+// to copy to other regions (Writer.Put). When the store holds a later
+// change of the override (made elsewhere at once), that one stands.
+func (o *Overrides) PutStamped(ctx context.Context, zone string, digest *[16]byte, ov Override) (Override, error) {
+	ov.Deleted = false
+	ov.Stamp = o.clk.next(o.now())
 	if err := ov.Check(digest != nil); err != nil {
-		return err
+		return ov, err
 	}
-	_, d, err := o.src.write(ctx, zone, digest, &ov)
+	_, d, err := o.src.write(ctx, zone, digest, ov)
 	if err != nil {
-		return fmt.Errorf("writing the override: %w", err)
+		return ov, fmt.Errorf("writing the override: %w", err)
 	}
 	o.applyOwn(ctx, d)
-	return nil
+	return ov, nil
 }
 
 // Delete removes zone's override (its key's, when digest is set), and
 // says whether there was one.
 func (o *Overrides) Delete(ctx context.Context, zone string, digest *[16]byte) (bool, error) {
-	found, d, err := o.src.write(ctx, zone, digest, nil)
+	found, _, err := o.DeleteStamped(ctx, zone, digest)
+	return found, err
+}
+
+// DeleteStamped is Delete, and returns the tombstone written: what to copy
+// to other regions (Writer.Put). The tombstone is kept until the override
+// would have expired (TombstoneTTL for one without expiry).
+func (o *Overrides) DeleteStamped(ctx context.Context, zone string, digest *[16]byte) (bool, Override, error) {
+	now := o.now()
+	held, ok := o.cur.Load().held(zone, digest)
+	tomb := tombstone(o.clk.next(now), held, ok && !held.Deleted, now)
+	found, d, err := o.src.write(ctx, zone, digest, tomb)
 	if err != nil {
-		return false, fmt.Errorf("deleting the override: %w", err)
+		return false, tomb, fmt.Errorf("deleting the override: %w", err)
 	}
 	o.applyOwn(ctx, d)
-	return found, nil
+	return found, tomb, nil
 }
 
 // applyOwn puts a change made here in force: from the change itself when
 // the snapshot is at its previous version; not at all when its push was
-// read first (the snapshot is at its version, or beyond: its previous
-// version, below the one held, is then no loss); with what it holds
-// written back when the change found the overrides lost; else by a whole
-// read (which may fail: the change is then read at the next push or poll).
+// read first (the snapshot is at its version, or beyond), nor when it was
+// not written (Redis holds a later change, whose push brings it); else by
+// a whole read, which writes back what Redis lacks (it may fail: the
+// change is then read at the next push or poll).
 func (o *Overrides) applyOwn(ctx context.Context, d delta) {
 	o.readMu.Lock()
 	cur := o.cur.Load()
 	switch {
+	case d.prev == d.next: // nothing written: a later change held
 	case cur.tokenOf() == d.prev:
 		o.install(cur, cur.apply(d.changes, d.next), "change")
 	case o.wasApplied(d.next): // in force already
-	case lost(cur, d.prev):
-		_ = o.restore(ctx, cur, cur.apply(d.changes, cur.tokenOf()), d.next)
 	default:
 		o.readMu.Unlock()
 		_ = o.refresh(ctx, "change", true)
@@ -325,8 +346,8 @@ func (o *Overrides) wait() time.Duration {
 
 // refresh brings the snapshot up to date: from the changes pushed when
 // they follow on from it, else from the version and, when it moved (or
-// when force), a whole read; or, when the version says Redis lost the
-// overrides, by writing them back. The last snapshot stays on an error.
+// when force), a whole read, which writes back what Redis lacks. The last
+// snapshot stays on an error.
 func (o *Overrides) refresh(ctx context.Context, via string, force bool) error {
 	o.readMu.Lock()
 	defer o.readMu.Unlock()
@@ -356,11 +377,8 @@ func (o *Overrides) refresh(ctx context.Context, via string, force bool) error {
 		if o.putOff(via) {
 			return nil
 		}
-		if lost(cur, token) {
-			return o.restore(ctx, cur, cur, token)
-		}
 	}
-	return o.readAll(ctx, cur, via, true)
+	return o.readAll(ctx, cur, via)
 }
 
 // putOff reports whether a whole read (or a restore) comes before the
@@ -391,21 +409,24 @@ func (o *Overrides) wholeRead() (ended func()) {
 	}
 }
 
-// readAll puts in force a whole read of the overrides, or, when it says
-// Redis lost those of cur and mayRestore, writes them back. The caller
-// holds readMu.
-func (o *Overrides) readAll(ctx context.Context, cur *Set, via string, mayRestore bool) error {
+// readAll puts in force a whole read of the overrides, with the entries
+// of cur that Redis lacks written back (restore.go). The caller holds
+// readMu.
+func (o *Overrides) readAll(ctx context.Context, cur *Set, via string) error {
 	o.takePending() // a whole read covers them
 	ended := o.wholeRead()
+	defer ended()
 	s, err := o.src.load(ctx, o.skipped)
-	ended()
+	if err == nil && !strings.HasPrefix(s.tokenOf(), "?") {
+		before := s
+		if s, err = o.mergeBack(ctx, cur, s); err == nil && s != before {
+			via = "restore"
+		}
+	}
 	if err != nil {
 		return o.failed(err)
 	}
 	o.recovered()
-	if t := s.tokenOf(); mayRestore && !strings.HasPrefix(t, "?") && lost(cur, t) {
-		return o.restore(ctx, cur, cur, t)
-	}
 	if over := s.leftOut(); over > 0 && !o.over {
 		o.ev.OverridesOverLimit(MaxEntries+over, MaxEntries)
 	}
@@ -424,6 +445,7 @@ func (o *Overrides) install(cur, s *Set, via string) {
 		return
 	}
 	s = s.prune(now)
+	o.clk.observe(s.newest)
 	o.cur.Store(s)
 	if t := s.tokenOf(); t != "" {
 		o.applied = append(o.applied, t)

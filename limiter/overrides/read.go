@@ -168,7 +168,7 @@ type setBuilder struct {
 }
 
 func newSetBuilder(skipped func(string, string, error)) *setBuilder {
-	return &setBuilder{s: &Set{zones: map[string]Override{}, keys: map[string]*zoneKeys{}}, skipped: skipped}
+	return &setBuilder{s: (*Set)(nil).shallow(""), skipped: skipped}
 }
 
 // add reads the entry name, whose value is value.
@@ -180,14 +180,21 @@ func (b *setBuilder) add(name, value string) {
 		b.skipped(name, value, err)
 		return
 	}
+	if b.s.newest.Compare(o.Stamp) < 0 {
+		b.s.newest = o.Stamp
+	}
+	zones, keys := b.s.zones, b.s.keys
+	if o.Deleted {
+		zones, keys = b.s.deadZones, b.s.deadKeys
+	}
 	if digest == nil {
-		b.s.zones[zone] = o
+		zones[zone] = o
 		return
 	}
-	if b.s.keys[zone] == nil {
-		b.s.keys[zone] = new(zoneKeys)
+	if keys[zone] == nil {
+		keys[zone] = new(zoneKeys)
 	}
-	b.s.keys[zone].put(*digest, o)
+	keys[zone].put(*digest, o)
 }
 
 // tooBig reports the entries the read script left in Redis: name (cut

@@ -75,44 +75,36 @@ func (r *redisOverrides) announce(ctx context.Context) int {
 	return 1
 }
 
-func (r *redisOverrides) write(ctx context.Context, zone string, digest *[16]byte, o *Override) (bool, delta, error) {
-	name, value, expires := overrideField(zone, digest), "", int64(0)
-	if o != nil {
-		b, err := json.Marshal(o)
-		if err != nil {
-			return false, delta{}, err
-		}
-		value, expires = string(b), o.Expires
+func (r *redisOverrides) write(ctx context.Context, zone string, digest *[16]byte, o Override) (bool, delta, error) {
+	b, err := json.Marshal(o)
+	if err != nil {
+		return false, delta{}, err
 	}
+	name, value := overrideField(zone, digest), string(b)
 	if len(name) > maxOverrideName || len(value) > maxOverrideValue {
 		return false, delta{}, fmt.Errorf("an override's entry of a %d-byte name and a %d-byte value: at most %d and %d bytes are read back",
 			len(name), len(value), maxOverrideName, maxOverrideValue)
 	}
 	v, err := overridesWrite.Run(ctx, r.client, []string{r.hash, r.versionKey, r.expiry},
-		name, value, expires, nonce(), r.announce(ctx), r.channel).Result()
+		name, value, o.Expires, nonce(), r.announce(ctx), r.channel, o.Stamp.MS, o.Stamp.N, o.Stamp.Origin).Result()
 	if err != nil {
 		return false, delta{}, err
 	}
 	reply, ok := v.([]any)
-	if !ok || len(reply) < 3 {
+	if !ok || len(reply) < 5 {
 		return false, delta{}, fmt.Errorf("%w: overrides write reply %T", errReply, v)
 	}
 	found, _ := reply[0].(int64)
-	d := delta{names: []string{name}}
+	d := delta{}
 	d.prev, _ = reply[1].(string)
 	d.next, _ = reply[2].(string)
-	if len(reply) > 3 {
-		if refused, _ := reply[3].(string); refused != "" && r.unannounced.CompareAndSwap(false, true) && r.ev != nil {
-			r.ev.OverridesNotPushed(fmt.Errorf("announcing a change: %s", refused))
-		}
-		reply = append(reply[:3], reply[4:]...)
+	if refused, _ := reply[3].(string); refused != "" && r.unannounced.CompareAndSwap(false, true) && r.ev != nil {
+		r.ev.OverridesNotPushed(fmt.Errorf("announcing a change: %s", refused))
 	}
-	c := entryChange{zone: zone, digest: digest, gone: o == nil}
-	if o != nil {
-		c.o = *o
+	if state, _ := reply[4].(string); state == "written" {
+		d.names, d.changes = []string{name}, []entryChange{{zone: zone, digest: digest, o: o}}
 	}
-	d.changes = append(d.changes, c)
-	for _, x := range reply[3:] { // the expired entries it dropped
+	for _, x := range reply[5:] { // the expired entries it dropped
 		n, _ := x.(string)
 		if z, dg, err := parseOverrideField(n); err == nil {
 			d.changes, d.names = append(d.changes, entryChange{zone: z, digest: dg, gone: true}), append(d.names, n)

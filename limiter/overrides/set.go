@@ -18,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -50,6 +49,13 @@ type Override struct {
 	// Set is when it was set (Unix milliseconds), By who set it.
 	Set int64  `json:"set,omitempty"`
 	By  string `json:"by,omitempty"`
+	// Stamp orders this change among the changes of the same entry
+	// (Put and Delete set it): the latest wins everywhere.
+	Stamp Stamp `json:"stamp,omitzero"`
+	// Deleted makes this entry a tombstone: the override's deletion,
+	// never in force, kept until Expires so that no older copy of the
+	// override brings it back.
+	Deleted bool `json:"deleted,omitempty"`
 
 	rate   int64 // Rate, parsed by Check
 	period time.Duration
@@ -90,6 +96,9 @@ func (o *Override) Check(key bool) error {
 		o.rate, o.period = n, period
 	}
 	limits := o.Rate != "" || o.Burst != 0 || o.MaxConcurrent != 0
+	if err := o.Stamp.check(); err != nil {
+		return err
+	}
 	switch {
 	case o.Burst < 0 || o.Burst > bucket.MaxRate:
 		return fmt.Errorf("burst %d: want a whole number from 1 to %d", o.Burst, int64(bucket.MaxRate))
@@ -109,7 +118,9 @@ func (o *Override) Check(key bool) error {
 		return errors.New("block and exempt take no rate, burst or max_concurrent")
 	case o.Disabled && (limits || o.DryRun != nil):
 		return errors.New("disabled takes no rate, burst, max_concurrent or dry_run: the zone counts nothing")
-	case !limits && !o.Block && !o.Exempt && !o.Disabled && o.DryRun == nil:
+	case o.Deleted && (limits || o.Block || o.Exempt || o.Disabled || o.DryRun != nil || o.Expires == 0):
+		return errors.New("deleted: a tombstone takes an expiry and no override")
+	case !o.Deleted && !limits && !o.Block && !o.Exempt && !o.Disabled && o.DryRun == nil:
 		return errors.New("nothing to override: give rate, burst, max_concurrent, dry_run, disabled, block or exempt")
 	}
 	return nil
@@ -142,6 +153,11 @@ type Set struct {
 	keys    map[string]*zoneKeys // by zone
 	skipped int                  // entries not read (malformed)
 	over    int                  // entries left out past MaxEntries
+	// The tombstones (Override.Deleted), never in force: of zones, and of
+	// keys by zone.
+	deadZones map[string]Override
+	deadKeys  map[string]*zoneKeys
+	newest    Stamp // the latest stamp of the entries, tombstones included
 }
 
 // zoneKeys are the key overrides of a zone, in 256 maps by their digest's
@@ -324,54 +340,6 @@ type entryChange struct {
 	digest *[16]byte
 	o      Override
 	gone   bool
-}
-
-// apply is a copy of s with changes made, at token: of the zones whose
-// keys changed, only the maps of the digests changed are copied.
-func (s *Set) apply(changes []entryChange, token string) *Set {
-	n := &Set{token: token, version: tokenVersion(token), zones: map[string]Override{}, keys: map[string]*zoneKeys{}}
-	if s != nil {
-		n.skipped, n.over = s.skipped, s.over
-		maps.Copy(n.zones, s.zones)
-		maps.Copy(n.keys, s.keys) // shared until changed
-	}
-	type shard struct {
-		zone string
-		b    byte
-	}
-	own, copied := map[string]bool{}, map[shard]bool{}
-	for _, c := range changes {
-		if c.digest == nil {
-			if c.gone {
-				delete(n.zones, c.zone)
-			} else {
-				n.zones[c.zone] = c.o
-			}
-			continue
-		}
-		if !own[c.zone] { // the zone's 256 pointers, its own
-			k := new(zoneKeys)
-			if old := n.keys[c.zone]; old != nil {
-				*k = *old
-			}
-			n.keys[c.zone], own[c.zone] = k, true
-		}
-		k, sh := n.keys[c.zone], shard{c.zone, c.digest[0]}
-		if !copied[sh] { // the digest's map, its own
-			k.shard[sh.b], copied[sh] = maps.Clone(k.shard[sh.b]), true
-		}
-		if c.gone {
-			k.remove(*c.digest)
-		} else {
-			k.put(*c.digest, c.o)
-		}
-	}
-	for z, k := range n.keys {
-		if k.len() == 0 {
-			delete(n.keys, z)
-		}
-	}
-	return n
 }
 
 // tokenVersion is the number that starts a version token ("<n>:<nonce>").

@@ -25,19 +25,28 @@ func (s *Set) Version() int64 {
 	return s.version
 }
 
-// prune is s without the overrides expired at now (s itself when none
-// has).
+// prune is s without the overrides and tombstones expired at now (s
+// itself when none has).
 func (s *Set) prune(now time.Time) *Set {
-	if len(s.expired(now)) == 0 {
+	if len(s.expired(now)) == 0 && !s.deadExpired(now) {
 		return s
 	}
-	n := &Set{token: s.token, version: s.version, skipped: s.skipped, over: s.over, zones: map[string]Override{}, keys: map[string]*zoneKeys{}}
-	for z, o := range s.zones {
+	n := &Set{token: s.token, version: s.version, skipped: s.skipped, over: s.over, newest: s.newest,
+		zones: map[string]Override{}, keys: map[string]*zoneKeys{}, deadZones: map[string]Override{}, deadKeys: map[string]*zoneKeys{}}
+	keepActive(now, s.zones, s.keys, n.zones, n.keys)
+	keepActive(now, s.deadZones, s.deadKeys, n.deadZones, n.deadKeys)
+	return n
+}
+
+// keepActive copies the entries of zones and keys active at now to
+// toZones and toKeys.
+func keepActive(now time.Time, zones map[string]Override, keys map[string]*zoneKeys, toZones map[string]Override, toKeys map[string]*zoneKeys) {
+	for z, o := range zones {
 		if o.Active(now) {
-			n.zones[z] = o
+			toZones[z] = o
 		}
 	}
-	for z, m := range s.keys {
+	for z, m := range keys {
 		k := new(zoneKeys)
 		for d, o := range m.all() {
 			if o.Active(now) {
@@ -45,10 +54,19 @@ func (s *Set) prune(now time.Time) *Set {
 			}
 		}
 		if k.len() > 0 {
-			n.keys[z] = k
+			toKeys[z] = k
 		}
 	}
-	return n
+}
+
+// deadExpired reports whether a tombstone of s expired at now.
+func (s *Set) deadExpired(now time.Time) bool {
+	found := false
+	s.tombstones(func(_ string, _ *[16]byte, o Override) bool {
+		found = !o.Active(now)
+		return !found
+	})
+	return found
 }
 
 // expired lists s's overrides that are no longer in force at now.
@@ -72,13 +90,17 @@ func (s *Set) expired(now time.Time) []Entry {
 	return gone
 }
 
-// size is how many overrides s holds, expired or not.
+// size is how many entries s holds, overrides and tombstones, expired or
+// not.
 func (s *Set) size() int {
 	if s == nil {
 		return 0
 	}
-	n := len(s.zones)
+	n := len(s.zones) + len(s.deadZones)
 	for _, k := range s.keys {
+		n += k.len()
+	}
+	for _, k := range s.deadKeys {
 		n += k.len()
 	}
 	return n

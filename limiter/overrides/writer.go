@@ -19,21 +19,16 @@ func NewRedisWriter(client redis.UniversalClient, prefix string, db int) *Writer
 	return &Writer{r: NewRedis(client, prefix, db, nil).src.(*redisOverrides)}
 }
 
-// Put sets zone's override (its key's, when digest is set) to ov.
+// Put writes a change of zone's override (its key's, when digest is set)
+// made elsewhere: ov as PutStamped or DeleteStamped returned it (a
+// tombstone for a deletion), stamped. Nil when the Redis holds this
+// change or a later one.
 func (w *Writer) Put(ctx context.Context, zone string, digest *[16]byte, ov Override) error {
 	if err := ov.Check(digest != nil); err != nil {
 		return err
 	}
-	if _, _, err := w.r.write(ctx, zone, digest, &ov); err != nil {
+	if _, _, err := w.r.write(ctx, zone, digest, ov); err != nil {
 		return fmt.Errorf("writing the override: %w", err)
-	}
-	return nil
-}
-
-// Delete removes zone's override (its key's, when digest is set).
-func (w *Writer) Delete(ctx context.Context, zone string, digest *[16]byte) error {
-	if _, _, err := w.r.write(ctx, zone, digest, nil); err != nil {
-		return fmt.Errorf("deleting the override: %w", err)
 	}
 	return nil
 }

@@ -3,8 +3,11 @@ package regions
 // The run-time overrides of global zones are global: a change made
 // through the admin API (Exchange.CopyOverride) is written to every peer
 // region's Redis as well (overrides.Writer), at once; a region that
-// cannot be reached gets it as soon as it can, tried again every interval (the latest change of each
-// override wins; an override that expired meanwhile is dropped).
+// cannot be reached gets it as soon as it can, tried again every interval. Each change carries
+// its stamp (overrides.Stamp) and a deletion is a tombstone: the region's Redis keeps the later
+// of the change copied and the one it holds, whatever the order the copies arrive in, so that
+// after a partition every region holds the latest change of each override; a change that
+// expired meanwhile is dropped.
 
 import (
 	"cmp"
@@ -36,7 +39,8 @@ type peerCopies struct {
 	seq     uint64
 }
 
-// overrideChange is a change of an override: o nil deletes it.
+// overrideChange is a change of an override: o, stamped, a tombstone
+// for a deletion.
 type overrideChange struct {
 	zone   string
 	digest *[16]byte
@@ -66,13 +70,15 @@ func (c *overrideCopies) close() {
 	c.once.Do(func() { close(c.stop); c.done.Wait() })
 }
 
-// CopyOverride writes a change of an override of a global zone (o nil:
-// its deletion; digest nil: the zone's own) to every peer region's Redis,
-// each within the timeout, and tells for each region whether it was
-// written or is queued, to be written as soon as the region answers (and
-// why). Nil without writers.
+// CopyOverride writes a change of an override of a global zone (o as
+// overrides.PutStamped or DeleteStamped returned it: stamped, a tombstone
+// for a deletion; digest nil: the zone's own) to every peer region's
+// Redis, each within the timeout, and tells for each region whether it
+// was written (the region's Redis holds it, or a later change) or is
+// queued, to be written as soon as the region answers (and why). Nil
+// without writers.
 func (x *Exchange) CopyOverride(zone string, digest *[16]byte, o *overrides.Override) map[string]string {
-	if len(x.copies.peers) == 0 {
+	if len(x.copies.peers) == 0 || o == nil {
 		return nil
 	}
 	return x.copies.change(zone, digest, o)
@@ -125,8 +131,9 @@ func (c *overrideCopies) retry() {
 	}
 }
 
-// add queues a change, replacing an older one of the same override, and
-// returns its sequence number.
+// add queues a change, replacing an earlier one of the same override (by
+// their stamps: a later change queued stays), and returns its sequence
+// number.
 func (p *peerCopies) add(zone string, digest *[16]byte, o *overrides.Override) uint64 {
 	if digest != nil {
 		d := *digest
@@ -136,7 +143,9 @@ func (p *peerCopies) add(zone string, digest *[16]byte, o *overrides.Override) u
 	defer p.mu.Unlock()
 	p.seq++
 	ch := overrideChange{zone: zone, digest: digest, o: o, seq: p.seq}
-	p.queue[changeName(ch)] = ch
+	if q, ok := p.queue[changeName(ch)]; !ok || q.o.Stamp.Compare(o.Stamp) <= 0 {
+		p.queue[changeName(ch)] = ch
+	}
 	return p.seq
 }
 
@@ -152,12 +161,8 @@ func (p *peerCopies) flush(ctx context.Context, seq uint64) error {
 	now := time.Now()
 	var err error
 	for _, ch := range changes {
-		switch {
-		case ch.o != nil && !ch.o.Active(now): // expired: nothing to copy
-		case ch.o != nil:
+		if ch.o.Active(now) { // else expired: nothing to copy
 			err = p.w.Put(ctx, ch.zone, ch.digest, *ch.o)
-		default:
-			err = p.w.Delete(ctx, ch.zone, ch.digest)
 		}
 		if err != nil {
 			return p.failed(err, seq)
