@@ -41,12 +41,20 @@ var (
 	Ban string
 )
 
-// OverridesWrite is the overrides' script (see limiter/overrides):
-// it writes or deletes an override, drops the expired ones, moves the
-// version on and announces the change.
-//
+//go:embed overrides_stamp.lua
+var overridesStamp string
+
 //go:embed overrides_write.lua
-var OverridesWrite string
+var overridesWrite string
+
+//go:embed overrides_restore.lua
+var overridesRestore string
+
+// OverridesWrite is the overrides' script (see limiter/overrides): it
+// writes a change of an override (or its tombstone) unless a later one is
+// held, drops the expired ones, moves the version on and announces the
+// change.
+var OverridesWrite = overridesStamp + overridesWrite
 
 // OverridesRead reads the overrides' entries (a page of them, or those
 // named), leaving out those too long to be an override's.
@@ -54,11 +62,9 @@ var OverridesWrite string
 //go:embed overrides_read.lua
 var OverridesRead string
 
-// OverridesRestore writes back the overrides an instance holds when Redis
-// lost them, once: only when the version is still the one it read.
-//
-//go:embed overrides_restore.lua
-var OverridesRestore string
+// OverridesRestore writes back, entry by entry, the changes of overrides
+// an instance holds that Redis lacks or holds earlier ones of.
+var OverridesRestore = overridesStamp + overridesRestore
 
 // SyncCount counts the instances that sync, registering nothing; SyncRegister
 // registers one and counts them (see limiter/redisstore's package doc).

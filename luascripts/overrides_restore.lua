@@ -16,19 +16,6 @@
 -- version, or -> <new version> <names...>" (without names past 1000:
 -- every instance reads the whole hash).
 -- Returns {entries written, version found, version now}.
-local function stampOf(name)
-  if redis.call('HSTRLEN', KEYS[1], name) > 2048 then return {0, 0, ''} end
-  local ok, v = pcall(cjson.decode, redis.call('HGET', KEYS[1], name))
-  if not ok or type(v) ~= 'table' or type(v.stamp) ~= 'table' then return {0, 0, ''} end
-  local origin = v.stamp.origin
-  if type(origin) ~= 'string' then origin = '' end
-  return {tonumber(v.stamp.ms) or 0, tonumber(v.stamp.n) or 0, origin}
-end
-local function after(a, b)
-  if a[1] ~= b[1] then return a[1] > b[1] end
-  if a[2] ~= b[2] then return a[2] > b[2] end
-  return a[3] > b[3]
-end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local names = {}

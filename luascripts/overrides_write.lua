@@ -10,8 +10,8 @@
 -- none); ARGV[4]: the new version's nonce; ARGV[5]: 0: no announcement,
 -- 1: PUBLISH, 2: PUBLISH and SPUBLISH; ARGV[6]: the channel; ARGV[7],
 -- ARGV[8], ARGV[9]: the change's stamp (ms, n, origin).
--- Changes are ordered by their stamps, (ms, n, origin); an entry without
--- one, or that cannot be decoded, comes first. The change is written when
+-- Changes are ordered by their stamps (overrides_stamp.lua, in front of
+-- this script). The change is written when
 -- it comes after the entry held (or none is held).
 -- Entries expired by Redis's clock are dropped, at most 1000 per change.
 -- The change is announced as "<previous version, or -> <new version>
@@ -22,21 +22,6 @@
 -- whose ACL lacks the channel gets the change stored all the same); state
 -- is 'written', 'same' (this change was held) or 'later' (a later change
 -- is held). When nothing is written or dropped, the version stays.
-local function stampOf(name)
-  if redis.call('HSTRLEN', KEYS[1], name) > 2048 then return {0, 0, '', false} end
-  local ok, v = pcall(cjson.decode, redis.call('HGET', KEYS[1], name))
-  if not ok or type(v) ~= 'table' then return {0, 0, '', false} end
-  local s, deleted = v.stamp, v.deleted == true
-  if type(s) ~= 'table' then return {0, 0, '', deleted} end
-  local origin = s.origin
-  if type(origin) ~= 'string' then origin = '' end
-  return {tonumber(s.ms) or 0, tonumber(s.n) or 0, origin, deleted}
-end
-local function after(a, b)
-  if a[1] ~= b[1] then return a[1] > b[1] end
-  if a[2] ~= b[2] then return a[2] > b[2] end
-  return a[3] > b[3]
-end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mine = {tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, ARGV[9]}

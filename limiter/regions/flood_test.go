@@ -51,15 +51,7 @@ func TestExchangeFlood(t *testing.T) {
 		t.Skip("a million keys")
 	}
 	home, peerServer := redistest.NewServer(t), redistest.NewServer(t)
-	open := func(addr string) *redisstore.Store {
-		s, err := redisstore.Open(redisstore.Options{Addresses: []string{addr}, KeyPrefix: "flood:", Timeout: time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
-	homeStore, peerStore := open(home.Addr), open(peerServer.Addr)
+	homeStore, peerStore := openStore(t, home.Addr), openStore(t, peerServer.Addr)
 	probe := redis.NewClient(&redis.Options{Addr: peerServer.Addr})
 	defer probe.Close()
 	probe.ConfigSet(context.Background(), "slowlog-log-slower-than", "5000")
@@ -85,16 +77,10 @@ func TestExchangeFlood(t *testing.T) {
 		t.Errorf("flooding: %d regions counted; want this one alone", counted)
 	}
 	waitCounted(t, x, 2) // the flood ends LinkTimeout after the last count dropped
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		ev.mu.Lock()
-		told := ev.charged + ev.dropped
-		ev.mu.Unlock()
-		if told >= keys { // what was kept is told by the exchanges that follow, at their pace
-			break
-		}
-	}
+	ev.waitTold(keys)
 	lat := stop()
 	slow := probe.SlowLogGet(context.Background(), 100).Val()
+	checkSlowLog(t, slow)
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
 	slices.Sort(lat)
@@ -114,19 +100,7 @@ func TestExchangeFlood(t *testing.T) {
 	if ev.charged < 10000 {
 		t.Errorf("%d charged; want the exchanges to tell the peer what they can", ev.charged)
 	}
-	// A call of 128 buckets takes about 1.5 ms; on a loaded host the
-	// peer's Redis may be preempted during one: at most one call past a
-	// quarter of the clients' 100 ms timeout, none past the timeout.
-	over := 0
-	for _, s := range slow {
-		if s.Duration > 25*time.Millisecond {
-			over++
-		}
-		if s.Duration > 100*time.Millisecond || over > 1 {
-			t.Errorf("the peer's Redis ran %v for %s (%d calls over 25 ms); want at most one over 25 ms, a quarter of its clients' timeout, and none over 100 ms",
-				s.Args[:min(len(s.Args), 2)], s.Duration, over)
-		}
-	}
+
 	// The probe's own times add this process's scheduling on a loaded
 	// host (the race detector, other packages' tests): logged, not held.
 }
@@ -165,4 +139,47 @@ func pingPeer(c *redis.Client) (stop func() []time.Duration) {
 		}
 	}()
 	return func() []time.Duration { close(done); wg.Wait(); return lat }
+}
+
+// waitTold waits, at most a minute, until n admissions are charged or
+// dropped: what the instance kept is told by the exchanges that follow
+// the flood, at their pace.
+func (e *floodEvents) waitTold(n int) {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		e.mu.Lock()
+		told := e.charged + e.dropped
+		e.mu.Unlock()
+		if told >= n {
+			return
+		}
+	}
+}
+
+// checkSlowLog checks the peer's slow log: a call of 128 buckets takes
+// about 1.5 ms, and on a loaded host the peer's Redis may be preempted
+// during one: at most one call past a quarter of its clients' 100 ms
+// timeout, none past the timeout.
+func checkSlowLog(t *testing.T, slow []redis.SlowLog) {
+	t.Helper()
+	over := 0
+	for _, s := range slow {
+		if s.Duration > 25*time.Millisecond {
+			over++
+		}
+		if s.Duration > 100*time.Millisecond || over > 1 {
+			t.Errorf("the peer's Redis ran %v for %s (%d calls over 25 ms); want at most one over 25 ms, a quarter of its clients' timeout, and none over 100 ms",
+				s.Args[:min(len(s.Args), 2)], s.Duration, over)
+		}
+	}
+}
+
+// openStore opens a store of the Redis at addr, closed when t ends.
+func openStore(t *testing.T, addr string) *redisstore.Store {
+	t.Helper()
+	s, err := redisstore.Open(redisstore.Options{Addresses: []string{addr}, KeyPrefix: "flood:", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
