@@ -8,13 +8,20 @@ import (
 
 // fallBack decides reqs as fallback says, Redis having failed: allow and
 // deny decide nothing (their states say it); local decides in this
-// process's memory, each limit divided by the instances that share it.
+// process's memory, each limit divided by the instances that share it. A
+// global zone's (its policy the region's share of the burst, and of the
+// rate of the regions counted) is decided with the region's share of the
+// rate too: the peers are charged what it admits, but it does not see
+// theirs.
 func (l *Limiter) fallBack(now time.Time, reqs []Request, c Caller) ([]Decision, func()) {
 	if c.Fallback.Mode != FallbackLocal {
 		return nil, nil
 	}
 	local := make([]Request, len(reqs))
 	for i, r := range reqs {
+		if r.Global && c.counted > 1 && r.Policy.Algorithm == bucket.TokenBucket {
+			r.Policy.Period *= time.Duration(c.counted) // from rate × k / R to rate / R
+		}
 		if p, err := bucket.InstanceShare(r.Policy, max(c.Fallback.Instances, 1)); err == nil {
 			r.Policy = p
 		}

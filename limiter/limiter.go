@@ -54,6 +54,7 @@ type Limiter struct {
 type Caller struct {
 	Fallback Fallback
 	Events   Events
+	counted  int64 // the regions counted for its global zones' policies (decideGlobal), 0 without
 }
 
 // Events are told what a decision does that its Verdict does not say: the

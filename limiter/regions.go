@@ -76,21 +76,28 @@ func anyGlobal(reqs []Request) bool {
 func (l *Limiter) decideGlobal(ctx context.Context, now time.Time, reqs []Request, c Caller, v *Verdict) {
 	buf := scaledRequests.Get().(*[]Request)
 	scaled := append((*buf)[:0], reqs...)
+	c.counted = l.regions.Counted() // one count for the call: see fallBack
 	for i := range scaled {
 		if scaled[i].Global {
-			scaled[i].Policy = l.regions.Policy(scaled[i].Policy)
+			scaled[i].Policy = l.regions.PolicyWith(scaled[i].Policy, c.counted)
 		}
 	}
 	l.decide(ctx, now, scaled, c, v)
+	if now.IsZero() {
+		now = time.Now()
+	}
+	for i := range reqs {
+		switch {
+		case v.States[i] == Allowed: // not what on_store_error allow let through uncounted
+			l.regions.Record(&reqs[i])
+		case v.States[i] == Refused && v.Decisions != nil && v.Calls[0].Failure == NoFailure:
+			l.regions.Refused(&reqs[i], scaled[i].Policy, v.Decisions[i], now)
+		}
+	}
 	v.Requests = reqs // Decide keeps no other reference to scaled
 	clear(scaled)
 	*buf = scaled[:0]
 	scaledRequests.Put(buf)
-	for i := range reqs {
-		if v.States[i] == Allowed { // not what on_store_error allow let through uncounted
-			l.regions.Record(&reqs[i])
-		}
-	}
 }
 
 // scaledRequests are the buffers of decideGlobal's scaled requests.

@@ -51,18 +51,28 @@ end
 -- with them, and a send again then charges its whole total.
 local max_records = 8
 
+-- Such a charge may end in ":<level>": how far the sender's region found
+-- the bucket spent when it last refused it, as the time it was empty (see
+-- token_bucket.lua), in µs from the call (negative: it held tokens then).
+-- The bucket is lifted to it when it holds more (see gcra): so that the
+-- regions' copies of a bucket, which differ after what one of them was
+-- not told (a partition, a rollout, debt), converge to the most spent.
+
 -- charged_once is what k's charge of key still has to charge, and
--- records it (any other charge: its cost). An id is parsed once for the
--- keys that share it (an exchange's first sends).
-local once_id, once_tag, once_epoch
+-- records it (any other charge: its cost); once_level is its level, or
+-- nil. An id is parsed once for the keys that share it (an exchange's
+-- first sends without a level).
+local once_id, once_tag, once_epoch, once_level
 local function charged_once(key, k)
   local first = string.byte(k.id, 1)
   if first ~= 110 and first ~= 111 then -- "n", "o"
+    once_id, once_tag, once_level = nil, nil, nil
     return k.cost
   end
   if k.id ~= once_id then
-    local sender, epoch = string.match(k.id, '^.:(%w+):(%d+)$')
+    local sender, epoch, level = string.match(k.id, '^.:(%w+):(%d+):?(%-?%d*)$')
     once_id, once_tag, once_epoch = k.id, sender and '|' .. sender .. ':', tonumber(epoch)
+    once_level = tonumber(level)
   end
   if not once_tag then
     return k.cost
@@ -144,6 +154,9 @@ local function gcra(key, k, empty)
       wait = math.max(t and t + offset or -age, -age)
     end
     wait = math.max(math.min(wait + charged_once(key, k) * interval, full + max_debt), 0)
+    if once_tag and once_level then -- lifted to the sender's level
+      wait = math.max(wait, math.min(once_level + offset, full + max_debt))
+    end
   end
   return { interval = interval, full = full, room = full + tolerance(interval), offset = offset, wait = wait }
 end

@@ -298,6 +298,10 @@ func TestRegionsOverrides(t *testing.T) {
 		if got := limitOn(t, c, "/api", "override"); got != "3" { // burst 7: ⌈7/3⌉ in each region
 			t.Errorf("Caddy %d (%s): limit %q under the override; want 3, the region's share of 7", i, w.region[i], got)
 		}
+		_, _, got := admin(t, c, http.MethodGet, "/rate_limit/zones/api/keys/override")
+		if !strings.Contains(got, `"limit":7,`) || !strings.Contains(got, `"config_limit":30,"region_limit":3`) {
+			t.Errorf("Caddy %d (%s): lookup %s; want the world's limit 7 and config_limit 30, and the region's 3", i, w.region[i], got)
+		}
 		if has := strings.Contains(listed(t, c), `"zone":"local"`); has != (w.region[i] == "eu") {
 			t.Errorf("Caddy %d (%s): lists the override of the zone that is not global: %v", i, w.region[i], has)
 		}

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +82,51 @@ func testChargeOnce(t *testing.T, s *Store) {
 		}
 	}
 	testChargeOnceRecords(t, s, keys[0])
+	fresh := slices.Clone(keys)
+	for i := range fresh {
+		fresh[i].Zone = "level"
+	}
+	testChargeLevel(t, s, fresh)
+}
+
+// testChargeLevel: a charge sent once that ends in ":<level>" (the time
+// its sender's copy of the bucket was empty, in µs from now) lifts the
+// bucket to it when it holds more, whatever its cost (0: a level alone),
+// and leaves a bucket spent further alone; a missing bucket is made.
+func testChargeLevel(t *testing.T, s *Store, keys []bucket.Request) {
+	interval := time.Hour.Microseconds() // of Rate 1, Period an hour
+	level := func(spent int64) string { return fmt.Sprint(-(1000 - spent) * interval) }
+	steps := []struct {
+		what   string
+		id     string
+		cost   int64
+		remain int64
+	}{
+		{"a level alone, on no bucket", "n:c:1:" + level(50), 0, 950},
+		{"a lower level", "n:c:2:" + level(20), 0, 950},
+		{"a charge and a lower level", "n:c:3:" + level(40), 5, 945},
+		{"a higher level with a charge", "n:c:4:" + level(100), 1, 900},
+		{"sent again: the level holds", "o:c:4:" + level(100), 1, 900},
+		{"a level in debt", "n:c:5:" + level(1500), 0, 0},
+	}
+	for _, step := range steps {
+		for _, batch := range [][]bucket.Request{keys[:1], keys[1:]} {
+			reqs := make([]bucket.Request, len(batch))
+			for i, r := range batch {
+				r.ID, r.Cost = step.id, step.cost
+				reqs[i] = r
+			}
+			got, err := s.ChargeAll(context.Background(), reqs) // now: the levels are from now
+			if err != nil {
+				t.Fatalf("%s: %v", step.what, err)
+			}
+			for i, d := range got {
+				if d.Remaining != step.remain {
+					t.Fatalf("%s (%d keys), key %d: remaining %d, want %d", step.what, len(batch), i, d.Remaining, step.remain)
+				}
+			}
+		}
+	}
 }
 
 // testChargeOnceRecords: a bucket keeps the records of its 8 latest

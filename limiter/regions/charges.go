@@ -33,6 +33,7 @@ type doubt struct {
 	total int64          // what this epoch's charges add up to
 	since time.Time      // when they were first sent
 	again bool           // sent before in this epoch: the peer may hold a record
+	empty int64          // the bucket's level, if it refused (count's): Unix ns
 }
 
 // maxTotal bounds a bucket's total in an epoch: the scripts' largest cost.
@@ -64,6 +65,7 @@ func (s *sender) take(now time.Time, epoch uint64) ([]bucket.Request, []sent) {
 			d = doubt{p: c.p, epoch: epoch, since: now}
 		}
 		d.total = min(d.total+min(c.cost, maxCharge(*c.p, elapsed)), maxTotal)
+		d.empty = max(d.empty, c.empty)
 		delete(s.doubts, id)
 		all = append(all, sent{id, d})
 	}
@@ -115,7 +117,7 @@ func (s *sender) charge(ctx context.Context, reqs []bucket.Request, all []sent) 
 	errs := make([]error, len(parts))
 	slots := make(chan struct{}, partsInFlight)
 	var wg sync.WaitGroup
-	var charged atomic.Int64
+	var charged, ran, took atomic.Int64
 	for j, part := range parts {
 		if wait := time.Until(start.Add(time.Duration(j) * partGap)); wait > 0 {
 			time.Sleep(wait)
@@ -130,20 +132,48 @@ func (s *sender) charge(ctx context.Context, reqs []bucket.Request, all []sent) 
 		wg.Add(1)
 		go func() {
 			defer func() { <-slots; wg.Done() }()
-			if _, errs[j] = s.peer.ChargeAll(ctx, bucket.Pick(reqs, part)); errs[j] != nil {
+			began := time.Now()
+			if _, errs[j] = s.peer.ChargeAll(ctx, s.withLevels(reqs, all, part)); errs[j] != nil {
 				s.doubtful(all, part)
 			} else {
 				charged.Add(int64(len(part)))
+				ran.Add(1)
+				took.Add(int64(time.Since(began)))
 			}
 		}()
 	}
 	wg.Wait()
+	if n := ran.Load(); n > 0 {
+		s.oneWay.Store(took.Load() / n / 2)
+	}
 	for _, err := range errs {
 		if err != nil {
 			return int(charged.Load()), err
 		}
 	}
 	return int(charged.Load()), nil
+}
+
+// withLevels is the requests of part, their ids ending in ":<level>" for
+// the buckets that refused here (see Refused): when each was empty, in µs
+// from when the peer runs the charge (now, and half the last charges'
+// round trip), unless it is full by then. The level a peer lifts its copy
+// to is thus late by how much the way out is longer than the way back,
+// and lifts only what differs by more.
+func (s *sender) withLevels(reqs []bucket.Request, all []sent, part []int) []bucket.Request {
+	picked := bucket.Pick(reqs, part)
+	at := s.x.now().UnixNano() + s.oneWay.Load()
+	for k, i := range part {
+		d := all[i].d
+		if d.empty == 0 || d.p.Rate <= 0 {
+			continue
+		}
+		rel := (d.empty - at) / 1000
+		if full := int64(float64(d.p.Period.Microseconds()) / float64(d.p.Rate) * float64(d.p.Burst)); rel+full > 0 {
+			picked[k].ID += ":" + strconv.FormatInt(rel, 10)
+		}
+	}
+	return picked
 }
 
 // splitParts cuts parts into parts of at most n.
@@ -196,5 +226,6 @@ func (s *sender) merge(id bucket.ID, c count) {
 		b.p = c.p
 	}
 	b.cost = min(b.cost+c.cost, math.MaxInt64/2)
+	b.empty = max(b.empty, c.empty)
 	s.backlog[id] = b
 }

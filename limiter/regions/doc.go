@@ -35,6 +35,31 @@
 // calls (charges.go); a flood of distinct keys beyond what an instance
 // keeps counts of, or can tell, makes it decide with its share (flood.go).
 //
+// # Levels
+//
+// Every copy of a bucket is charged what every region admits, so copies
+// that differ (a region's copy more spent: charges dropped while a link
+// was down, a zone global in one region before the others, debt) stay
+// apart, and the region whose copy is more spent is starved for good by
+// the others keeping theirs at the brink. So a region tells its level:
+// when a bucket refuses a request, Refused counts, beside the bucket's
+// charge, when the region's copy was empty (the time token_bucket.lua
+// stores: policy-free, so a region deciding with its share and one with
+// the whole rate compare), and the next exchange sends it, in µs from when
+// the peer runs the charge, after the charge's id (withLevels); the peer
+// lifts its copy to it if it holds more (gcra.lua). A copy only ever rises
+// (the bound holds), and the copies converge to the most spent within an
+// exchange, less the error of the time the charge takes to reach the peer
+// (half the last charges' round trip is subtracted): what the copies still
+// differ by is far less than what a region admits unseen in an exchange,
+// and the regions take turns. Only refusals send levels: a copy less spent
+// admits, and is lifted by the refusals of the others.
+//
+// A region whose own Redis fails decides with on_store_error; local
+// decides a global zone with the region's share of the rate too (Caller,
+// in package limiter): the others are charged what it admits, and keep
+// the rest.
+//
 // A ban started by a global zone (Banned) is told to every peer at the
 // next exchange (Peer.Ban: the ban set there for what is left of it,
 // unless a longer one is in place); one that fails is told again, until
@@ -107,6 +132,11 @@
 //   - A cut-off region decides with its share, and healing admits no burst
 //     (TestRegionsCutOff; end to end, TestRegionsEndToEnd); one link cut
 //     keeps the bound too (TestRegionsOneLinkCut).
+//   - Copies of a bucket apart by 40 tokens converge, and no region
+//     starves (TestRegionsCopiesConverge); with a region's Redis stopped,
+//     on_store_error local keeps it to its share and the others admit
+//     (TestRegionsHomeDown); a level lifts a copy less spent, never one
+//     more spent (TestChargeOnce in limiter/redisstore).
 //   - A ban of a global zone reaches every region; another zone's does
 //     not (TestRegionsBanGlobal).
 //   - A charge in doubt is charged again until it is known to have run,

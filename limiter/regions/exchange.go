@@ -125,10 +125,12 @@ type Exchange struct {
 }
 
 // count is what this instance admitted of one bucket (its ID the key of
-// the map that holds it), and the policy a peer is charged with: 16 bytes.
+// the map that holds it), the policy a peer is charged with, and the
+// bucket's level, if it refused: 24 bytes.
 type count struct {
-	p    *bucket.Policy
-	cost int64
+	p     *bucket.Policy
+	cost  int64
+	empty int64 // Unix ns: when this region's bucket was last empty, as it refused (see Refused); 0: none
 }
 
 // maxPolicies bounds the policies an Exchange keeps once (zones' and their
@@ -179,15 +181,24 @@ func (x *Exchange) Regions() int { return int(x.regions) }
 // region's share of the burst, and of the rate the regions counted as
 // admitting leave it (the whole rate while every link is up).
 func (x *Exchange) Policy(p bucket.Policy) bucket.Policy {
+	return x.PolicyWith(p, x.Counted())
+}
+
+// PolicyWith is Policy with k regions counted (Counted).
+func (x *Exchange) PolicyWith(p bucket.Policy, k int64) bucket.Policy {
 	if p.Algorithm != bucket.TokenBucket || p.Rate <= 0 {
 		return p
 	}
 	p.Burst = shareOf(p.Burst, x.regions)
-	if k := x.counted.Load(); k < x.regions {
-		p.Period = p.Period * time.Duration(x.regions) / time.Duration(max(k, 1))
+	if k = max(k, 1); k < x.regions {
+		p.Period = p.Period * time.Duration(x.regions) / time.Duration(k)
 	}
 	return p
 }
+
+// Counted is how many regions are counted as admitting up to the rate
+// now (see Links).
+func (x *Exchange) Counted() int64 { return x.counted.Load() }
 
 // shareOf is ⌈burst / regions⌉, at least 1.
 func shareOf(burst, regions int64) int64 {
@@ -215,11 +226,31 @@ func (x *Exchange) Record(r *bucket.Request) {
 	if !r.Global || r.DryRun || r.Cost <= 0 {
 		return
 	}
+	x.add(r, r.Cost, 0)
+}
+
+// Refused tells the peers, at the next interval, how far this region's
+// bucket of r (a global zone's token bucket, r's policy the zone's) was
+// spent when it refused r at now: d is the decision, by the policy scaled
+// (by Policy). Each peer lifts its copy of the bucket to it, if it holds
+// more: so that copies that differ, after what one region was not told,
+// converge (see the package doc).
+func (x *Exchange) Refused(r *bucket.Request, scaled bucket.Policy, d bucket.Decision, now time.Time) {
+	if !r.Global || r.DryRun || d.Cached || d.At.IsZero() || d.Reset.IsZero() ||
+		scaled.Algorithm != bucket.TokenBucket || scaled.Rate <= 0 || scaled.Period <= 0 {
+		return
+	}
+	full := time.Duration(float64(scaled.Period) / float64(scaled.Rate) * float64(scaled.Burst))
+	x.add(r, 0, now.Add(d.Reset.Sub(d.At)-full).UnixNano())
+}
+
+// add adds cost and the level empty to r's count.
+func (x *Exchange) add(r *bucket.Request, cost, empty int64) {
 	id := bucket.IDOf(*r) // no client key kept
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if c, ok := x.pending[id]; ok {
-		c.cost = min(c.cost+r.Cost, math.MaxInt64/2)
+		c.cost, c.empty = min(c.cost+cost, math.MaxInt64/2), max(c.empty, empty)
 		x.pending[id] = c
 		return
 	}
@@ -238,7 +269,7 @@ func (x *Exchange) Record(r *bucket.Request) {
 			x.policies[p] = shared
 		}
 	}
-	x.pending[id] = count{p: shared, cost: r.Cost}
+	x.pending[id] = count{p: shared, cost: cost, empty: empty}
 }
 
 // Bound is Bound of p for this exchange's regions, interval and timeout.

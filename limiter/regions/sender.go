@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/errs"
@@ -28,11 +29,12 @@ type sender struct {
 	wake       chan struct{}
 	lastOK     time.Time // the last exchange that succeeded (or the start)
 	up         bool
-	told       bool      // an exchange succeeded since the start: the peer has heard from this instance
-	unheard    bool      // its mark was missing at the last count: reported, not yet back
-	differs    string    // what its fingerprint differs in at the last count: reported, "" when it agrees
-	charged    bool      // the last exchange's charges succeeded (or none was made yet)
-	taken      time.Time // the last take
+	told       bool         // an exchange succeeded since the start: the peer has heard from this instance
+	unheard    bool         // its mark was missing at the last count: reported, not yet back
+	differs    string       // what its fingerprint differs in at the last count: reported, "" when it agrees
+	charged    bool         // the last exchange's charges succeeded (or none was made yet)
+	taken      time.Time    // the last take
+	oneWay     atomic.Int64 // ns: half the mean time of the last exchange's charges that ran (withLevels)
 }
 
 // differ takes what the peer's fingerprint differs in ("" for nothing),

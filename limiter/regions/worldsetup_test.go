@@ -28,7 +28,8 @@ type region struct {
 	ev      *linkEvents
 	addrs   []string // its Redis's nodes
 	cluster bool
-	config  limiter.Config // l's: another instance of the region is made of it
+	server  *redistest.Server // its Redis, but a cluster's
+	config  limiter.Config    // l's: another instance of the region is made of it
 }
 
 // world is the regions and the proxies of their links: proxies[from][to]
@@ -38,6 +39,7 @@ type world struct {
 	proxies map[string]map[string]map[string]*latencyproxy.Proxy
 	keyIn   map[string]string // by region: what its client keys start with (a key_secret of its own)
 	rateIn  map[string]int64  // by region: its zone's rate, when it is not the policy's
+	prefix  string            // of every region's keys
 }
 
 // linkEvents records what an exchange tells.
@@ -103,11 +105,14 @@ func newWorldTimeout(t *testing.T, delay, interval, timeout time.Duration) *worl
 	t.Helper()
 	prefix := fmt.Sprintf("regions%x:", rand.Uint64())
 	cl := redistest.NewClusterOf(t, 3, 0)
-	w := &world{proxies: map[string]map[string]map[string]*latencyproxy.Proxy{}}
+	w := &world{proxies: map[string]map[string]map[string]*latencyproxy.Proxy{}, prefix: prefix}
 	w.regions = []*region{
-		{name: "eu", addrs: []string{redistest.NewServer(t).Addr}},
-		{name: "us", addrs: []string{redistest.NewServer(t).Addr}},
+		{name: "eu", server: redistest.NewServer(t)},
+		{name: "us", server: redistest.NewServer(t)},
 		{name: "ap", addrs: cl.Addrs(), cluster: true},
+	}
+	for _, r := range w.regions[:2] {
+		r.addrs = []string{r.server.Addr}
 	}
 	for _, r := range w.regions {
 		peers := map[string]limiter.RedisOptions{}
