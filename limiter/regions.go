@@ -79,7 +79,7 @@ func (l *Limiter) decideGlobal(ctx context.Context, now time.Time, reqs []Reques
 	c.counted = l.regions.Counted() // one count for the call: see fallBack
 	for i := range scaled {
 		if scaled[i].Global {
-			scaled[i].Policy = l.regions.PolicyWith(scaled[i].Policy, c.counted)
+			scaled[i] = l.regionalWith(scaled[i], c.counted)
 		}
 	}
 	l.decide(ctx, now, scaled, c, v)
@@ -107,7 +107,18 @@ var scaledRequests = sync.Pool{New: func() any { return new([]Request) }}
 // region's share of its policy.
 func (l *Limiter) regional(req Request) Request {
 	if req.Global && l.regions != nil {
-		req.Policy = l.regions.Policy(req.Policy)
+		return l.regionalWith(req, l.regions.Counted())
+	}
+	return req
+}
+
+// regionalWith is regional with k regions counted: an exact token
+// bucket's request also tagged with how its region decides (see
+// regions.Exchange.Tag).
+func (l *Limiter) regionalWith(req Request, k int64) Request {
+	req.Policy = l.regions.PolicyWith(req.Policy, k)
+	if req.Policy.Algorithm == TokenBucket && req.Sync == 0 {
+		req.ID = l.regions.Tag(k)
 	}
 	return req
 }

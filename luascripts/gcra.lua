@@ -23,13 +23,22 @@ local max_debt = 30 * 24 * 3600 * 1000000
 -- write of the key
 local records = {}
 
+-- own holds, by key, a global zone's region's own TAT (see regional in
+-- token_bucket.lua), in µs, from the record "|L:<µs>" in the key's value
+-- (no sender's name is upper case), kept by every write of the key
+local own = {}
+
 -- the time stored in key, in µs from now, or nil
 local function stored_time(key)
   local us, ns, rest = string.match(redis.call('GET', key) or '', '^(%d+)(%d%d%d)(.*)$')
-  records[key] = nil
+  records[key], own[key] = nil, nil
   if rest ~= '' and rest then
     if string.match(rest, '^|[%w:|]*$') then
-      records[key] = rest
+      local mine = string.match(rest, '|L:(%d+)')
+      if mine then
+        own[key], rest = tonumber(mine), (string.gsub(rest, '|L:%d+', ''))
+      end
+      records[key] = rest ~= '' and rest or nil
     else -- another shape
       us = nil
     end
@@ -179,13 +188,21 @@ local function round_tat(g, wait)
     remaining = 0, delay = 0 }
 end
 
--- stores the time of the state s, expiring at the TAT; deletes the key
--- when the TAT is now (a full bucket, an empty queue)
+-- stores the time of the state s, expiring at the TAT, and the key's own
+-- TAT (s.own_tat when set, 0 for none, else the key's), expiring no
+-- earlier; deletes the key when both are now (a full bucket, an empty
+-- queue)
 local function write_time(key, s)
-  if s.wait <= 0 then
+  local mine = s.own_tat or own[key] or 0
+  if mine <= now then
+    mine = 0
+  end
+  if s.wait <= 0 and mine == 0 then
     redis.call('DEL', key)
     return
   end
-  redis.call('SET', key, string.format('%.0f%03d', now + s.whole, s.ns) .. (records[key] or ''), 'PX', ttl_ms(s.wait))
+  local t = s.wait > 0 and string.format('%.0f%03d', now + s.whole, s.ns) or '0000' -- '0000': long past
+  redis.call('SET', key, t .. (records[key] or '') .. (mine > 0 and string.format('|L:%.0f', mine) or ''),
+    'PX', ttl_ms(math.max(s.wait, mine - now)))
 end
 

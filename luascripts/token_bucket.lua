@@ -2,7 +2,8 @@
 --
 -- KEYS, ARGV and the reply as in common.lua, the state as in gcra.lua,
 -- both prepended to this script. For KEYS[i]: rate, period (µs), burst,
--- cost; flag (but a refund's: its take's) and id are unused. "take"
+-- cost; flag (but a refund's: its take's) is unused, and so is id but a
+-- charge's (see gcra.lua) and a global zone's (see regional). "take"
 -- charges the cost if the bucket holds it; "refund" gives back what of the
 -- take's charge has not drained yet (see gcra.lua); "charge" charges it
 -- whatever the bucket holds: in debt (the TAT beyond burst intervals
@@ -25,8 +26,66 @@
 -- Reply per key: allowed, whole tokens remaining, µs until full, µs until
 -- the same request could pass, 0.
 
+-- A global zone's take or peek has, as its id, "G<R>" when its region
+-- decides with the whole rate, or "A<R>" when it decides alone (its policy
+-- the region's share of the rate: R times the zone's period), among R
+-- regions (see limiter/regions). The key then keeps, beside the world's
+-- time, which the regions' charges and levels move, the region's own TAT
+-- at its share's rate (own, in gcra.lua). Alone, a region decides on its
+-- own TAT: what the others admit is within their shares, and what they
+-- still charge it does not count against its own; the world's time moves
+-- on by what it admits, at the whole rate's interval, and never stays
+-- emptier than the own time, so that a region that gets the whole rate
+-- back (a link healed) has no burst. With the whole rate, a region
+-- decides on the world's time and moves its own on too, never into debt,
+-- so that a region cut off starts alone from what it spent.
+local function regional(k)
+  if refund or charge then
+    return nil
+  end
+  local kind, regions = string.match(k.id, '^([GA])(%d+)$')
+  return kind, tonumber(regions)
+end
+
+-- the state of the token bucket g's decision from wait (its TAT, µs from
+-- now, of interval and room g's) of cost
+local function decided(g, k, wait, ok)
+  local s = round_tat(g, wait)
+  s.ok, s.reset, s.retry = ok, micros(s.wait), 0
+  s.remaining = math.max(math.floor((g.room - s.wait) / g.interval), 0)
+  if not ok and k.cost > k.burst then -- never passes: wait for a full bucket
+    s.retry = math.max(s.reset, math.ceil(g.interval))
+  elseif not ok then -- until cost tokens are in the bucket
+    s.retry = micros(s.wait + k.cost * g.interval - g.full)
+  end
+  return s
+end
+
+-- decide_alone decides k of key, a region's alone among regions (its
+-- policy's interval the share's), on the region's own TAT (see regional)
+local function decide_alone(key, k, g, regions)
+  local wait = math.max((own[key] or 0) - now, 0)
+  local ok = k.cost <= k.burst and wait + k.cost * g.interval <= g.room
+  if ok then
+    wait = wait + k.cost * g.interval
+  end
+  local s = decided(g, k, wait, ok)
+  local interval = g.interval / regions -- the whole rate's
+  -- the world's time, when empty (µs from now), on by cost at the whole
+  -- rate from no earlier than full, and no emptier than the own time
+  local t = math.max(g.wait - g.offset, -k.burst * interval) + k.cost * interval
+  local w = round_tat(g, math.min(math.max(t, s.wait - g.full) + g.offset, g.full + max_debt))
+  w.ok, w.remaining, w.reset, w.retry = s.ok, s.remaining, s.reset, s.retry
+  w.own_tat = math.ceil(now + s.wait)
+  return w
+end
+
 local function decide(key, k)
   local g = gcra(key, k, true)
+  local kind, regions = regional(k)
+  if kind == 'A' then
+    return decide_alone(key, k, g, regions)
+  end
   local cost, wait, ok = k.cost, g.wait, true
   if not refund and not charge then -- in debt, the wait is beyond full
     ok = cost <= k.burst and wait + cost * g.interval <= g.room
@@ -34,13 +93,14 @@ local function decide(key, k)
       wait = wait + cost * g.interval
     end
   end
-  local s = round_tat(g, wait)
-  s.ok, s.reset, s.retry = ok, micros(s.wait), 0
-  s.remaining = math.max(math.floor((g.room - s.wait) / g.interval), 0)
-  if not ok and cost > k.burst then -- never passes: wait for a full bucket
-    s.retry = math.max(s.reset, math.ceil(g.interval))
-  elseif not ok then -- until cost tokens are in the bucket
-    s.retry = micros(s.wait + cost * g.interval - g.full)
+  local s = decided(g, k, wait, ok)
+  if kind == 'G' then -- the own TAT on by cost at the share's rate, never in debt
+    local interval = g.interval * regions
+    local mine = math.max((own[key] or 0) - now, 0)
+    if ok then
+      mine = math.min(mine + cost * interval, k.burst * interval)
+    end
+    s.own_tat = mine > 0 and math.ceil(now + mine) or 0
   end
   return s
 end

@@ -463,7 +463,10 @@ func (s *Store) leases(ctx context.Context, mode scriptMode, reqs []bucket.Reque
 // Peek tells the state of req's bucket (see Store.Peek): its script runs
 // with no cost, and for a concurrency limit, takes no slot.
 func (s *Store) Peek(ctx context.Context, req bucket.Request) (bucket.Decision, error) {
-	req.Cost, req.ID = 0, ""
+	req.Cost = 0
+	if req.Policy.Algorithm != bucket.TokenBucket { // a token bucket's id is a global zone's tag
+		req.ID = ""
+	}
 	reqs := []bucket.Request{req}
 	runs := s.scriptRuns(reqs)
 	if err := s.run(ctx, runs, "", modePeek, reqs); err != nil {

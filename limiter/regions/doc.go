@@ -55,6 +55,18 @@
 // and the regions take turns. Only refusals send levels: a copy less spent
 // admits, and is lifted by the refusals of the others.
 //
+// A region that decides alone (one region counted, below) decides on its
+// own time: each bucket keeps, beside the world's time, the TAT of the
+// region's own admissions at its share's rate (Tag marks a take "A<R>";
+// see token_bucket.lua). What the others still charge it (the regions it
+// still reaches) does not count against its share: each region cut off,
+// or cutting itself off, admits rate / R, and so the regions still linked
+// together admit what the cut one does not. Its admissions move the
+// world's time on too, at the whole rate's interval, and never leave it
+// emptier than the own time, so that the rate coming back admits no
+// burst; a region with the whole rate ("G<R>") moves its own time on, never
+// into debt, so that one cut off starts alone from what it spent.
+//
 // A region whose own Redis fails decides with on_store_error; local
 // decides a global zone with the region's share of the rate too (Caller,
 // in package limiter): the others are charged what it admits, and keep

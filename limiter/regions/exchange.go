@@ -103,6 +103,7 @@ type Exchange struct {
 	cfg              Config
 	id               string // this instance's, in the peers' records of its charges (charges.go)
 	regions          int64
+	tags             [2]string // Tag's: "G<R>", "A<R>"
 	mu               sync.Mutex
 	pending          map[bucket.ID]count              // admitted since the last interval
 	policies         map[bucket.Policy]*bucket.Policy // the policies of the counts, each once (at most maxPolicies)
@@ -147,6 +148,7 @@ func New(cfg Config) *Exchange {
 		x.names = append(x.names, name)
 	}
 	x.counted.Store(1) // alone until every peer is told and heard (count)
+	x.tags = [2]string{"G" + strconv.FormatInt(x.regions, 10), "A" + strconv.FormatInt(x.regions, 10)}
 	x.SetFingerprint(cfg.Fingerprint)
 	x.copies = newOverrideCopies(cfg.Writers, cfg.Interval, cfg.Timeout)
 	return x
@@ -194,6 +196,22 @@ func (x *Exchange) PolicyWith(p bucket.Policy, k int64) bucket.Policy {
 		p.Period = p.Period * time.Duration(x.regions) / time.Duration(k)
 	}
 	return p
+}
+
+// Tag is the id of a global zone's take or peek in a token bucket (an
+// exact one: not synced) with k regions counted: "G<R>" with every region
+// counted, "A<R>" alone, so that the bucket decides on the world's time
+// or on the region's own (see token_bucket.lua); "" otherwise.
+func (x *Exchange) Tag(k int64) string {
+	switch {
+	case x.regions < 2:
+		return ""
+	case k >= x.regions:
+		return x.tags[0]
+	case k <= 1:
+		return x.tags[1]
+	}
+	return ""
 }
 
 // Counted is how many regions are counted as admitting up to the rate
