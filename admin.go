@@ -137,10 +137,7 @@ type usage struct {
 	Algorithm string `json:"algorithm"`
 	Policy    string `json:"policy"`
 	// ConfigLimit is the config's limit, when an override is in force.
-	ConfigLimit int64 `json:"config_limit,omitempty"`
-	// RegionLimit is, for a global zone, this region's share of Limit:
-	// the most its bucket holds (Remaining counts in it).
-	RegionLimit  int64           `json:"region_limit,omitempty"`
+	ConfigLimit  int64           `json:"config_limit,omitempty"`
 	ZoneOverride *overrideOutput `json:"zone_override,omitempty"`
 	KeyOverride  *overrideOutput `json:"key_override,omitempty"`
 	Blocked      bool            `json:"blocked,omitempty"`

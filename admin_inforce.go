@@ -76,8 +76,8 @@ func lookupKey(ref zoneRef, key string) (usage, error) {
 		return u, caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("reading the bucket: %w", err)}
 	}
 	u.Limit, u.Remaining, u.Reset, u.Policy = d.Limit, d.Remaining, d.ResetUnix(), req.Policy.String()
-	if req.Global { // the world's limit, as config_limit: the region holds its share
-		u.Limit, u.RegionLimit = req.Policy.Limit(), d.Limit
+	if req.Global { // the world's limit, as config_limit; remaining is what this region admits
+		u.Limit = req.Policy.Limit()
 	}
 	if req.Block > 0 { // refused, as a ban, until the block ends
 		u.Blocked, u.Remaining = true, 0

@@ -93,6 +93,9 @@ func (l *Limiter) decideGlobal(ctx context.Context, now time.Time, reqs []Reques
 		case v.States[i] == Refused && v.Decisions != nil && v.Calls[0].Failure == NoFailure:
 			l.regions.Refused(&reqs[i], scaled[i].Policy, v.Decisions[i], now)
 		}
+		if reqs[i].Global && v.Decisions != nil && v.States[i].Decided() {
+			v.Decisions[i].Limit = reqs[i].Policy.Limit() // the zone's; Remaining is what this region admits
+		}
 	}
 	v.Requests = reqs // Decide keeps no other reference to scaled
 	clear(scaled)

@@ -196,7 +196,7 @@ end
 -- no peek, write(key, state) stores each key's state (in refund and
 -- release modes too: write knows whether to). Appends the request's reply
 -- to out.
-local function decide_request(decide, write, first, last, out)
+local function decide_request(decide, write, first, last, out, touch)
   local all, state = true, {}
   for i = first, last do
     state[i] = decide(KEYS[i], args(i))
@@ -208,6 +208,8 @@ local function decide_request(decide, write, first, last, out)
     local s = state[i]
     if all and not peek then
       write(KEYS[i], s)
+    elseif s.own and touch and not peek then -- a refusal that a key still records (see touch in gcra.lua)
+      touch(KEYS[i], s)
     end
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = s.ok and 1 or 0, s.remaining, s.reset,
       s.retry or 0, s.delay or 0
@@ -217,10 +219,10 @@ end
 
 -- run decides the call's requests (see decide_request), and returns the
 -- reply.
-local function run(decide, write)
+local function run(decide, write, touch)
   local out, n = { now }, #KEYS
   if #ARGV < 3 + 6 * n then -- one request
-    decide_request(decide, write, 1, n, out)
+    decide_request(decide, write, 1, n, out, touch)
     return out
   end
   -- batch_error is the reply of a request of a batch that err made fail: -1
@@ -252,7 +254,7 @@ local function run(decide, write)
   for a = 3 + 6 * n, #ARGV do
     local last, mark = first + tonumber(ARGV[a]) - 1, #out
     dirty = false
-    local ok, err = pcall(decide_request, decide, write, first, last, out)
+    local ok, err = pcall(decide_request, decide, write, first, last, out, touch)
     if not ok then
       local code, fatal = batch_error(err)
       if not code then

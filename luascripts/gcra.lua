@@ -23,20 +23,33 @@ local max_debt = 30 * 24 * 3600 * 1000000
 -- write of the key
 local records = {}
 
--- own holds, by key, a global zone's region's own TAT (see regional in
--- token_bucket.lua), in µs, from the record "|L:<µs>" in the key's value
--- (no sender's name is upper case), kept by every write of the key
-local own = {}
+-- own holds, by key, a global zone's region's own record (see regional
+-- in token_bucket.lua), "|L:<tat>:<first>:<last>:<peer>" in the key's
+-- value (no sender's name is upper case), kept by every write of the
+-- key: its own TAT, when its region first and last asked for the key, and
+-- the last charge of a peer region (µs; 0 for none). times holds, by key,
+-- the time as stored (see touch).
+local own, times = {}, {}
+
+-- how long a key's own record is kept after its last request or peer's
+-- charge, in µs: a client that comes back within it is known
+local remember = 600 * 1000000
 
 -- the time stored in key, in µs from now, or nil
 local function stored_time(key)
-  local us, ns, rest = string.match(redis.call('GET', key) or '', '^(%d+)(%d%d%d)(.*)$')
-  records[key], own[key] = nil, nil
+  local v = redis.call('GET', key) or ''
+  local us, ns, rest = string.match(v, '^(%d+)(%d%d%d)(.*)$')
+  records[key], own[key], times[key] = nil, nil, nil
   if rest ~= '' and rest then
     if string.match(rest, '^|[%w:|]*$') then
-      local mine = string.match(rest, '|L:(%d+)')
+      local mine = string.match(rest, '|L:[%d:]+')
       if mine then
-        own[key], rest = tonumber(mine), (string.gsub(rest, '|L:%d+', ''))
+        local f = {}
+        for n in string.gmatch(mine, '%d+') do
+          f[#f + 1] = tonumber(n)
+        end
+        own[key] = { tat = f[1] or 0, first = f[2] or 0, last = f[3] or 0, peer = f[4] or 0 }
+        rest = string.gsub(rest, '|L:[%d:]+', '')
       end
       records[key] = rest ~= '' and rest or nil
     else -- another shape
@@ -44,8 +57,24 @@ local function stored_time(key)
     end
   end
   if us then
+    times[key] = us .. ns
     return tonumber(us) - now + tonumber(ns) / 1000
   end
+end
+
+-- the own record of key (a new one when it has none)
+local function own_of(key)
+  return own[key] or { tat = 0, first = 0, last = 0, peer = 0 }
+end
+
+-- the own record o as stored, and how long it is kept (µs; '', 0 when it
+-- tells nothing any more)
+local function own_record(o)
+  local life = math.max(o.tat, o.last > 0 and o.last + remember or 0, o.peer > 0 and o.peer + remember or 0) - now
+  if life <= 0 then
+    return '', 0
+  end
+  return string.format('|L:%.0f:%.0f:%.0f:%.0f', o.tat, o.first, o.last, o.peer), life
 end
 
 -- A charge sent once, by a region's exchange (see limiter/regions): its
@@ -166,6 +195,10 @@ local function gcra(key, k, empty)
     if once_tag and once_level then -- lifted to the sender's level
       wait = math.max(wait, math.min(once_level + offset, full + max_debt))
     end
+    if once_tag then -- a peer region asked for the key
+      local o = own_of(key)
+      o.peer, own[key] = now, o
+    end
   end
   return { interval = interval, full = full, room = full + tolerance(interval), offset = offset, wait = wait }
 end
@@ -189,20 +222,29 @@ local function round_tat(g, wait)
 end
 
 -- stores the time of the state s, expiring at the TAT, and the key's own
--- TAT (s.own_tat when set, 0 for none, else the key's), expiring no
--- earlier; deletes the key when both are now (a full bucket, an empty
--- queue)
+-- record (s.own when set, else the key's), kept no shorter; deletes the
+-- key when neither tells anything (a full bucket, an empty queue)
 local function write_time(key, s)
-  local mine = s.own_tat or own[key] or 0
-  if mine <= now then
-    mine = 0
+  local o, mine, life = s.own or own[key], '', 0
+  if o then
+    mine, life = own_record(o)
   end
-  if s.wait <= 0 and mine == 0 then
+  if s.wait <= 0 and mine == '' then
     redis.call('DEL', key)
     return
   end
   local t = s.wait > 0 and string.format('%.0f%03d', now + s.whole, s.ns) or '0000' -- '0000': long past
-  redis.call('SET', key, t .. (records[key] or '') .. (mine > 0 and string.format('|L:%.0f', mine) or ''),
-    'PX', ttl_ms(math.max(s.wait, mine - now)))
+  redis.call('SET', key, t .. (records[key] or '') .. mine, 'PX', ttl_ms(math.max(s.wait, life)))
 end
 
+-- touch stores s.own, the own record of a key whose request was refused,
+-- leaving its time as it was
+local function touch(key, s)
+  local mine, life = own_record(s.own)
+  if mine == '' then
+    return
+  end
+  local ttl = redis.call('PTTL', key)
+  redis.call('SET', key, (times[key] or '0000') .. (records[key] or '') .. mine, 'PX',
+    math.max(ttl, ttl_ms(life)))
+end

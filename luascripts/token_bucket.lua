@@ -26,45 +26,70 @@
 -- Reply per key: allowed, whole tokens remaining, µs until full, µs until
 -- the same request could pass, 0.
 
--- A global zone's take or peek has, as its id, "G<R>" when its region
--- decides with the whole rate, or "A<R>" when it decides alone (its policy
--- the region's share of the rate: R times the zone's period), among R
--- regions (see limiter/regions). The key then keeps, beside the world's
--- time, which the regions' charges and levels move, the region's own TAT
--- at its share's rate (own, in gcra.lua). Alone, a region decides on its
--- own TAT: what the others admit is within their shares, and what they
--- still charge it does not count against its own; the world's time moves
--- on by what it admits, at the whole rate's interval, and never stays
--- emptier than the own time, so that a region that gets the whole rate
--- back (a link healed) has no burst. With the whole rate, a region
--- decides on the world's time and moves its own on too, never into debt,
--- so that a region cut off starts alone from what it spent.
+-- A global zone's take or peek has, as its id, "G<R>:<D>" when its
+-- region decides with the whole rate, or "A<R>:<D>" when it decides alone
+-- (its policy the region's share of the rate: R times the zone's period),
+-- among R regions whose charges reach each other within D µs (see
+-- limiter/regions). The key then keeps, beside the world's time, which the
+-- regions' charges and levels move, the region's own record (own, in
+-- gcra.lua).
+--
+-- Alone, a region decides on its own TAT, at its share's rate: what the
+-- others admit is within their shares, and what they still charge it
+-- does not count against its own; the world's time moves on by what it
+-- admits, at the whole rate's interval, and never stays emptier than the
+-- own TAT, so that a region that gets the whole rate back (a link healed)
+-- has no burst. With the whole rate, a region decides on the world's time
+-- and moves its own TAT on too, never into debt, so that a region cut off
+-- starts alone from what it spent.
+--
+-- With the whole rate, a region holds the whole burst (R shares) while no
+-- other region asks for the key: it first asked for it at least D ago (a
+-- region that asked at the same time has charged it since), and no peer
+-- charged the key for 2D. A region alone counts as a peer that charged
+-- (it cannot be told), so holds never outlive a partition. Another region
+-- that starts asking for the key meanwhile takes its share at once, and
+-- the holder stops holding within D: so the shares add up, at most, to
+-- the burst and one share for each other region (see Bound in
+-- limiter/regions).
 local function regional(k)
   if refund or charge then
     return nil
   end
-  local kind, regions = string.match(k.id, '^([GA])(%d+)$')
-  return kind, tonumber(regions)
+  local kind, regions, d = string.match(k.id, '^([GA])(%d+):?(%d*)$')
+  return kind, tonumber(regions), tonumber(d) or 0
 end
 
 -- the state of the token bucket g's decision from wait (its TAT, µs from
--- now, of interval and room g's) of cost
-local function decided(g, k, wait, ok)
+-- now, of interval g's) of cost, with room (the most a charge may leave
+-- the TAT ahead, with the tolerance; g's when nil)
+local function decided(g, k, wait, ok, room)
+  room = room or g.room
   local s = round_tat(g, wait)
   s.ok, s.reset, s.retry = ok, micros(s.wait), 0
-  s.remaining = math.max(math.floor((g.room - s.wait) / g.interval), 0)
-  if not ok and k.cost > k.burst then -- never passes: wait for a full bucket
+  s.remaining = math.max(math.floor((room - s.wait) / g.interval), 0)
+  if not ok and k.cost * g.interval > room then -- never passes: wait for a full bucket
     s.retry = math.max(s.reset, math.ceil(g.interval))
   elseif not ok then -- until cost tokens are in the bucket
-    s.retry = micros(s.wait + k.cost * g.interval - g.full)
+    s.retry = micros(s.wait + k.cost * g.interval - (room - tolerance(g.interval)))
   end
   return s
+end
+
+-- asked records a request of the region in o, its own record: the first
+-- and the last
+local function asked(o)
+  if o.first == 0 then
+    o.first = now
+  end
+  o.last = now
 end
 
 -- decide_alone decides k of key, a region's alone among regions (its
 -- policy's interval the share's), on the region's own TAT (see regional)
 local function decide_alone(key, k, g, regions)
-  local wait = math.max((own[key] or 0) - now, 0)
+  local o = own_of(key)
+  local wait = math.max(o.tat - now, 0)
   local ok = k.cost <= k.burst and wait + k.cost * g.interval <= g.room
   if ok then
     wait = wait + k.cost * g.interval
@@ -76,33 +101,53 @@ local function decide_alone(key, k, g, regions)
   local t = math.max(g.wait - g.offset, -k.burst * interval) + k.cost * interval
   local w = round_tat(g, math.min(math.max(t, s.wait - g.full) + g.offset, g.full + max_debt))
   w.ok, w.remaining, w.reset, w.retry = s.ok, s.remaining, s.reset, s.retry
-  w.own_tat = math.ceil(now + s.wait)
+  asked(o)
+  o.peer, w.own = now, o
+  if ok then
+    o.tat = math.ceil(now + s.wait)
+  end
   return w
+end
+
+-- room_whole is the room of a region with the whole rate among regions
+-- whose charges reach each other within d, by its own record o (see
+-- regional): the whole burst's while it holds it, else g's (its share's)
+local function room_whole(g, k, o, regions, d)
+  if o.first > 0 and now - o.first >= d and (o.peer == 0 or now - o.peer >= 2 * d) then
+    return k.burst * regions * g.interval + tolerance(g.interval)
+  end
+  return g.room
 end
 
 local function decide(key, k)
   local g = gcra(key, k, true)
-  local kind, regions = regional(k)
+  local kind, regions, d = regional(k)
   if kind == 'A' then
     return decide_alone(key, k, g, regions)
   end
+  local o, room = own_of(key), g.room
+  if kind == 'G' then
+    room = room_whole(g, k, o, regions, d)
+  end
   local cost, wait, ok = k.cost, g.wait, true
   if not refund and not charge then -- in debt, the wait is beyond full
-    ok = cost <= k.burst and wait + cost * g.interval <= g.room
+    ok = cost * g.interval <= room and wait + cost * g.interval <= room
     if ok then
       wait = wait + cost * g.interval
     end
   end
-  local s = decided(g, k, wait, ok)
-  if kind == 'G' then -- the own TAT on by cost at the share's rate, never in debt
+  local s = decided(g, k, wait, ok, room)
+  if kind == 'G' then -- the request recorded; the own TAT on by cost at the share's rate, never in debt
     local interval = g.interval * regions
-    local mine = math.max((own[key] or 0) - now, 0)
+    local mine = math.max(o.tat - now, 0)
     if ok then
       mine = math.min(mine + cost * interval, k.burst * interval)
     end
-    s.own_tat = mine > 0 and math.ceil(now + mine) or 0
+    o.tat = mine > 0 and math.ceil(now + mine) or 0
+    asked(o)
+    s.own = o
   end
   return s
 end
 
-return run(decide, write_time)
+return run(decide, write_time, touch)

@@ -64,7 +64,7 @@ func (s *sender) take(now time.Time, epoch uint64) ([]bucket.Request, []sent) {
 		if !ok {
 			d = doubt{p: c.p, epoch: epoch, since: now}
 		}
-		d.total = min(d.total+min(c.cost, maxCharge(*c.p, elapsed)), maxTotal)
+		d.total = min(d.total+min(c.cost, maxCharge(*c.p, s.x.regions, elapsed)), maxTotal)
 		d.empty = max(d.empty, c.empty)
 		delete(s.doubts, id)
 		all = append(all, sent{id, d})
@@ -210,13 +210,14 @@ func (s *sender) doubtful(all []sent, part []int) {
 }
 
 // maxCharge is twice what a bucket of policy p (its burst the region's
-// share) admits in elapsed, at least 1.
-func maxCharge(p bucket.Policy, elapsed time.Duration) int64 {
+// share) admits in elapsed among regions, holding the whole burst, at
+// least 1.
+func maxCharge(p bucket.Policy, regions int64, elapsed time.Duration) int64 {
 	if p.Period <= 0 {
 		return math.MaxInt64 / 2
 	}
 	refill := float64(p.Rate) * float64(max(elapsed, 0)) / float64(p.Period)
-	return max(2*(p.Burst+int64(min(refill, float64(math.MaxInt64/8)))), 1)
+	return max(2*(p.Burst*regions+int64(min(refill, float64(math.MaxInt64/8)))), 1)
 }
 
 // merge adds c to the backlog's count of id; s.mu held.

@@ -13,8 +13,21 @@
 // admitted is charged there too, by them, at most D later, into debt if
 // need be. So every region's bucket is charged what the whole world
 // admitted, each region refills at the zone's rate, and a client that
-// uses one region alone gets the zone's whole rate (its burst is the
-// region's share).
+// uses one region alone gets the zone's whole rate.
+//
+// A region holds the whole burst (R shares) while no other region asks
+// for the key: it first asked for it at least D ago (a region that asked
+// at the same time has charged it since), and no peer has charged it for
+// 2D (D, below, is how late a charge may come). A region that starts
+// asking meanwhile takes its share at once; the holder hears of it
+// within D and stops holding. So a client of one region gets its whole
+// burst there, from D after its first request (a region keeps a key's
+// record 10 minutes after its last request or charge), and the bound
+// below grows by a share per other region. A client that moves from a
+// region that held its burst, spent, waits in the new one until its
+// bucket is back within the share there, or until it holds the burst
+// (2D after the old region's last charge). The rules are
+// token_bucket.lua's (regional); Tag carries R and D to them.
 //
 // An Exchange is one instance's part of it: Record counts what this
 // instance admitted in global zones, by bucket; every interval the counts
@@ -83,12 +96,16 @@
 // within D = interval + timeout. Over any period, the world then admits at
 // most what the exact limit admits over that period, plus
 //
-//	(R·⌈burst/R⌉ − burst) + (R − 1) × rate × D
+//	(R − 1) × (⌈burst/R⌉ + rate × D)
 //
 // (each region may spend, unseen by the others, what its bucket refills
-// in D; see Bound, logged as a config loads). With 1000r/m, burst 1000,
-// 3 regions, interval 1s and timeout 1s (a peer's default): 2 + 2 ×
-// 16.7 × 2 ≈ 69.
+// in D; and while one region holds the whole burst, each other that
+// starts asking for the key spends its share before the holder hears of
+// it: see Bound, logged as a config loads). With 1000r/m, burst 1000, 3
+// regions, interval 1s and timeout 1s (a peer's default): 2 × (334 +
+// 16.7 × 2) ≈ 735. Without holds the burst's part would be the shares'
+// rounding (R·⌈burst/R⌉ − burst), and a client of one region would get
+// ⌈burst/R⌉ of its burst.
 // What a region admitted beyond it is charged as debt in every region: it
 // is carried, not forgotten at a window's turn, so over a long period the
 // world's rate is exact.
@@ -144,6 +161,10 @@
 //   - A cut-off region decides with its share, and healing admits no burst
 //     (TestRegionsCutOff; end to end, TestRegionsEndToEnd); one link cut
 //     keeps the bound too (TestRegionsOneLinkCut).
+//   - A client of one region gets the exact limit's whole burst, and a
+//     client that moves is admitted again, within the bound
+//     (TestRegionsOneRegionBurst, TestRegionsMovingClient); the rules
+//     of the hold and the wait (TestRegionalHold in limiter/redisstore).
 //   - Copies of a bucket apart by 40 tokens converge, and no region
 //     starves (TestRegionsCopiesConverge); with a region's Redis stopped,
 //     on_store_error local keeps it to its share and the others admit

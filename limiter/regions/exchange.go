@@ -103,7 +103,7 @@ type Exchange struct {
 	cfg              Config
 	id               string // this instance's, in the peers' records of its charges (charges.go)
 	regions          int64
-	tags             [2]string // Tag's: "G<R>", "A<R>"
+	tags             [2]string // Tag's: "G<R>:<D>", "A<R>:<D>"
 	mu               sync.Mutex
 	pending          map[bucket.ID]count              // admitted since the last interval
 	policies         map[bucket.Policy]*bucket.Policy // the policies of the counts, each once (at most maxPolicies)
@@ -147,8 +147,9 @@ func New(cfg Config) *Exchange {
 		x.peers = append(x.peers, newSender(x, name, cfg.Peers[name]))
 		x.names = append(x.names, name)
 	}
-	x.counted.Store(1) // alone until every peer is told and heard (count)
-	x.tags = [2]string{"G" + strconv.FormatInt(x.regions, 10), "A" + strconv.FormatInt(x.regions, 10)}
+	x.counted.Store(1)                                                      // alone until every peer is told and heard (count)
+	d := strconv.FormatInt((cfg.Interval + cfg.Timeout).Microseconds(), 10) // how late a charge may reach a peer
+	x.tags = [2]string{"G" + strconv.FormatInt(x.regions, 10) + ":" + d, "A" + strconv.FormatInt(x.regions, 10) + ":" + d}
 	x.SetFingerprint(cfg.Fingerprint)
 	x.copies = newOverrideCopies(cfg.Writers, cfg.Interval, cfg.Timeout)
 	return x
@@ -199,9 +200,11 @@ func (x *Exchange) PolicyWith(p bucket.Policy, k int64) bucket.Policy {
 }
 
 // Tag is the id of a global zone's take or peek in a token bucket (an
-// exact one: not synced) with k regions counted: "G<R>" with every region
-// counted, "A<R>" alone, so that the bucket decides on the world's time
-// or on the region's own (see token_bucket.lua); "" otherwise.
+// exact one: not synced) with k regions counted: "G<R>:<D>" with every
+// region counted, "A<R>:<D>" alone, D the interval and timeout in µs, so
+// that the bucket decides on the world's time, holding the whole burst
+// while no other region may spend from it, or on the region's own (see
+// token_bucket.lua); "" otherwise.
 func (x *Exchange) Tag(k int64) string {
 	switch {
 	case x.regions < 2:
@@ -232,7 +235,7 @@ func Bound(p bucket.Policy, regions int, interval, timeout time.Duration) float6
 		return 0
 	}
 	rate := float64(p.Rate) / p.Period.Seconds()
-	return float64(r*shareOf(p.Burst, r)-p.Burst) + float64(r-1)*rate*(interval+timeout).Seconds()
+	return float64(r-1) * (float64(shareOf(p.Burst, r)) + rate*(interval+timeout).Seconds())
 }
 
 // Record counts what r, with its zone's policy (not scaled by Policy),
