@@ -407,7 +407,7 @@ func (h *Handler) logRegionBounds() {
 			continue
 		}
 		share := h.store.RegionShare(z.policy)
-		h.logger.Info("zone is global: each region decides from its own Redis with its share of the burst (the whole burst while no other region asks for the client), and tells the others what it admitted every sync; over any period the regions together may admit beyond the exact limit up to (regions − 1) × (⌈burst / regions⌉ + rate × (sync + timeout))",
+		h.logger.Info("zone is global: each region decides from its own Redis, spending unseen its part of the burst (the whole burst while no other region asks for the client), and tells the others what it admitted every sync; over any period the regions together may admit beyond the exact limit up to (regions − 1) × ⌈burst / regions⌉ + 2 × rate × (sync + timeout)",
 			zap.String("zone", z.name), zap.Strings("regions", names), zap.Strings("links_down", down),
 			zap.Int("regions_counted", counted), zap.Duration("sync", h.Regions.interval()),
 			zap.Int64("burst_here", share.Burst), zap.Float64("bound", math.Round(h.store.RegionBound(z.policy))))

@@ -24,11 +24,12 @@ local max_debt = 30 * 24 * 3600 * 1000000
 local records = {}
 
 -- own holds, by key, a global zone's region's own record (see regional
--- in token_bucket.lua), "|L:<tat>:<first>:<last>:<peer>" in the key's
--- value (no sender's name is upper case), kept by every write of the
--- key: its own TAT, when its region first and last asked for the key, and
--- the last charge of a peer region (µs; 0 for none). times holds, by key,
--- the time as stored (see touch).
+-- in token_bucket.lua), "|L:<tat>:<first>:<last>:<peer>:<win>:<cur>:<prev>"
+-- in the key's value (no sender's name is upper case), kept by every
+-- write of the key: its own TAT, when its region first and last asked
+-- for the key, the last charge of a peer region (µs; 0 for none), and
+-- its admissions in the window win (of length D) and the one before.
+-- times holds, by key, the time as stored (see touch).
 local own, times = {}, {}
 
 -- how long a key's own record is kept after its last request or peer's
@@ -48,7 +49,8 @@ local function stored_time(key)
         for n in string.gmatch(mine, '%d+') do
           f[#f + 1] = tonumber(n)
         end
-        own[key] = { tat = f[1] or 0, first = f[2] or 0, last = f[3] or 0, peer = f[4] or 0 }
+        own[key] = { tat = f[1] or 0, first = f[2] or 0, last = f[3] or 0, peer = f[4] or 0, win = f[5] or 0,
+          cur = f[6] or 0, prev = f[7] or 0 }
         rest = string.gsub(rest, '|L:[%d:]+', '')
       end
       records[key] = rest ~= '' and rest or nil
@@ -64,7 +66,7 @@ end
 
 -- the own record of key (a new one when it has none)
 local function own_of(key)
-  return own[key] or { tat = 0, first = 0, last = 0, peer = 0 }
+  return own[key] or { tat = 0, first = 0, last = 0, peer = 0, win = 0, cur = 0, prev = 0 }
 end
 
 -- the own record o as stored, and how long it is kept (µs; '', 0 when it
@@ -74,7 +76,8 @@ local function own_record(o)
   if life <= 0 then
     return '', 0
   end
-  return string.format('|L:%.0f:%.0f:%.0f:%.0f', o.tat, o.first, o.last, o.peer), life
+  return string.format('|L:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f', o.tat, o.first, o.last, o.peer, o.win, o.cur, o.prev),
+    life
 end
 
 -- A charge sent once, by a region's exchange (see limiter/regions): its

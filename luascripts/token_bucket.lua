@@ -43,15 +43,16 @@
 -- and moves its own TAT on too, never into debt, so that a region cut off
 -- starts alone from what it spent.
 --
--- With the whole rate, a region holds the whole burst (R shares) while no
+-- With the whole rate, a region decides on the world's time with the
+-- whole burst (R shares): see decide_whole. It holds the burst while no
 -- other region asks for the key: it first asked for it at least D ago (a
 -- region that asked at the same time has charged it since), and no peer
--- charged the key for 2D. A region alone counts as a peer that charged
+-- charged the key for 2D; a region alone counts as a peer that charged
 -- (it cannot be told), so holds never outlive a partition. Another region
--- that starts asking for the key meanwhile takes its share at once, and
--- the holder stops holding within D: so the shares add up, at most, to
--- the burst and one share for each other region (see Bound in
--- limiter/regions).
+-- that starts asking for the key meanwhile spends its part at once, and
+-- the holder stops holding within D: so the regions spend unseen, at
+-- most, the room there was, a share for each other region, and the
+-- refill (see Bound in limiter/regions).
 local function regional(k)
   if refund or charge then
     return nil
@@ -97,9 +98,11 @@ local function decide_alone(key, k, g, regions)
   local s = decided(g, k, wait, ok)
   local interval = g.interval / regions -- the whole rate's
   -- the world's time, when empty (µs from now), on by cost at the whole
-  -- rate from no earlier than full, and no emptier than the own time
+  -- rate from no earlier than full, and spent no less than the own time
+  -- is (its wait, in µs, at least the own's: the share's part of the
+  -- burst spent is the whole burst's part of it)
   local t = math.max(g.wait - g.offset, -k.burst * interval) + k.cost * interval
-  local w = round_tat(g, math.min(math.max(t, s.wait - g.full) + g.offset, g.full + max_debt))
+  local w = round_tat(g, math.min(math.max(t, s.wait - k.burst * interval) + g.offset, g.full + max_debt))
   w.ok, w.remaining, w.reset, w.retry = s.ok, s.remaining, s.reset, s.retry
   asked(o)
   o.peer, w.own = now, o
@@ -109,14 +112,74 @@ local function decide_alone(key, k, g, regions)
   return w
 end
 
--- room_whole is the room of a region with the whole rate among regions
--- whose charges reach each other within d, by its own record o (see
--- regional): the whole burst's while it holds it, else g's (its share's)
-local function room_whole(g, k, o, regions, d)
-  if o.first > 0 and now - o.first >= d and (o.peer == 0 or now - o.peer >= 2 * d) then
-    return k.burst * regions * g.interval + tolerance(g.interval)
+-- holds tells whether a region whose own record is o holds the whole
+-- burst, among regions whose charges reach each other within d (see
+-- regional)
+local function holds(o, d)
+  return o.first > 0 and now - o.first >= d and (o.peer == 0 or now - o.peer >= 2 * d)
+end
+
+-- recent is how many of the region's own admissions of the key o counts
+-- in the window of length d that now is in and the one before it: every
+-- admission the peers may not have been charged yet, and some more
+local function recent(o, d)
+  local w = math.floor(now / d)
+  if o.win == w then
+    return o.cur + o.prev
+  elseif o.win == w - 1 then
+    return o.cur
   end
-  return g.room
+  return 0
+end
+
+-- counted adds cost to o's count of the window now is in
+local function counted(o, d, cost)
+  local w = math.floor(now / d)
+  if o.win ~= w then
+    o.prev, o.cur, o.win = o.win == w - 1 and o.cur or 0, 0, w
+  end
+  o.cur = o.cur + cost
+end
+
+-- decide_whole decides k of key, of a region with the whole rate among
+-- regions whose charges reach each other within d, on the world's time:
+-- the bucket, holding the whole burst, must have room for the cost; and,
+-- unless the region holds the burst, what it admitted that the peers may
+-- not have been charged yet (recent) must stay within its share of the
+-- room the others left it and of what refills in 2d. So the regions
+-- together never spend, unseen by each other, more than the room there
+-- was and the refill (see Bound in limiter/regions). The own TAT moves on
+-- at the share's rate, never in debt.
+local function decide_whole(key, k, g, regions, d)
+  local o, whole, cost = own_of(key), k.burst * regions, k.cost
+  local room = whole * g.interval + tolerance(g.interval)
+  local wait = g.wait
+  local ok = cost * g.interval <= room and wait + cost * g.interval <= room
+  local allow, mine = nil, recent(o, d)
+  if not holds(o, d) then
+    allow = (whole - wait / g.interval + mine) / regions + 2 * d / (regions * g.interval)
+    ok = ok and mine + cost <= allow
+  end
+  if ok then
+    wait = wait + cost * g.interval
+    counted(o, d, cost)
+  end
+  local s = decided(g, k, wait, ok, room)
+  if allow then -- what the share of the room still admits
+    s.remaining = math.max(math.min(s.remaining, math.floor(allow - recent(o, d))), 0)
+    if not ok and s.retry == 0 then -- until the window turns
+      s.retry = micros((math.floor(now / d) + 1) * d - now)
+    end
+  end
+  local interval = g.interval * regions
+  local mine_tat = math.max(o.tat - now, 0)
+  if ok then
+    mine_tat = math.min(mine_tat + cost * interval, k.burst * interval)
+  end
+  o.tat = mine_tat > 0 and math.ceil(now + mine_tat) or 0
+  asked(o)
+  s.own = o
+  return s
 end
 
 local function decide(key, k)
@@ -124,30 +187,17 @@ local function decide(key, k)
   local kind, regions, d = regional(k)
   if kind == 'A' then
     return decide_alone(key, k, g, regions)
-  end
-  local o, room = own_of(key), g.room
-  if kind == 'G' then
-    room = room_whole(g, k, o, regions, d)
+  elseif kind == 'G' then
+    return decide_whole(key, k, g, regions, d)
   end
   local cost, wait, ok = k.cost, g.wait, true
   if not refund and not charge then -- in debt, the wait is beyond full
-    ok = cost * g.interval <= room and wait + cost * g.interval <= room
+    ok = cost <= k.burst and wait + cost * g.interval <= g.room
     if ok then
       wait = wait + cost * g.interval
     end
   end
-  local s = decided(g, k, wait, ok, room)
-  if kind == 'G' then -- the request recorded; the own TAT on by cost at the share's rate, never in debt
-    local interval = g.interval * regions
-    local mine = math.max(o.tat - now, 0)
-    if ok then
-      mine = math.min(mine + cost * interval, k.burst * interval)
-    end
-    o.tat = mine > 0 and math.ceil(now + mine) or 0
-    asked(o)
-    s.own = o
-  end
-  return s
+  return decided(g, k, wait, ok)
 end
 
 return run(decide, write_time, touch)

@@ -5,29 +5,29 @@
 //
 // # The model
 //
-// Each region keeps, in its own Redis, a bucket per client of a global
-// zone: a token bucket of the zone's rate whose burst is the region's
-// share, ⌈burst / R⌉ of the world's burst among R regions. A region's
-// requests are decided against it as any (exactly, or with sync), and
+// Each region keeps, in its own Redis, a copy of each client's bucket of
+// a global zone: a token bucket of the zone's rate and burst. A region's
+// requests are decided against its copy (exactly, or with sync), and
 // what they admit is charged at once there; what the other regions
 // admitted is charged there too, by them, at most D later, into debt if
-// need be. So every region's bucket is charged what the whole world
-// admitted, each region refills at the zone's rate, and a client that
-// uses one region alone gets the zone's whole rate.
+// need be. So every copy is charged what the whole world admitted, and
+// refills at the zone's rate.
 //
-// A region holds the whole burst (R shares) while no other region asks
-// for the key: it first asked for it at least D ago (a region that asked
-// at the same time has charged it since), and no peer has charged it for
-// 2D (D, below, is how late a charge may come). A region that starts
-// asking meanwhile takes its share at once; the holder hears of it
-// within D and stops holding. So a client of one region gets its whole
-// burst there, from D after its first request (a region keeps a key's
-// record 10 minutes after its last request or charge), and the bound
-// below grows by a share per other region. A client that moves from a
-// region that held its burst, spent, waits in the new one until its
-// bucket is back within the share there, or until it holds the burst
-// (2D after the old region's last charge). The rules are
-// token_bucket.lua's (regional); Tag carries R and D to them.
+// What a region spends that the others have not been charged yet is
+// bounded (decide_whole in token_bucket.lua): its own admissions of the
+// last D or so (counted in two windows of D) stay within its share of the
+// room its copy shows the others left, and of what refills in 2D:
+// (burst − (spent − own recent)) / R + rate × 2D / R. So the regions
+// together never spend unseen more than the room there was and the
+// refill, whatever the mix of their requests. A region holds the whole
+// burst, unbounded by that share, while no other region asks for the
+// key: it first asked for it at least D ago (a region that asked at the
+// same time has charged it since), and no peer has charged it for 2D. A
+// region that starts asking meanwhile spends its part at once; the holder
+// hears of it within D and stops holding. So a client of one region gets
+// its whole burst there, from D after its first request (a region keeps a
+// key's record 10 minutes after its last request or charge). Tag carries
+// R and D to the script.
 //
 // An Exchange is one instance's part of it: Record counts what this
 // instance admitted in global zones, by bucket; every interval the counts
@@ -96,16 +96,14 @@
 // within D = interval + timeout. Over any period, the world then admits at
 // most what the exact limit admits over that period, plus
 //
-//	(R − 1) × (⌈burst/R⌉ + rate × D)
+//	(R − 1) × ⌈burst/R⌉ + 2 × rate × D
 //
-// (each region may spend, unseen by the others, what its bucket refills
-// in D; and while one region holds the whole burst, each other that
-// starts asking for the key spends its share before the holder hears of
-// it: see Bound, logged as a config loads). With 1000r/m, burst 1000, 3
-// regions, interval 1s and timeout 1s (a peer's default): 2 × (334 +
-// 16.7 × 2) ≈ 735. Without holds the burst's part would be the shares'
-// rounding (R·⌈burst/R⌉ − burst), and a client of one region would get
-// ⌈burst/R⌉ of its burst.
+// (the regions spend unseen at most the room there was and what refills
+// in 2D; and while one region holds the whole burst, each other that
+// starts asking for the key spends its share of the room before the
+// holder hears of it: see Bound, logged as a config loads). With 1000r/m,
+// burst 1000, 3 regions, interval 1s and timeout 1s (a peer's default):
+// 2 × 334 + 2 × 16.7 × 2 ≈ 735; without the holds, 67.
 // What a region admitted beyond it is charged as debt in every region: it
 // is carried, not forgotten at a window's turn, so over a long period the
 // world's rate is exact.

@@ -235,7 +235,7 @@ func Bound(p bucket.Policy, regions int, interval, timeout time.Duration) float6
 		return 0
 	}
 	rate := float64(p.Rate) / p.Period.Seconds()
-	return float64(r-1) * (float64(shareOf(p.Burst, r)) + rate*(interval+timeout).Seconds())
+	return float64((r-1)*shareOf(p.Burst, r)) + 2*rate*(interval+timeout).Seconds()
 }
 
 // Record counts what r, with its zone's policy (not scaled by Policy),

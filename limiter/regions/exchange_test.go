@@ -15,8 +15,8 @@ import (
 // TestBound: the package doc's example, and no bound for one region.
 func TestBound(t *testing.T) {
 	p := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 1000, Period: time.Minute, Burst: 1000}
-	if got := Bound(p, 3, time.Second, time.Second); math.Abs(got-2*(334+1000.0/60*2)) > 1e-9 {
-		t.Errorf("Bound of 1000r/m, burst 1000, 3 regions, 1s + 1s = %v; want 2 × (334 + 16.7 × 2)", got)
+	if got := Bound(p, 3, time.Second, time.Second); math.Abs(got-(2*334+2*1000.0/60*2)) > 1e-9 {
+		t.Errorf("Bound of 1000r/m, burst 1000, 3 regions, 1s + 1s = %v; want 2 × 334 + 2 × 16.7 × 2", got)
 	}
 	if got := Bound(p, 1, time.Second, time.Second); got != 0 {
 		t.Errorf("Bound of one region = %v; want 0", got)

@@ -289,8 +289,8 @@ func TestRegionsManyKeys(t *testing.T) {
 	}
 	for _, i := range []int{0, 1, keys / 2, keys - 1} {
 		d, err := us.l.Peek(context.Background(), limiter.Request{Zone: "many", Key: fmt.Sprint("k", i), Policy: p, Global: true})
-		if err != nil || d.Remaining != 10-2 { // us's share of 30, less one from eu and one from ap
-			t.Errorf("key %d in us: %+v (%v); want 8 left of 10: charged by eu and ap", i, d, err)
+		if err != nil || d.Remaining != (30-2)/3 { // us's part of the room eu and ap left: charged by both
+			t.Errorf("key %d in us: %+v (%v); want 9 left, (30 - 2) / 3: charged by eu and ap", i, d, err)
 		}
 	}
 }
@@ -389,8 +389,8 @@ func TestRegionsRollout(t *testing.T) {
 		t.Fatalf("us's own bucket of the zone after eu admitted 10 as global: %+v (%v); want 30 left, untouched", d, err)
 	}
 	g, err := us.l.Peek(context.Background(), limiter.Request{Zone: "rollout", Key: "k", Policy: p, Global: true})
-	if err != nil || g.Remaining != 0 {
-		t.Errorf("us's global bucket after eu admitted 10: %+v (%v); want its share of 10, charged 10", g, err)
+	if err != nil || g.Remaining != (30-10)/3 {
+		t.Errorf("us's global bucket after eu admitted 10: %+v (%v); want 6 left, its part of the room, (30 - 10) / 3", g, err)
 	}
 }
 
