@@ -41,9 +41,13 @@
 //   - gw_us: this process's CPU (getrusage: user + system, every thread:
 //     the decisions, the syncers' rounds, the exchanges, the Redis
 //     clients) in the window, by decisions, less the load generator's own
-//     cost (gen_us: drawing a key and an instance and recording the
-//     decision, timed alone after the run); the digest of each key is
-//     counted in gw_us, as Caddy computes it per request;
+//     cost (gen_us: after the run, the fleet closed, the workers run for
+//     up to a second as they did, paced when they were, drawing keys and
+//     instances and recording, but asking no decision); the digest of
+//     each key is counted in gw_us, as Caddy computes it per request. At
+//     a low -qps, gw_us also counts what runs whatever the load (the
+//     syncers' rounds, the exchanges, the Go runtime's timers and idle
+//     threads): per decision, it grows as the load falls;
 //   - redis_us: INFO cpu's used_cpu_sys + used_cpu_user of every node of
 //     every region (masters and replicas) in the window, by decisions;
 //   - redis_B/key: INFO memory's used_memory less mem_clients_normal (the
@@ -51,7 +55,8 @@
 //     over the masters, from before the fleet is made to the sample of the
 //     load (every second, and at its end) when the masters held the most
 //     keys, by the growth of DBSIZE over the masters then (keys_peak: a
-//     bucket full again expires, so the end may hold far fewer);
+//     bucket full again expires, so the end may hold far fewer); "-"
+//     under 1,000 keys, where Redis's own noise outweighs them;
 //   - the accuracy: every decision is recorded (key, time, admitted) and
 //     the same arrivals are replayed, per key in time order, through one
 //     token bucket of the zone's whole rate and burst (bucket.Policy.Take,

@@ -65,13 +65,18 @@ func (r result) cost(field func(string, string, ...any)) {
 	field("gen_us", "%.2f", float64(r.gen)/float64(time.Microsecond))
 	field("redis_us", "%.2f", us(r.w.redisCPU))
 	keys := r.w.peak.keys - r.before.keys
-	if keys > 0 {
+	if keys >= minKeysForMemory {
 		field("redis_B/key", "%.0f", float64(r.w.peak.mem-r.before.mem)/float64(keys))
 	} else {
 		field("redis_B/key", "-")
 	}
 	field("keys_peak", "%d", keys)
 }
+
+// minKeysForMemory is the fewest keys whose memory is told per key: below,
+// the noise of Redis's own memory (its hash tables growing in powers of
+// two, what a previous run freed lazily) outweighs them.
+const minKeysForMemory = 1000
 
 // accuracy adds the fields of the run's accuracy against the exact
 // replay.

@@ -24,6 +24,7 @@ type load struct {
 	fellBak atomic.Int64 // decisions the store did not make
 	behind  atomic.Int64 // paced workers that fell a second behind
 	stop    atomic.Bool
+	dry     bool // the workers ask no decision: see generatorCost
 }
 
 // newLoad is the load of c on f.
@@ -80,6 +81,10 @@ func (ld *load) worker(w int) []uint64 {
 		}
 		k := ld.zipf.draw(rng)
 		l := ld.fleet.instances[rng.IntN(len(ld.fleet.instances))]
+		if ld.dry {
+			recs = ld.dryRecord(recs, k)
+			continue
+		}
 		reqs[0] = limiter.Request{Zone: "fleetsim", Key: ld.keys[k], Policy: ld.c.policy, Cost: 1,
 			Global: global, Sync: syncEvery}.WithDigest(nil)
 		l.Decide(context.Background(), time.Time{}, reqs, ld.caller, &v)
@@ -90,6 +95,18 @@ func (ld *load) worker(w int) []uint64 {
 		v.Release()
 		ld.decided.Add(1)
 	}
+	return recs
+}
+
+// dryRecord is a worker's own work for a decision it does not ask, the
+// generator's alone: recording it (in a buffer it reuses) and counting
+// it.
+func (ld *load) dryRecord(recs []uint64, k int) []uint64 {
+	if len(recs) == cap(recs) {
+		recs = recs[:0]
+	}
+	recs = append(recs, record(k, time.Since(ld.start), k&1 == 0))
+	ld.decided.Add(1)
 	return recs
 }
 
@@ -134,20 +151,17 @@ func unrecord(r uint64) (key int, at time.Duration, admitted bool) {
 	return int(r >> 33), time.Duration(r>>1&math.MaxUint32) * time.Microsecond, r&1 == 1
 }
 
-// generatorCost is the load generator's own CPU per decision: drawing a
-// key and an instance, checking the stop and counting, and recording, as
-// a worker does, n times on this goroutine alone (the fleet closed).
-func (ld *load) generatorCost(n int) time.Duration {
-	rng := rand.New(rand.NewPCG(ld.c.seed, math.MaxUint64))
-	recs := make([]uint64, 0, 1024)
-	var counted atomic.Int64
-	var stop atomic.Bool
-	before := processCPU()
-	for i := 0; i < n && !stop.Load(); i++ {
-		k := ld.zipf.draw(rng)
-		_ = ld.fleet.instances[rng.IntN(len(ld.fleet.instances))]
-		recs = append(recs, record(k, time.Since(ld.start), k&1 == 0))
-		counted.Add(1)
-	}
-	return (processCPU() - before) / time.Duration(max(n, 1))
+// generatorCost is the load generator's own CPU per decision: its
+// workers run for d as they did (paced, when they were), drawing keys and
+// instances, recording and counting, but asking no decision (the fleet
+// closed, nothing else runs), and the process's CPU is divided by what
+// they counted.
+func (ld *load) generatorCost(d time.Duration) time.Duration {
+	ld.dry = true
+	ld.stop.Store(false)
+	d0, before := ld.decided.Load(), processCPU()
+	stop := ld.run()
+	time.Sleep(d)
+	_ = stop()
+	return (processCPU() - before) / time.Duration(max(ld.decided.Load()-d0, 1))
 }

@@ -80,7 +80,7 @@ func run(ctx context.Context, c config) (string, error) {
 	res.closing, res.w = time.Since(closing), w
 	res.fellBack, res.behind = ld.fellBak.Load(), ld.behind.Load()
 	res.acc = replay(recs, c.policy, ld.start, w.span, res.bound)
-	res.gen = ld.generatorCost(int(min(int64(len(recs)), 200_000)))
+	res.gen = ld.generatorCost(min(c.duration, time.Second))
 	if !c.keep {
 		n, err := nodes.cleanup(ctx, prefix)
 		if err != nil {
