@@ -50,13 +50,20 @@
 //     threads): per decision, it grows as the load falls;
 //   - redis_us: INFO cpu's used_cpu_sys + used_cpu_user of every node of
 //     every region (masters and replicas) in the window, by decisions;
-//   - redis_B/key: INFO memory's used_memory less mem_clients_normal (the
-//     clients' buffers, which grow with connections, not keys), added up
+//     redis_idle is the same nodes' CPU per second for a second before the
+//     fleet is made (their cron, a Cluster's bus), which redis_us divides
+//     too: it weighs at a low load;
+//   - redis_B/key: INFO memory's used_memory less mem_clients_normal and
+//     mem_clients_slaves (the clients' and the replicas' buffers, which
+//     grow with connections and the write load, not keys), added up
 //     over the masters, from before the fleet is made to the sample of the
 //     load (every second, and at its end) when the masters held the most
 //     keys, by the growth of DBSIZE over the masters then (keys_peak: a
 //     bucket full again expires, so the end may hold far fewer); "-"
-//     under 1,000 keys, where Redis's own noise outweighs them;
+//     under 10,000 keys, where Redis's own noise (its Lua heap, its hash
+//     tables, its cluster links: tens of kB a node) outweighs them;
+//     key_usage_B is the mean MEMORY USAGE of up to 100 of the run's keys
+//     per master at the end (a key's own bytes, without the hash tables);
 //   - the accuracy: every decision is recorded (key, time, admitted) and
 //     the same arrivals are replayed, per key in time order, through one
 //     token bucket of the zone's whole rate and burst (bucket.Policy.Take,

@@ -64,6 +64,7 @@ func (r result) cost(field func(string, string, ...any)) {
 	field("gw_us", "%.2f", us(r.w.cpu)-float64(r.gen)/float64(time.Microsecond))
 	field("gen_us", "%.2f", float64(r.gen)/float64(time.Microsecond))
 	field("redis_us", "%.2f", us(r.w.redisCPU))
+	field("redis_idle", "%.1fms/s", float64(r.idle)/float64(time.Millisecond))
 	keys := r.w.peak.keys - r.before.keys
 	if keys >= minKeysForMemory {
 		field("redis_B/key", "%.0f", float64(r.w.peak.mem-r.before.mem)/float64(keys))
@@ -71,12 +72,14 @@ func (r result) cost(field func(string, string, ...any)) {
 		field("redis_B/key", "-")
 	}
 	field("keys_peak", "%d", keys)
+	field("key_usage_B", "%.0f", r.w.usage)
 }
 
 // minKeysForMemory is the fewest keys whose memory is told per key: below,
 // the noise of Redis's own memory (its hash tables growing in powers of
-// two, what a previous run freed lazily) outweighs them.
-const minKeysForMemory = 1000
+// two, its Lua heap, its cluster links: tens of kB a node) outweighs
+// them.
+const minKeysForMemory = 10_000
 
 // accuracy adds the fields of the run's accuracy against the exact
 // replay.

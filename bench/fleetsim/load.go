@@ -17,6 +17,7 @@ type load struct {
 	c       config
 	fleet   *fleet
 	keys    []string // the client keys, by index
+	prefix  string   // of the run's Redis keys
 	zipf    *zipf
 	start   time.Time // the time base of the records
 	caller  limiter.Caller

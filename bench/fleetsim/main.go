@@ -36,7 +36,8 @@ func logf(format string, args ...any) {
 type result struct {
 	setup, closing time.Duration
 	w              window
-	before         redisSample // the nodes before the fleet was made
+	before         redisSample   // the nodes before the fleet was made
+	idle           time.Duration // every node's CPU per second then, without the fleet
 	acc            accuracy
 	bound          float64
 	gen            time.Duration // the generator's CPU per decision
@@ -57,7 +58,7 @@ func run(ctx context.Context, c config) (string, error) {
 	}
 	defer nodes.close()
 	res := result{ev: &events{}}
-	if res.before, err = nodes.sample(ctx); err != nil {
+	if res.idle, res.before, err = nodes.idle(ctx, time.Second); err != nil {
 		return "", err
 	}
 	start := time.Now()
@@ -72,12 +73,14 @@ func run(ctx context.Context, c config) (string, error) {
 	logf("%d instances in %d regions (%d Redis nodes) ready in %s; load for %s", c.instances, len(c.regions),
 		len(nodes), res.setup.Round(time.Millisecond), c.warmup+c.duration)
 	ld := newLoad(c, f)
+	ld.prefix = prefix
 	w, recs, err := ld.measure(ctx, nodes)
 	closing := time.Now()
 	if err = errors.Join(err, f.close()); err != nil {
 		return "", err
 	}
 	res.closing, res.w = time.Since(closing), w
+	logf("redis masters: %d keys, %d bytes before; %d keys, %d bytes at the peak", res.before.keys, res.before.mem, w.peak.keys, w.peak.mem)
 	res.fellBack, res.behind = ld.fellBak.Load(), ld.behind.Load()
 	res.acc = replay(recs, c.policy, ld.start, w.span, res.bound)
 	res.gen = ld.generatorCost(min(c.duration, time.Second))
@@ -98,6 +101,7 @@ type window struct {
 	cpu       time.Duration // this process's CPU in it
 	redisCPU  time.Duration // every node's in it
 	peak      redisSample   // the nodes when they held the most keys (sampled every second, and at the end)
+	usage     float64       // the mean MEMORY USAGE of a sample of the run's keys, at the end
 	span      time.Duration // the whole load's, warm-up included
 }
 
@@ -118,6 +122,9 @@ func (ld *load) measure(ctx context.Context, nodes redisNodes) (window, []uint64
 	time.Sleep(ld.c.duration)
 	w.decisions, w.elapsed, w.cpu = ld.decided.Load()-d0, time.Since(t0), processCPU()-cpu0
 	end, err := nodes.sample(ctx)
+	if err == nil {
+		w.usage, _, err = nodes.memoryUsage(ctx, ld.prefix, 100)
+	}
 	recs := stop()
 	w.span = time.Since(ld.start)
 	peak, perr := peaks()

@@ -37,7 +37,7 @@ type redisNodes []node
 // redisSample is what INFO and DBSIZE tell of the nodes at one time.
 type redisSample struct {
 	cpu  time.Duration // used_cpu_sys + used_cpu_user, every node
-	mem  int64         // used_memory - mem_clients_normal, masters
+	mem  int64         // used_memory - mem_clients_normal - mem_clients_slaves, masters
 	keys int64         // DBSIZE, masters
 }
 
@@ -122,7 +122,7 @@ func (ns redisNodes) sample(ctx context.Context) (redisSample, error) {
 		if !n.master {
 			continue
 		}
-		s.mem += int64(info.float("used_memory") - info.float("mem_clients_normal"))
+		s.mem += int64(info.float("used_memory") - info.float("mem_clients_normal") - info.float("mem_clients_slaves"))
 		keys, err := n.c.DBSize(ctx).Result()
 		if err != nil {
 			return s, fmt.Errorf("DBSIZE of %s: %w", n.addr, err)
@@ -130,6 +130,20 @@ func (ns redisNodes) sample(ctx context.Context) (redisSample, error) {
 		s.keys += keys
 	}
 	return s, nil
+}
+
+// idle is the nodes' CPU per second over d, before the fleet is made
+// (their cron, a Cluster's bus: what a figure per decision divides too,
+// which weighs at a low load), and the sample at its end.
+func (ns redisNodes) idle(ctx context.Context, d time.Duration) (time.Duration, redisSample, error) {
+	s0, err := ns.sample(ctx)
+	if err != nil {
+		return 0, s0, err
+	}
+	t0 := time.Now()
+	time.Sleep(d)
+	s1, err := ns.sample(ctx)
+	return time.Duration(float64(s1.cpu-s0.cpu) / time.Since(t0).Seconds()), s1, err
 }
 
 // watch samples the nodes every period until the returned function is
@@ -209,6 +223,33 @@ func (ns redisNodes) cleanup(ctx context.Context, prefix string) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// memoryUsage is the mean MEMORY USAGE of up to n keys that start with
+// prefix, over the masters (a key's own bytes: its name, value and
+// expiry, as Redis counts them), and how many it read.
+func (ns redisNodes) memoryUsage(ctx context.Context, prefix string, n int) (float64, int, error) {
+	var sum, read int64
+	for _, nd := range ns {
+		if !nd.master {
+			continue
+		}
+		keys, _, err := nd.c.Scan(ctx, 0, prefix+"*", int64(n)).Result()
+		if err != nil {
+			return 0, 0, fmt.Errorf("SCAN of %s: %w", nd.addr, err)
+		}
+		for _, k := range keys {
+			b, err := nd.c.MemoryUsage(ctx, k, 0).Result()
+			if errors.Is(err, redis.Nil) {
+				continue // expired since
+			}
+			if err != nil {
+				return 0, 0, fmt.Errorf("MEMORY USAGE on %s: %w", nd.addr, err)
+			}
+			sum, read = sum+b, read+1
+		}
+	}
+	return float64(sum) / float64(max(read, 1)), int(read), nil
 }
 
 // close closes the nodes' clients.
