@@ -18,7 +18,7 @@
 //   - sync: from each instance's allowance, synced with Redis every -sync
 //     (package limiter/fleetsync);
 //   - regions: a global zone (Request.Global), decided exactly in each
-//     region's Redis with its share, the regions telling each other what
+//     region's Redis (each spending unseen its part), the regions telling each other what
 //     they admitted every -exchange (package limiter/regions).
 //
 // The clients are -keys keys, their popularity Zipf's of exponent -zipf:
