@@ -18,8 +18,9 @@
 //   - sync: from each instance's allowance, synced with Redis every -sync
 //     (package limiter/fleetsync);
 //   - regions: a global zone (Request.Global), decided exactly in each
-//     region's Redis (each spending unseen its part), the regions telling each other what
-//     they admitted every -exchange (package limiter/regions).
+//     region's Redis (each spending unseen its part), the regions
+//     telling each other what they admitted every -exchange (package
+//     limiter/regions).
 //
 // The clients are -keys keys, their popularity Zipf's of exponent -zipf:
 // key k (0-based) sends a share of the requests in proportion to
@@ -80,8 +81,8 @@
 //     bound the stated bound of the mode (exact: 0; sync: rate × sync +
 //     (N − 1)/N × (burst + rate × sync), rounded up, as
 //     limiter/fleetsync's doc states it and the Caddy module logs it;
-//     regions: Limiter.RegionBound, (R − 1) × (⌈burst/R⌉ + rate ×
-//     (exchange + timeout))), keys_over_bound the keys whose over exceeds
+//     regions: Limiter.RegionBound, (R − 1) × ⌈burst/R⌉ + 2 × rate ×
+//     (exchange + timeout)), keys_over_bound the keys whose over exceeds
 //     it, over_sum the sum of the positive overs as a share of the replay's
 //     admissions;
 //   - refused_within: of the requests of the clients the replay admitted
