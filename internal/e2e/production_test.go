@@ -165,11 +165,13 @@ func TestProblemJSONAndIETFHeaders(t *testing.T) {
 	var p struct {
 		Type, Title, Detail, Zone string
 		Status                    int
-		RetryAfter                int `json:"retry_after"`
+		RetryAfter                int      `json:"retry_after"`
+		Violated                  []string `json:"violated-policies"`
 	}
 	json.Unmarshal([]byte(body), &p)
 	if resp.StatusCode != 429 || resp.Header.Get("Content-Type") != "application/problem+json" ||
-		p.Type != "about:blank" || p.Title != "Too Many Requests" || p.Zone != "api" || p.RetryAfter != 1 ||
+		p.Type != "https://iana.org/assignments/http-problem-types#quota-exceeded" || p.Title != "Quota Exceeded" ||
+		len(p.Violated) != 1 || p.Violated[0] != "api" || p.Zone != "api" || p.RetryAfter != 1 ||
 		!strings.Contains(p.Detail, "60 requests per minute") || resp.Header.Get("Retry-After") != "1" {
 		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
 	}
