@@ -268,9 +268,10 @@ type quotaExceeded struct {
 
 // TestIETFProblemBody: with the IETF fields, a refusal's body is the
 // draft's quota-exceeded problem type when the client accepts
-// application/problem+json (or with response problem), naming every
-// enforced zone that refused; otherwise, and in the other header modes,
-// the configured body.
+// application/problem+json, naming every enforced zone that refused;
+// otherwise, and in the other header modes, the body the Response option
+// chooses (about:blank for response problem). A body chosen by Accept is
+// sent with Vary: Accept.
 func TestIETFProblemBody(t *testing.T) {
 	zones := func() map[string]*Zone {
 		return map[string]*Zone{"per_min": {Key: "k", Rate: "1r/m"}, "per_hour": {Key: "k", Rate: "1r/h"},
@@ -284,8 +285,10 @@ func TestIETFProblemBody(t *testing.T) {
 		{"both, accepts problem among others", "both", "json", "text/html, application/problem+json;q=0.5", true},
 		{"ietf, problem refused by q=0", "ietf", "", "application/problem+json;q=0", false},
 		{"ietf, any type", "ietf", "", "*/*", false},
-		{"ietf, response problem", "ietf", "problem", "", true},
+		{"ietf, response problem", "ietf", "problem", "", false},
+		{"ietf, response problem, accepts problem", "ietf", "problem", "application/problem+json", true},
 		{"x_ratelimit, accepts problem", "x_ratelimit", "", "application/problem+json", false},
+		{"x_ratelimit, response problem", "x_ratelimit", "problem", "", false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -307,7 +310,14 @@ func TestIETFProblemBody(t *testing.T) {
 			if isQuota != c.quota {
 				t.Fatalf("body %s; want quota-exceeded: %t", w.Body, c.quota)
 			}
+			negotiated := c.headers == "ietf" || c.headers == "both"
+			if vary := slices.Contains(w.Header().Values("Vary"), "Accept"); vary != negotiated {
+				t.Fatalf("Vary %q; want Accept: %t", w.Header().Values("Vary"), negotiated)
+			}
 			if !c.quota {
+				if problem := c.response == "problem"; problem != (b.Type == "about:blank") {
+					t.Fatalf("body %s; want about:blank: %t", w.Body, problem)
+				}
 				return
 			}
 			if w.Header().Get("Content-Type") != "application/problem+json" || b.Title != "Quota Exceeded" || b.Status != 429 ||

@@ -146,8 +146,9 @@ type Handler struct {
 	// the rate); a concurrency zone's has qu="concurrent-requests" and no
 	// w. RateLimit's t is the seconds until more quota is available. With
 	// "ietf" or "both", a refusal's body is the draft's quota-exceeded
-	// problem type for a client that accepts application/problem+json, or
-	// with Response "problem". Retry-After is always sent with a refusal.
+	// problem type for a client that accepts application/problem+json
+	// (the Response option's body for the others, with Vary: Accept).
+	// Retry-After is always sent with a refusal.
 	// A handler in caddy-ratelimit's spelling defaults to "none".
 	Headers string `json:"headers,omitempty"`
 

@@ -21,9 +21,9 @@ import (
 // refuse answers 429 as the Response option says: the body is the
 // policy's start (policyText), the wait, the zone's end, written into a
 // pooled buffer. A request that can never pass gets no Retry-After. With
-// the IETF fields, a client that accepts application/problem+json (or
-// any, with response problem) gets the draft's quota-exceeded problem
-// type, naming the policies that zones, of verdict v, violated.
+// the IETF fields, a client that accepts application/problem+json gets
+// the draft's quota-exceeded problem type instead, naming the policies
+// that zones, of verdict v, violated (refusalForm).
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f *headerFields, o outcome, zones []*Zone, v *limiter.Verdict) error {
 	if h.Response == "handle_errors" {
 		if o.impossible {
@@ -33,15 +33,8 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f *headerFields
 		f.set(hdrRetryAfter, strconv.FormatInt(o.retry, 10))
 		return caddyhttp.Error(http.StatusTooManyRequests, o.z.shown.exceeded)
 	}
-	form := formJSON
-	switch {
-	case h.ietfFields() && (h.Response == "problem" || acceptsProblem(r)):
-		form = formQuota
-	case h.Response == "problem":
-		form = formProblem
-	}
 	buf := bodies.Get().(*[]byte)
-	body, contentType := appendRefusal((*buf)[:0], o, form, zones, v)
+	body, contentType := appendRefusal((*buf)[:0], o, h.refusalForm(w.Header(), r), zones, v)
 	var room [40]byte
 	nums := room[:0]
 	if !o.impossible {
@@ -68,6 +61,24 @@ const (
 	formProblem
 	formQuota
 )
+
+// refusalForm is the form of the body that refuses r: the Response
+// option's (JSON, or about:blank problem details with response problem),
+// unless the handler sends the IETF fields and r accepts
+// application/problem+json, which then gets the draft's quota-exceeded
+// type. The form then depends on Accept, which hdr's Vary says.
+func (h *Handler) refusalForm(hdr http.Header, r *http.Request) int {
+	if h.ietfFields() {
+		hdr.Add("Vary", "Accept")
+		if acceptsProblem(r) {
+			return formQuota
+		}
+	}
+	if h.Response == "problem" {
+		return formProblem
+	}
+	return formJSON
+}
 
 // appendRefusal appends o's 429 body in form, and says its Content-Type:
 // the message and the wait, the zone and retry_after; for a ban (or a
@@ -149,15 +160,12 @@ func appendSeconds(b []byte, n int64) []byte {
 // zoneShown is what a zone's responses show that does not change from one
 // request to the next, written once.
 type zoneShown struct {
-	name   any    // the zone's name, for {http.rate_limit.zone}
-	quoted string // the name as a Structured Field String, for the IETF fields (ietf.go)
-	// policyJSON is the String's value as a JSON string, for
-	// violated-policies.
-	policyJSON string
-	bodyEnd    string // the 429 bodies after the message: ,"zone":"<name>","retry_after":
-	zoneJSON   string // the name as a JSON string
-	exceeded   error  // handle_errors' error
-	static     *policyText
+	name     any    // the zone's name, for {http.rate_limit.zone}
+	quoted   string // the name as a Structured Field String, for the IETF fields (ietf.go)
+	bodyEnd  string // the 429 bodies after the message: ,"zone":"<name>","retry_after":
+	zoneJSON string // the name as a JSON string, also in violated-policies
+	exceeded error  // handle_errors' error
+	static   *policyText
 	// others are the texts of policies from placeholders, at most
 	// maxPolicyTexts; the map is replaced, never changed.
 	others atomic.Pointer[map[limiter.Policy]*policyText]
