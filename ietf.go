@@ -58,7 +58,9 @@ func appendState(b []byte, name string, r, t int64) []byte {
 }
 
 // resetSeconds is RateLimit's t for decision d of policy p (whose quota
-// is q) at now: the seconds, rounded up, until more quota is available,
+// is q): the seconds, rounded up, from the decision (d.At, on the clock of
+// the store that decided, as d.Reset is; now when the decision has no
+// time) until more quota is available,
 // or -1 when none is to come (the quota is whole, or, for a concurrency
 // limit, no one can tell when a request in flight ends). For the token
 // and leaky buckets (GCRA), the next unit: d.Reset is when the bucket is
@@ -78,6 +80,9 @@ func resetSeconds(p limiter.Policy, d limiter.Decision, q int64, now time.Time) 
 	}
 	if d.Remaining >= q {
 		return -1
+	}
+	if !d.At.IsZero() {
+		now = d.At
 	}
 	next := float64(d.Reset.Sub(now))
 	if (p.Algorithm == limiter.TokenBucket || p.Algorithm == limiter.LeakyBucket) && p.Rate > 0 {

@@ -254,6 +254,34 @@ func TestIETFNegativeRemaining(t *testing.T) {
 	}
 }
 
+// TestIETFResetInStoreClock: t is counted on the clock that decided (a
+// Redis node's, Decision.At), as Reset is: a node whose clock is 2 s
+// behind the handler's, or a reply that took 2 s, does not take 2 s off t.
+func TestIETFResetInStoreClock(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	for _, c := range []struct {
+		p    limiter.Policy
+		d    limiter.Decision
+		want string
+	}{
+		{limiter.Policy{Algorithm: limiter.FixedWindow, Rate: 10, Period: time.Minute},
+			limiter.Decision{Allowed: true, Limit: 10, Remaining: 4, Reset: now.Add(8 * time.Second), At: now.Add(-2 * time.Second)}, `"api";r=4;t=10`},
+		{limiter.Policy{Algorithm: limiter.TokenBucket, Rate: 1, Period: 4 * time.Second, Burst: 5},
+			limiter.Decision{Allowed: true, Limit: 5, Remaining: 3, Reset: now.Add(5 * time.Second), At: now.Add(-2 * time.Second)}, `"api";r=3;t=3`},
+		{limiter.Policy{Algorithm: limiter.FixedWindow, Rate: 10, Period: time.Minute},
+			limiter.Decision{Allowed: true, Limit: 10, Remaining: 4, Reset: now.Add(8 * time.Second)}, `"api";r=4;t=8`}, // no At: the handler's clock
+	} {
+		z := &Zone{name: "api"}
+		z.shown.init("api", c.p)
+		h := &Handler{Headers: "ietf", now: func() time.Time { return now }}
+		f := h.headerFields(http.Header{}, false)
+		h.setLimitHeaders(&f, outcome{zone: "api", req: limiter.Request{Policy: c.p}, d: c.d, z: z, text: z.shown.text(c.p)})
+		if got := f.hdr.Get("Ratelimit"); got != c.want {
+			t.Errorf("%s, decided at %v: RateLimit %q; want %q", c.p, c.d.At, got, c.want)
+		}
+	}
+}
+
 // quotaExceeded is the draft's quota-exceeded problem details, with this
 // module's extension members.
 type quotaExceeded struct {
