@@ -60,9 +60,9 @@ func appendState(b []byte, name string, r, t int64) []byte {
 // resetSeconds is RateLimit's t for decision d of policy p (whose quota
 // is q): the seconds, rounded up, from the decision (d.At, on the clock of
 // the store that decided, as d.Reset is; now when the decision has no
-// time) until more quota is available,
-// or -1 when none is to come (the quota is whole, or, for a concurrency
-// limit, no one can tell when a request in flight ends). For the token
+// time) until more quota is available, or -1 when none is to come (the
+// quota is whole, or, for a concurrency limit, no one can tell when a
+// request in flight ends). For the token
 // and leaky buckets (GCRA), the next unit: d.Reset is when the bucket is
 // full, each unit before it one interval (Period / Rate) earlier. For the
 // fixed window, the window's end; for the sliding log, when its oldest
