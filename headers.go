@@ -1,8 +1,8 @@
 package ratelimit
 
 // The rate limit headers of a response: X-RateLimit-* and the IETF draft's
-// RateLimit-Policy and RateLimit, written from what a zone's policy fixes
-// (policyText, refusalbody.go) and the decision's numbers.
+// RateLimit-Policy and RateLimit (ietf.go), written from what a zone's
+// policy fixes (policyText, refusalbody.go) and the decision's numbers.
 
 import (
 	"cmp"
@@ -20,7 +20,7 @@ import (
 // decision written together into one string.
 func (h *Handler) setLimitHeaders(f *headerFields, o outcome) {
 	x := h.Headers == "" || h.Headers == "x_ratelimit" || h.Headers == "both"
-	ietf := h.Headers == "ietf" || h.Headers == "both"
+	ietf := h.ietfFields()
 	if !x && !ietf {
 		return
 	}
@@ -33,20 +33,19 @@ func (h *Handler) setLimitHeaders(f *headerFields, o outcome) {
 		cut[1] = len(b)
 	}
 	p, policy := o.req.Policy, ""
-	if ietf && p.Algorithm != limiter.Concurrency {
-		// draft-ietf-httpapi-ratelimit-headers: the policy (quota per
-		// window) and the state (remaining, seconds until reset). A
-		// concurrency limit has no window: only its state is sent.
-		if q := cmp.Or(o.d.Limit, p.Limit()); q == o.text.limit { // a zone not asked has no decision
+	q := cmp.Or(o.d.Limit, p.Limit()) // a zone not asked has no decision
+	if ietf {
+		// ietf.go: the policy (its quota and window), and the state
+		// (remaining, seconds until more quota).
+		if q == o.text.limit {
 			policy = o.text.quota
 		} else {
-			b = appendQuota(b, o.z.shown.quoted, q, quotaWindow(p, q))
+			b = appendQuota(b, o.z.shown.quoted, p, q)
 		}
 	}
 	cut[2] = len(b)
 	if ietf {
-		reset := max(int64(math.Ceil(time.Until(o.d.Reset).Seconds())), 0)
-		b = appendState(b, o.z.shown.quoted, o.d.Remaining, reset)
+		b = appendState(b, o.z.shown.quoted, o.d.Remaining, resetSeconds(p, o.d, q, h.clock()))
 	}
 	nums := string(b)
 	if x {
@@ -55,25 +54,20 @@ func (h *Handler) setLimitHeaders(f *headerFields, o outcome) {
 		f.set(hdrReset, nums[cut[0]:cut[1]])
 	}
 	if ietf {
-		if p.Algorithm != limiter.Concurrency {
-			f.set(hdrPolicy, cmp.Or(policy, nums[cut[1]:cut[2]]))
-		}
+		f.set(hdrPolicy, cmp.Or(policy, nums[cut[1]:cut[2]]))
 		f.set(hdrState, nums[cut[2]:])
 	}
 }
 
-// appendQuota appends RateLimit-Policy's value: "zone";q=<q>;w=<w>.
-func appendQuota(b []byte, quoted string, q, w int64) []byte {
-	b = append(append(b, quoted...), ";q="...)
-	b = strconv.AppendInt(b, q, 10)
-	return strconv.AppendInt(append(b, ";w="...), w, 10)
-}
+// ietfFields reports whether the Headers option sends the IETF fields.
+func (h *Handler) ietfFields() bool { return h.Headers == "ietf" || h.Headers == "both" }
 
-// appendState appends RateLimit's value: "zone";r=<r>;t=<t>.
-func appendState(b []byte, quoted string, r, t int64) []byte {
-	b = append(append(b, quoted...), ";r="...)
-	b = strconv.AppendInt(b, r, 10)
-	return strconv.AppendInt(append(b, ";t="...), t, 10)
+// clock is the handler's time: h.now, or the wall clock before Provision.
+func (h *Handler) clock() time.Time {
+	if h.now == nil {
+		return time.Now()
+	}
+	return h.now()
 }
 
 // quotaWindow is RateLimit-Policy's w for the quota q of p, the limit

@@ -137,13 +137,18 @@ type Handler struct {
 
 	// Headers are the rate limit headers sent: "x_ratelimit" (the default:
 	// X-RateLimit-Limit, -Remaining and -Reset), "ietf" (RateLimit-Policy
-	// and RateLimit, as the IETF httpapi draft), "both", or "none".
-	// RateLimit-Policy's q is the quota that RateLimit's r counts down (the
-	// same number as X-RateLimit-Limit: the burst of a token bucket, the
-	// rate of a window, the burst + 1 of a leaky bucket), and w the seconds
-	// in which the whole quota comes back (a window's period; for the
-	// buckets, the time to refill the quota at the rate). A concurrency
-	// zone sends RateLimit only. Retry-After is always sent with a refusal.
+	// and RateLimit, as draft-ietf-httpapi-ratelimit-headers-10: ietf.go),
+	// "both", or "none". RateLimit-Policy's q is the quota that
+	// RateLimit's r counts down (the same number as X-RateLimit-Limit: the
+	// burst of a token bucket, the rate of a window, the burst + 1 of a
+	// leaky bucket), and w the seconds in which the whole quota comes back
+	// (a window's period; for the buckets, the time to refill the quota at
+	// the rate); a concurrency zone's has qu="concurrent-requests" and no
+	// w. RateLimit's t is the seconds until more quota is available. With
+	// "ietf" or "both", a refusal's body is the draft's quota-exceeded
+	// problem type for a client that accepts application/problem+json
+	// (the Response option's body for the others, with Vary: Accept).
+	// Retry-After is always sent with a refusal.
 	// A handler in caddy-ratelimit's spelling defaults to "none".
 	Headers string `json:"headers,omitempty"`
 

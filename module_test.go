@@ -94,19 +94,22 @@ func TestProvisionErrors(t *testing.T) {
 }
 
 // BenchmarkServeHTTP: an allowed request on the memory store, through one
-// zone or three, keyed by a header or by the client address; the handler
+// zone or three, keyed by a header or by the client address, with the
+// X-RateLimit headers or (one_zone_ietf) the IETF ones; the handler
 // alone (see benchServer). caddy_request and caddy_request_no_handler add
 // what Caddy's server makes for every request (a replacer, the request's
 // context values, a header map with Server): their difference is the
 // handler's cost in Caddy, the first placeholder's map included.
 func BenchmarkServeHTTP(b *testing.B) {
 	for _, c := range []struct {
-		name, key string
-		zones     int
-	}{{"one_zone", "{http.request.header.X-Key}", 1}, {"three_zones", "{http.request.header.X-Key}", 3},
-		{"one_zone_client_ip", "{http.vars.client_ip}", 1}} {
+		name, key, headers string
+		zones              int
+	}{{"one_zone", "{http.request.header.X-Key}", "", 1}, {"three_zones", "{http.request.header.X-Key}", "", 3},
+		{"one_zone_client_ip", "{http.vars.client_ip}", "", 1}, {"one_zone_ietf", "{http.request.header.X-Key}", "ietf", 1}} {
 		b.Run(c.name, func(b *testing.B) {
-			s := newBenchServer(b, benchHandler(b, "bench", c.key, c.zones, "1000000r/s"), http.StatusOK)
+			h := benchHandler(b, "bench", c.key, c.zones, "1000000r/s")
+			h.Headers = c.headers
+			s := newBenchServer(b, h, http.StatusOK)
 			b.ReportAllocs()
 			for b.Loop() {
 				s.serve(b)

@@ -20,8 +20,11 @@ import (
 
 // refuse answers 429 as the Response option says: the body is the
 // policy's start (policyText), the wait, the zone's end, written into a
-// pooled buffer. A request that can never pass gets no Retry-After.
-func (h *Handler) refuse(w http.ResponseWriter, f *headerFields, o outcome) error {
+// pooled buffer. A request that can never pass gets no Retry-After. With
+// the IETF fields, a client that accepts application/problem+json gets
+// the draft's quota-exceeded problem type instead, naming the policies
+// that zones, of verdict v, violated (refusalForm).
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f *headerFields, o outcome, zones []*Zone, v *limiter.Verdict) error {
 	if h.Response == "handle_errors" {
 		if o.impossible {
 			return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("%w: the request costs %d, over the zone's limit of %d",
@@ -31,7 +34,7 @@ func (h *Handler) refuse(w http.ResponseWriter, f *headerFields, o outcome) erro
 		return caddyhttp.Error(http.StatusTooManyRequests, o.z.shown.exceeded)
 	}
 	buf := bodies.Get().(*[]byte)
-	body, contentType := appendRefusal((*buf)[:0], o, h.Response == "problem")
+	body, contentType := appendRefusal((*buf)[:0], o, h.refusalForm(w.Header(), r), zones, v)
 	var room [40]byte
 	nums := room[:0]
 	if !o.impossible {
@@ -51,28 +54,62 @@ func (h *Handler) refuse(w http.ResponseWriter, f *headerFields, o outcome) erro
 	return nil
 }
 
-// appendRefusal appends o's 429 body, as JSON or problem details, and
-// says its Content-Type: the message and the wait, the zone and
-// retry_after; for a ban (or a key's block), banned and its end; for a
-// request that can never pass, its cost and the limit instead of a wait.
-func appendRefusal(b []byte, o outcome, problem bool) ([]byte, string) {
+// The forms of a 429 body: JSON, problem details (about:blank), and
+// problem details of the IETF draft's quota-exceeded type.
+const (
+	formJSON = iota
+	formProblem
+	formQuota
+)
+
+// refusalForm is the form of the body that refuses r: the Response
+// option's (JSON, or about:blank problem details with response problem),
+// unless the handler sends the IETF fields and r accepts
+// application/problem+json, which then gets the draft's quota-exceeded
+// type. The form then depends on Accept, which hdr's Vary says.
+func (h *Handler) refusalForm(hdr http.Header, r *http.Request) int {
+	if h.ietfFields() {
+		hdr.Add("Vary", "Accept")
+		if acceptsProblem(r) {
+			return formQuota
+		}
+	}
+	if h.Response == "problem" {
+		return formProblem
+	}
+	return formJSON
+}
+
+// appendRefusal appends o's 429 body in form, and says its Content-Type:
+// the message and the wait, the zone and retry_after; for a ban (or a
+// key's block), banned and its end; for a request that can never pass,
+// its cost and the limit instead of a wait. A quota-exceeded body names
+// the violated policies after the message.
+func appendRefusal(b []byte, o outcome, form int, zones []*Zone, v *limiter.Verdict) ([]byte, string) {
 	contentType := "application/json"
-	if problem {
+	if form != formJSON {
 		contentType = "application/problem+json"
 	}
 	if o.impossible {
-		return appendImpossible(b, o, problem), contentType
+		return appendImpossible(b, o, form, zones, v), contentType
 	}
+	problem := btoi(form != formJSON)
 	head := o.text.json
 	switch {
 	case o.banned && o.req.Block > 0:
-		head = blockText[btoi(problem)]
+		head = blockText[problem]
 	case o.banned:
-		head = o.text.ban[btoi(problem)]
-	case problem:
+		head = o.text.ban[problem]
+	case problem == 1:
 		head = o.text.problem
 	}
-	b = appendSeconds(append(b, head...), o.retry)
+	if form == formQuota { // the message after the about:blank start
+		b, head = append(b, quotaExceededStart...), head[len(bodyStart[1]):]
+	}
+	b = append(appendSeconds(append(b, head...), o.retry), `."`...)
+	if form == formQuota {
+		b = violatedPolicies(b, o, zones, v)
+	}
 	b = strconv.AppendInt(append(b, o.z.shown.bodyEnd...), o.retry, 10)
 	if o.banned {
 		b = strconv.AppendInt(append(b, `,"banned":true,"banned_until":`...), o.d.ResetUnix(), 10)
@@ -82,12 +119,16 @@ func appendRefusal(b []byte, o outcome, problem bool) ([]byte, string) {
 
 // appendImpossible appends the body of o, a request whose cost exceeds
 // its zone's limit: it names both, and promises no wait.
-func appendImpossible(b []byte, o outcome, problem bool) []byte {
+func appendImpossible(b []byte, o outcome, form int, zones []*Zone, v *limiter.Verdict) []byte {
 	p := o.req.Policy
 	msg, _ := json.Marshal(fmt.Sprintf("This request costs %d, more than the limit of %d (%s) admits at once: it is refused however long it waits.",
 		o.req.Cost, p.Limit(), p))
-	b = append(b, bodyStart[btoi(problem)]...)
-	b = append(append(append(b, msg...), `,"zone":`...), o.z.shown.zoneJSON...)
+	if form == formQuota {
+		b = violatedPolicies(append(append(b, quotaExceededStart...), msg...), o, zones, v)
+	} else {
+		b = append(append(b, bodyStart[btoi(form != formJSON)]...), msg...)
+	}
+	b = append(append(b, `,"zone":`...), o.z.shown.zoneJSON...)
 	b = strconv.AppendInt(append(b, `,"cost":`...), o.req.Cost, 10)
 	b = strconv.AppendInt(append(b, `,"limit":`...), p.Limit(), 10)
 	return append(b, "}\n"...)
@@ -120,9 +161,9 @@ func appendSeconds(b []byte, n int64) []byte {
 // request to the next, written once.
 type zoneShown struct {
 	name     any    // the zone's name, for {http.rate_limit.zone}
-	quoted   string // the name as a quoted string, for the IETF fields
-	bodyEnd  string // the 429 bodies after the wait: .","zone":"<name>","retry_after":
-	zoneJSON string // the name as a JSON string
+	quoted   string // the name as a Structured Field String, for the IETF fields (ietf.go)
+	bodyEnd  string // the 429 bodies after the message: ,"zone":"<name>","retry_after":
+	zoneJSON string // the name as a JSON string, also in violated-policies
 	exceeded error  // handle_errors' error
 	static   *policyText
 	// others are the texts of policies from placeholders, at most
@@ -140,7 +181,7 @@ func (s *zoneShown) init(name string, static limiter.Policy) {
 	s.name, s.quoted = name, strconv.Quote(name) // fmt's %q
 	zone, _ := json.Marshal(name)
 	s.zoneJSON = string(zone)
-	s.bodyEnd = `.","zone":` + s.zoneJSON + `,"retry_after":`
+	s.bodyEnd = `,"zone":` + s.zoneJSON + `,"retry_after":`
 	s.exceeded = fmt.Errorf("rate limit exceeded in zone %q", name)
 	s.static = newPolicyText(s.quoted, static)
 }
@@ -174,7 +215,7 @@ type policyText struct {
 	limit      int64  // policy.Limit()
 	limitValue any    // limit, for {http.rate_limit.limit}
 	limitText  string // limit, for X-RateLimit-Limit
-	quota      string // RateLimit-Policy for limit; "" for a concurrency limit
+	quota      string // RateLimit-Policy for limit
 	// json and problem are the bodies (as json.Marshal writes them) up to
 	// the wait in the message, whose string goes on.
 	json, problem []byte
@@ -190,9 +231,7 @@ func newPolicyText(quoted string, p limiter.Policy) *policyText {
 	t.json, t.problem = append([]byte(bodyStart[0]), msg...), append([]byte(bodyStart[1]), msg...)
 	t.ban = [2][]byte{append([]byte(bodyStart[0]), ban...), append([]byte(bodyStart[1]), ban...)}
 	t.limitValue = t.limit
-	if p.Algorithm != limiter.Concurrency {
-		t.quota = string(appendQuota(nil, quoted, t.limit, quotaWindow(p, t.limit)))
-	}
+	t.quota = string(appendQuota(nil, quoted, p, t.limit))
 	return t
 }
 

@@ -63,7 +63,7 @@ func (h *Handler) respond(w http.ResponseWriter, r *http.Request, next caddyhttp
 	f := h.show(r, w.Header(), repl, o, dry)
 	if !o.d.Allowed {
 		h.reportRefusal(r, repl, o) // refusallog.go: placeholder, event, logs
-		return h.refuse(w, &f, o)
+		return h.refuse(w, r, &f, o, zones, v)
 	}
 	if err := wait(r.Context(), v.MaxDelay()); err != nil {
 		return caddyhttp.Error(499, fmt.Errorf("client left while its request waited its turn: %w", err))

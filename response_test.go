@@ -103,22 +103,6 @@ func TestIETFHeadersAgree(t *testing.T) {
 	}
 }
 
-// TestIETFHeadersConcurrency: a concurrency zone has no window, so no
-// policy; its state counts the free slots.
-func TestIETFHeadersConcurrency(t *testing.T) {
-	h := &Handler{Headers: "ietf", Zones: map[string]*Zone{"slots": {Key: "k", MaxConcurrent: 3}}}
-	if err := provision(t, h); err != nil {
-		t.Fatal(err)
-	}
-	w := serve(h, httptest.NewRequest(http.MethodGet, "/", nil))
-	if p := w.Header().Get("RateLimit-Policy"); p != "" {
-		t.Fatalf("RateLimit-Policy %q for a concurrency zone; want none", p)
-	}
-	if s := parseIETFItem(t, "RateLimit", w.Header().Get("RateLimit")); s.name != "slots" || s.params["r"] != 2 {
-		t.Fatalf("RateLimit %q; want \"slots\";r=2", w.Header().Get("RateLimit"))
-	}
-}
-
 // TestQuotaWindowExact: w is exact where floats are not (45 × (1s/45)
 // comes to just over 1s in float64), and bounded for the largest policies.
 func TestQuotaWindowExact(t *testing.T) {
@@ -198,6 +182,11 @@ func pinnedRefusal(t *testing.T, h *Handler, r func() *http.Request) string {
 func TestRefusalBytes(t *testing.T) {
 	plan := func() *http.Request { r := keyRequest("c"); r.Header.Set("X-Plan", "3r/h"); return r }
 	client := func() *http.Request { return keyRequest("c") }
+	problem := func() *http.Request {
+		r := keyRequest("c")
+		r.Header.Set("Accept", "application/problem+json")
+		return r
+	}
 	cases := []struct {
 		name string
 		h    *Handler
@@ -209,13 +198,15 @@ func TestRefusalBytes(t *testing.T) {
 		{"rate 1r/s burst 5, problem", &Handler{Response: "problem", Zones: map[string]*Zone{"pin_problem": {Key: "{http.request.header.X-Key}", Rate: "1r/s", Burst: "5"}}}, client,
 			"429\nContent-Length: 193\nContent-Type: application/problem+json\nRetry-After: 1\nX-Ratelimit-Limit: 5\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700000006\n\n{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"You have exceeded the rate limit of 1 request per second. Try again in 1 second.\",\"zone\":\"pin_problem\",\"retry_after\":1}\n"},
 		{"fixed window 10r/m, both headers", &Handler{Headers: "both", Zones: map[string]*Zone{"pin-window.a": {Key: "{http.request.header.X-Key}", Rate: "10r/m", Algorithm: "fixed_window"}}}, client,
-			"429\nContent-Length: 168\nContent-Type: application/json\nRatelimit: \"pin-window.a\";r=0;t=0\nRatelimit-Policy: \"pin-window.a\";q=10;w=60\nRetry-After: 40\nX-Ratelimit-Limit: 10\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700000040\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 10 requests per minute. Try again in 40 seconds.\",\"zone\":\"pin-window.a\",\"retry_after\":40}\n"},
+			"429\nContent-Length: 168\nContent-Type: application/json\nRatelimit: \"pin-window.a\";r=0;t=40\nRatelimit-Policy: \"pin-window.a\";q=10;w=60\nRetry-After: 40\nVary: Accept\nX-Ratelimit-Limit: 10\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700000040\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 10 requests per minute. Try again in 40 seconds.\",\"zone\":\"pin-window.a\",\"retry_after\":40}\n"},
 		{"events in a 90s window, ietf, problem", &Handler{Headers: "ietf", Response: "problem", Zones: map[string]*Zone{"pin_events": {Key: "k", MaxEvents: 2, Window: caddy.Duration(90 * time.Second)}}}, client,
-			"429\nContent-Length: 200\nContent-Type: application/problem+json\nRatelimit: \"pin_events\";r=0;t=0\nRatelimit-Policy: \"pin_events\";q=2;w=90\nRetry-After: 90\n\n{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"You have exceeded the rate limit of 2 requests per 90 seconds. Try again in 90 seconds.\",\"zone\":\"pin_events\",\"retry_after\":90}\n"},
+			"429\nContent-Length: 200\nContent-Type: application/problem+json\nRatelimit: \"pin_events\";r=0;t=90\nRatelimit-Policy: \"pin_events\";q=2;w=90\nRetry-After: 90\nVary: Accept\n\n{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"You have exceeded the rate limit of 2 requests per 90 seconds. Try again in 90 seconds.\",\"zone\":\"pin_events\",\"retry_after\":90}\n"},
+		{"rate 1r/s burst 5, ietf, accepts problem", &Handler{Headers: "ietf", Zones: map[string]*Zone{"pin_quota": {Key: "{http.request.header.X-Key}", Rate: "1r/s", Burst: "5"}}}, problem,
+			"429\nContent-Length: 273\nContent-Type: application/problem+json\nRatelimit: \"pin_quota\";r=0;t=1\nRatelimit-Policy: \"pin_quota\";q=5;w=5\nRetry-After: 1\nVary: Accept\n\n{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Quota Exceeded\",\"status\":429,\"detail\":\"You have exceeded the rate limit of 1 request per second. Try again in 1 second.\",\"violated-policies\":[\"pin_quota\"],\"zone\":\"pin_quota\",\"retry_after\":1}\n"},
 		{"sliding window counter 30r/10m, static key", &Handler{Zones: map[string]*Zone{"pin_counter": {Key: "static", Rate: "30r/10m", Algorithm: "sliding_window_counter", Cost: "7"}}}, client,
 			"429\nContent-Length: 173\nContent-Type: application/json\nRetry-After: 507\nX-Ratelimit-Limit: 30\nX-Ratelimit-Remaining: 2\nX-Ratelimit-Reset: 1700001000\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 30 requests per 10 minutes. Try again in 507 seconds.\",\"zone\":\"pin_counter\",\"retry_after\":507}\n"},
 		{"leaky bucket 1r/m", &Handler{Headers: "both", Zones: map[string]*Zone{"pin_leaky": {Key: "{http.request.header.X-Key}", Rate: "1r/m", Algorithm: "leaky_bucket"}}}, client,
-			"429\nContent-Length: 163\nContent-Type: application/json\nRatelimit: \"pin_leaky\";r=0;t=0\nRatelimit-Policy: \"pin_leaky\";q=1;w=60\nRetry-After: 60\nX-Ratelimit-Limit: 1\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700000061\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 1 request per minute. Try again in 60 seconds.\",\"zone\":\"pin_leaky\",\"retry_after\":60}\n"},
+			"429\nContent-Length: 163\nContent-Type: application/json\nRatelimit: \"pin_leaky\";r=0;t=60\nRatelimit-Policy: \"pin_leaky\";q=1;w=60\nRetry-After: 60\nVary: Accept\nX-Ratelimit-Limit: 1\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700000061\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 1 request per minute. Try again in 60 seconds.\",\"zone\":\"pin_leaky\",\"retry_after\":60}\n"},
 		{"rate from a placeholder, json", &Handler{Zones: map[string]*Zone{"pin_plan": {Key: "{http.request.header.X-Key}", Rate: "{http.request.header.X-Plan}", DefaultRate: "10r/m"}}}, plan,
 			"429\nContent-Length: 165\nContent-Type: application/json\nRetry-After: 1200\nX-Ratelimit-Limit: 3\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700003601\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 3 requests per hour. Try again in 1200 seconds.\",\"zone\":\"pin_plan\",\"retry_after\":1200}\n"},
 		{"handle_errors", &Handler{Response: "handle_errors", Zones: map[string]*Zone{"pin_errors": {Key: "{http.request.header.X-Key}", Rate: "1r/d"}}}, client,
@@ -249,7 +240,7 @@ func TestRefusalBytesConcurrency(t *testing.T) {
 		got = refusalTranscript(serve(h, first()))
 		return nil
 	}))
-	const want = "429\nContent-Length: 160\nContent-Type: application/json\nRatelimit: \"pin_slots\";r=0;t=0\nRetry-After: 1\nX-Ratelimit-Limit: 1\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700000000\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 1 requests at a time. Try again in 1 second.\",\"zone\":\"pin_slots\",\"retry_after\":1}\n"
+	const want = "429\nContent-Length: 160\nContent-Type: application/json\nRatelimit: \"pin_slots\";r=0\nRatelimit-Policy: \"pin_slots\";q=1;qu=\"concurrent-requests\"\nRetry-After: 1\nVary: Accept\nX-Ratelimit-Limit: 1\nX-Ratelimit-Remaining: 0\nX-Ratelimit-Reset: 1700000000\n\n{\"error\":\"rate limit exceeded\",\"message\":\"You have exceeded the rate limit of 1 requests at a time. Try again in 1 second.\",\"zone\":\"pin_slots\",\"retry_after\":1}\n"
 	if err != nil || got != want {
 		t.Errorf("error %v; got\n%s\nwant\n%s", err, got, want)
 		t.Logf("GOLDEN %q", got)
@@ -274,9 +265,10 @@ type problemBody struct {
 	RetryAfter int64  `json:"retry_after"`
 }
 
-// referenceLimitHeaders are the limit headers as they were first written,
-// with Header.Set and fmt: the reference.
-func referenceLimitHeaders(headers string, o outcome) http.Header {
+// referenceLimitHeaders are the limit headers written with Header.Set and
+// fmt, at now: the reference (the IETF fields' t is resetSeconds', which
+// TestIETFConformance checks).
+func referenceLimitHeaders(headers string, o outcome, now time.Time) http.Header {
 	hdr := http.Header{}
 	if headers == "" || headers == "x_ratelimit" || headers == "both" {
 		hdr.Set("X-RateLimit-Limit", strconv.FormatInt(o.d.Limit, 10))
@@ -284,12 +276,18 @@ func referenceLimitHeaders(headers string, o outcome) http.Header {
 		hdr.Set("X-RateLimit-Reset", strconv.FormatInt(o.d.ResetUnix(), 10))
 	}
 	if headers == "ietf" || headers == "both" {
-		if p := o.req.Policy; p.Algorithm != limiter.Concurrency {
-			q := cmp.Or(o.d.Limit, p.Limit())
+		p := o.req.Policy
+		q := cmp.Or(o.d.Limit, p.Limit())
+		if p.Algorithm == limiter.Concurrency {
+			hdr.Set("RateLimit-Policy", fmt.Sprintf(`%q;q=%d;qu="concurrent-requests"`, o.zone, q))
+		} else {
 			hdr.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", o.zone, q, quotaWindow(p, q)))
 		}
-		reset := max(int64(math.Ceil(time.Until(o.d.Reset).Seconds())), 0)
-		hdr.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", o.zone, o.d.Remaining, reset))
+		state := fmt.Sprintf("%q;r=%d", o.zone, max(o.d.Remaining, 0))
+		if t := resetSeconds(p, o.d, q, now); t >= 0 {
+			state += fmt.Sprintf(";t=%d", t)
+		}
+		hdr.Set("RateLimit", state)
 	}
 	return hdr
 }
@@ -344,10 +342,10 @@ func TestResponsesAsReference(t *testing.T) {
 				d := limiter.Decision{Limit: limit, Remaining: limit / 2, Reset: now.Add(90*time.Second + time.Second/2)}
 				o := outcome{zone: name, req: limiter.Request{Policy: p}, d: d, z: z, text: z.shown.text(p)}
 				for _, headers := range []string{"", "x_ratelimit", "ietf", "both", "none"} {
-					h := &Handler{Headers: headers}
+					h := &Handler{Headers: headers, now: func() time.Time { return now }}
 					f := h.headerFields(http.Header{}, false)
 					h.setLimitHeaders(&f, o)
-					if want := referenceLimitHeaders(headers, o); !maps.EqualFunc(f.hdr, want, slices.Equal) {
+					if want := referenceLimitHeaders(headers, o, now); !maps.EqualFunc(f.hdr, want, slices.Equal) {
 						t.Fatalf("zone %q, %s, limit %d, headers %q:\n%v\nwant\n%v", name, p, limit, headers, f.hdr, want)
 					}
 				}
@@ -366,7 +364,7 @@ func checkRefusal(t *testing.T, h *Handler, o outcome) {
 	t.Helper()
 	w := httptest.NewRecorder()
 	f := h.headerFields(w.Header(), true)
-	if err := h.refuse(w, &f, o); err != nil {
+	if err := h.refuse(w, httptest.NewRequest(http.MethodGet, "/", nil), &f, o, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	body, contentType := referenceRefusal(h.Response, o)

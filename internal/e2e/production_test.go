@@ -148,30 +148,39 @@ func TestProblemJSONAndIETFHeaders(t *testing.T) {
 		headers  ietf
 		zone api {
 			key   {client_ip}
-			rate  60r/m
-			burst 1
+			rate  1r/m
 		}
 	}
 	respond "ok"
 `)
 	resp, _ := get(t, c, "/")
-	if p, r := resp.Header.Get("RateLimit-Policy"), resp.Header.Get("RateLimit"); p != `"api";q=1;w=1` || !regexp.MustCompile(`^"api";r=0;t=[01]$`).MatchString(r) {
+	if p, r := resp.Header.Get("RateLimit-Policy"), resp.Header.Get("RateLimit"); p != `"api";q=1;w=60` || !regexp.MustCompile(`^"api";r=0;t=(59|60)$`).MatchString(r) {
 		t.Fatalf("RateLimit-Policy %q, RateLimit %q", p, r)
 	}
 	if resp.Header.Get("X-RateLimit-Limit") != "" {
 		t.Fatal("X-RateLimit-* sent with headers ietf")
 	}
-	resp, body := get(t, c, "/")
-	var p struct {
-		Type, Title, Detail, Zone string
-		Status                    int
-		RetryAfter                int `json:"retry_after"`
-	}
-	json.Unmarshal([]byte(body), &p)
-	if resp.StatusCode != 429 || resp.Header.Get("Content-Type") != "application/problem+json" ||
-		p.Type != "about:blank" || p.Title != "Too Many Requests" || p.Zone != "api" || p.RetryAfter != 1 ||
-		!strings.Contains(p.Detail, "60 requests per minute") || resp.Header.Get("Retry-After") != "1" {
-		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
+	// response problem: RFC 9457's about:blank; the draft's quota-exceeded
+	// type to a client that accepts application/problem+json.
+	for _, accept := range []string{"", "application/problem+json"} {
+		resp, body := get(t, c, "/", "Accept", accept)
+		var p struct {
+			Type, Title, Detail, Zone string
+			Status                    int
+			RetryAfter                int      `json:"retry_after"`
+			Violated                  []string `json:"violated-policies"`
+		}
+		json.Unmarshal([]byte(body), &p)
+		typ, title, violated := "about:blank", "Too Many Requests", 0
+		if accept != "" {
+			typ, title, violated = "https://iana.org/assignments/http-problem-types#quota-exceeded", "Quota Exceeded", 1
+		}
+		if resp.StatusCode != 429 || resp.Header.Get("Content-Type") != "application/problem+json" || resp.Header.Get("Vary") != "Accept" ||
+			p.Type != typ || p.Title != title || len(p.Violated) != violated || violated == 1 && p.Violated[0] != "api" ||
+			p.Zone != "api" || p.RetryAfter < 59 || p.RetryAfter > 60 || !strings.Contains(p.Detail, "1 request per minute") ||
+			resp.Header.Get("Retry-After") != strconv.Itoa(p.RetryAfter) {
+			t.Fatalf("Accept %q: %d %v %s", accept, resp.StatusCode, resp.Header, body)
+		}
 	}
 }
 
