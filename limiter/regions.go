@@ -83,14 +83,14 @@ func (l *Limiter) decideGlobal(ctx context.Context, now time.Time, reqs []Reques
 		}
 	}
 	l.decide(ctx, now, scaled, c, v)
-	if now.IsZero() {
-		now = time.Now()
-	}
 	for i := range reqs {
 		switch {
 		case v.States[i] == Allowed: // not what on_store_error allow let through uncounted
 			l.regions.Record(&reqs[i])
 		case v.States[i] == Refused && v.Decisions != nil && v.Calls[0].Failure == NoFailure:
+			if now.IsZero() { // the clock read for refusals only, off the allow path
+				now = time.Now()
+			}
 			l.regions.Refused(&reqs[i], scaled[i].Policy, v.Decisions[i], now)
 		}
 		if reqs[i].Global && v.Decisions != nil && v.States[i].Decided() {
