@@ -276,6 +276,9 @@ func (x *Exchange) add(r *bucket.Request, cost, empty int64) {
 		return
 	}
 	if len(x.pending) >= maxBacklog {
+		if x.overflow == 0 {
+			x.flooded()
+		}
 		x.overflow++
 		return
 	}

@@ -13,9 +13,11 @@ package regions
 // dropped (Events.Dropped, for peer "" when this instance could not count
 // it at all).
 
-// flooded notes a count that could not be kept.
+// flooded notes a count that could not be kept: the instance decides
+// alone from now, not from the next count.
 func (x *Exchange) flooded() {
 	x.floodUntil.Store(x.now().Add(LinkTimeout(x.cfg.Interval, x.cfg.Timeout)).UnixNano())
+	x.counted.Store(1)
 }
 
 // flooding reports whether the instance floods now.

@@ -111,12 +111,12 @@ func (x *Exchange) count() {
 			k = 1
 		}
 	}
-	flooding := x.flooding()
+	x.counted.Store(k)
+	flooding := x.flooding() // after the store: a flood that began during the count wins
 	x.reportFlood(flooding)
 	if flooding {
-		k = 1
+		x.counted.Store(1)
 	}
-	x.counted.Store(k)
 }
 
 // errMarks: a reply of the marks that does not hold one per region.
