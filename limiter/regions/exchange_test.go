@@ -161,3 +161,21 @@ func heapAlloc() uint64 {
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
 }
+
+// TestFloodAtOnce: the first count an instance cannot keep makes it
+// decide alone at once, not at the next count.
+func TestFloodAtOnce(t *testing.T) {
+	x := New(Config{This: "eu", Peers: map[string]Peer{"us": nil}, Interval: time.Second, Timeout: time.Second})
+	x.counted.Store(2)
+	p := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 1, Period: time.Minute, Burst: 10}
+	for i := range maxBacklog {
+		x.Record(&bucket.Request{Zone: "api", Key: strconv.Itoa(i), Policy: p, Cost: 1, Global: true})
+	}
+	if x.Counted() != 2 {
+		t.Fatalf("%d regions counted with pending full; want 2 still", x.Counted())
+	}
+	x.Record(&bucket.Request{Zone: "api", Key: "one more", Policy: p, Cost: 1, Global: true})
+	if x.Counted() != 1 || !x.flooding() {
+		t.Errorf("a count dropped: %d regions counted, flooding %v; want this one alone, flooding", x.Counted(), x.flooding())
+	}
+}

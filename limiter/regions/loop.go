@@ -111,10 +111,13 @@ func (x *Exchange) count() {
 			k = 1
 		}
 	}
-	x.counted.Store(k)
-	flooding := x.flooding() // after the store: a flood that began during the count wins
-	x.reportFlood(flooding)
+	flooding := x.flooding()
 	if flooding {
+		k = 1
+	}
+	x.reportFlood(flooding) // before the store: told, then counted
+	x.counted.Store(k)
+	if k > 1 && x.flooding() { // a flood that began since wins
 		x.counted.Store(1)
 	}
 }
