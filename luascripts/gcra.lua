@@ -24,13 +24,19 @@ local max_debt = 30 * 24 * 3600 * 1000000
 local records = {}
 
 -- own holds, by key, a global zone's region's own record (see regional
--- in token_bucket.lua), "|L:<tat>:<first>:<last>:<peer>:<win>:<cur>:<prev>"
+-- in token_bucket.lua), "|L:<tat>:<first>:<last>:<peer>:<win>:<n1>:…:<n5>"
 -- in the key's value (no sender's name is upper case), kept by every
 -- write of the key: its own TAT, when its region first and last asked
 -- for the key, the last charge of a peer region (µs; 0 for none), and
--- its admissions in the window win (of length D) and the one before.
+-- its admissions in the quarter of D win and the four before it (n[1]
+-- win's). A record of two counts (the window win of D and the one
+-- before) is read as the last two quarters of that window: later than
+-- they were, so counted no shorter.
 -- times holds, by key, the time as stored (see touch).
 local own, times = {}, {}
+
+-- the quarters of D a region's own record counts its admissions in
+local quarters = 4
 
 -- how long a key's own record is kept after its last request or peer's
 -- charge, in µs: a client that comes back within it is known
@@ -49,8 +55,14 @@ local function stored_time(key)
         for n in string.gmatch(mine, '%d+') do
           f[#f + 1] = tonumber(n)
         end
-        own[key] = { tat = f[1] or 0, first = f[2] or 0, last = f[3] or 0, peer = f[4] or 0, win = f[5] or 0,
-          cur = f[6] or 0, prev = f[7] or 0 }
+        local o = { tat = f[1] or 0, first = f[2] or 0, last = f[3] or 0, peer = f[4] or 0, win = f[5] or 0, n = {} }
+        for i = 1, quarters + 1 do
+          o.n[i] = f[5 + i] or 0
+        end
+        if #f == 7 then -- a window of D and the one before
+          o.win = (o.win + 1) * quarters - 1
+        end
+        own[key] = o
         rest = string.gsub(rest, '|L:[%d:]+', '')
       end
       records[key] = rest ~= '' and rest or nil
@@ -66,7 +78,7 @@ end
 
 -- the own record of key (a new one when it has none)
 local function own_of(key)
-  return own[key] or { tat = 0, first = 0, last = 0, peer = 0, win = 0, cur = 0, prev = 0 }
+  return own[key] or { tat = 0, first = 0, last = 0, peer = 0, win = 0, n = { 0, 0, 0, 0, 0 } }
 end
 
 -- the own record o as stored, and how long it is kept (µs; '', 0 when it
@@ -76,8 +88,9 @@ local function own_record(o)
   if life <= 0 then
     return '', 0
   end
-  return string.format('|L:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f', o.tat, o.first, o.last, o.peer, o.win, o.cur, o.prev),
-    life
+  local n = o.n
+  return string.format('|L:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f', o.tat, o.first, o.last, o.peer, o.win,
+    n[1], n[2], n[3], n[4], n[5]), life
 end
 
 -- A charge sent once, by a region's exchange (see limiter/regions): its

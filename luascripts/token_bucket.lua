@@ -58,7 +58,7 @@ local function regional(k)
     return nil
   end
   local kind, regions, d = string.match(k.id, '^([GA])(%d+):?(%d*)$')
-  return kind, tonumber(regions), tonumber(d) or 0
+  return kind, tonumber(regions), math.max(tonumber(d) or 0, 1)
 end
 
 -- the state of the token bucket g's decision from wait (its TAT, µs from
@@ -120,25 +120,29 @@ local function holds(o, d)
 end
 
 -- recent is how many of the region's own admissions of the key o counts
--- in the window of length d that now is in and the one before it: every
--- admission the peers may not have been charged yet, and some more
+-- in the quarter of d now is in and the four before it: every admission
+-- the peers may not have been charged yet (those of the last d), and at
+-- most a quarter of d more
 local function recent(o, d)
-  local w = math.floor(now / d)
-  if o.win == w then
-    return o.cur + o.prev
-  elseif o.win == w - 1 then
-    return o.cur
+  local ago, sum = math.floor(now * quarters / d) - o.win, 0
+  for i = 1, quarters + 1 - math.max(ago, 0) do -- n[i] counts quarter win - i + 1
+    sum = sum + o.n[i]
   end
-  return 0
+  return sum
 end
 
--- counted adds cost to o's count of the window now is in
+-- counted adds cost to o's count of the quarter of d now is in
 local function counted(o, d, cost)
-  local w = math.floor(now / d)
-  if o.win ~= w then
-    o.prev, o.cur, o.win = o.win == w - 1 and o.cur or 0, 0, w
+  local w = math.floor(now * quarters / d)
+  local ago, n = w - o.win, {}
+  if ago <= 0 then -- a time not after the record's (a skewed clock)
+    o.n[1] = o.n[1] + cost
+    return
   end
-  o.cur = o.cur + cost
+  for i = 1, quarters + 1 do
+    n[i] = i > ago and o.n[i - ago] or 0
+  end
+  n[1], o.n, o.win = n[1] + cost, n, w
 end
 
 -- decide_whole decides k of key, of a region with the whole rate among
@@ -167,8 +171,9 @@ local function decide_whole(key, k, g, regions, d)
   local s = decided(g, k, wait, ok, room)
   if allow then -- what the share of the room still admits
     s.remaining = math.max(math.min(s.remaining, math.floor(allow - recent(o, d))), 0)
-    if not ok and s.retry == 0 then -- until the window turns
-      s.retry = micros((math.floor(now / d) + 1) * d - now)
+    if not ok and s.retry == 0 then -- until the quarter turns
+      local q = d / quarters
+      s.retry = micros((math.floor(now / q) + 1) * q - now)
     end
   end
   local interval = g.interval * regions

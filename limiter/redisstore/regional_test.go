@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -118,4 +119,74 @@ func TestRegionalHold(t *testing.T) {
 		t.Errorf("2D after the peer's last charge: %+v; want the whole burst, 26 left", d)
 	}
 
+}
+
+// TestRegionalRecent: a region that does not hold the burst counts as
+// its own recent admissions those of the last D, in quarters of D (so at
+// most D/4 more): 1.3 D after its admissions, which the peers have been
+// charged since, it takes its share of the room they left, not its share
+// less what it admitted; within D it still counts them.
+func TestRegionalRecent(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	s := newRedisStore(t, c)
+	p := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 1, Period: time.Hour, Burst: 10} // the share: 30 in all
+	const tag = "G3:1000000"                                                                 // D = 1 s
+	admitted := func(key string, at time.Duration, times int) (n int) {
+		t.Helper()
+		for range times {
+			d, err := s.TakeAt(context.Background(), t0.Add(at), []bucket.Request{{Zone: "recent", Key: key, Policy: p, Cost: 1, Global: true, ID: tag}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d[0].Allowed {
+				n++
+			}
+		}
+		return n
+	}
+	peer := func(key string, at time.Duration, cost int64) {
+		t.Helper()
+		r := bucket.Request{Zone: "recent", Key: key, Policy: p, Cost: cost, Global: true, ID: "n:b:1"}
+		if _, err := s.ChargeAt(context.Background(), t0.Add(at), []bucket.Request{r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		key   string
+		after time.Duration
+		want  int
+	}{
+		{"within D", 900 * time.Millisecond, 0},            // the 9 still count: (18 + 9) / 3 − 9 = 0
+		{"D and a quarter on", 1300 * time.Millisecond, 6}, // told: (30 − 12) / 3
+	} {
+		peer(c.key, 0, 3)                                           // a peer asks: no hold
+		if n := admitted(c.key, 100*time.Millisecond, 12); n != 9 { // (30 − 3) / 3
+			t.Fatalf("%s: %d admitted at first; want 9, the share of the room", c.key, n)
+		}
+		if n := admitted(c.key, 100*time.Millisecond+c.after, 12); n != c.want {
+			t.Errorf("%s: %d admitted %s after the 9; want %d", c.key, n, c.after, c.want)
+		}
+	}
+}
+
+// TestRegionalRecentOld: a region's own record as written with two
+// windows of D (the window and the one before) counts its admissions as
+// recent until D after that window's end.
+func TestRegionalRecentOld(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	s := newRedisStore(t, c)
+	p := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 1, Period: time.Hour, Burst: 10}
+	r := bucket.Request{Zone: "recent", Key: "old", Policy: p, Cost: 1, Global: true, ID: "G3:1000000"}
+	at := t0.Add(100 * time.Millisecond).UnixMicro()
+	empty := t0.Add(100*time.Millisecond + 2*time.Hour).UnixMicro() // 12 of 30 spent: the TAT 12 h on, less the share's 10
+	c.Set(context.Background(), s.key(r), fmt.Sprintf("%d000|L:0:%d:%d:%d:%d:9:0", empty, at, at, t0.UnixMicro(), at/1000000), time.Hour)
+	d, err := s.TakeAt(context.Background(), t0.Add(time.Second+900*time.Millisecond), []bucket.Request{r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d[0].Allowed {
+		t.Errorf("%+v; want refused: the 9 of the old record's window still count, D after its end", d[0])
+	}
 }

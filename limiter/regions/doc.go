@@ -15,11 +15,18 @@
 //
 // What a region spends that the others have not been charged yet is
 // bounded (decide_whole in token_bucket.lua): its own admissions of the
-// last D or so (counted in two windows of D) stay within its share of the
-// room its copy shows the others left, and of what refills in 2D:
-// (burst − (spent − own recent)) / R + rate × 2D / R. So the regions
-// together never spend unseen more than the room there was and the
-// refill, whatever the mix of their requests. A region holds the whole
+// last D (counted in quarters of D, so of D to 1.25 D) stay within its
+// share of the room its copy shows the others left, and of what refills
+// in 2D: (burst − (spent − own recent)) / R + rate × 2D / R. So the
+// regions together never spend unseen more than the room there was and
+// the refill, whatever the mix of their requests. Once the room is spent,
+// a region admits at most 2 × rate × D / (R − 1) over the D to 1.25 D it
+// counts: among 3 regions, from 0.8 of the whole rate to all of it. So a
+// client whose requests come mostly through one region gets the rate the
+// others leave it (with
+// 3 regions, 90/10 at twice the limit, 97 % of the exact admissions;
+// TestRegionsAccuracy); among more regions, that region's part of the
+// rate is smaller. A region holds the whole
 // burst, unbounded by that share, while no other region asks for the
 // key: it first asked for it at least D ago (a region that asked at the
 // same time has charged it since), and no peer has charged it for 2D. A
