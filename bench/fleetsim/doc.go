@@ -93,6 +93,13 @@
 //   - load: the requests of keys under half of what the exact limit admits
 //     over the run (burst + rate × run), near it (half to twice), and over.
 //
+// lat_us is the decisions' time, from Decide's call to its return (every
+// decision's, the warm-up's too): p50/p99/p99.9/max in µs; lat_over_ppm,
+// how many decisions in a million took longer than 10, 25, 50, 100 and
+// 250 ms: those a Redis timeout of that length would have failed, on
+// this host under this load (run with a -timeout above them to see the
+// whole tail).
+//
 // fallback counts the decisions the store did not make (on_store_error
 // local decided them), errors the store's failures and failed scripts,
 // rounds the syncers' rounds (ok/failed), exchanges the regions' (ok/

@@ -38,6 +38,7 @@ func (r result) line(c config) string {
 	field("setup", "%s", r.setup.Round(time.Millisecond))
 	r.cost(field)
 	r.accuracy(field)
+	r.lat.fields(field)
 	field("fallback", "%d", r.fellBack)
 	field("errors", "%d", r.ev.failures.Load()+r.ev.scripts.Load())
 	if c.mode == modeSync {

@@ -25,7 +25,8 @@ type load struct {
 	fellBak atomic.Int64 // decisions the store did not make
 	behind  atomic.Int64 // paced workers that fell a second behind
 	stop    atomic.Bool
-	dry     bool // the workers ask no decision: see generatorCost
+	dry     bool      // the workers ask no decision: see generatorCost
+	lat     latencies // each decision's time, by worker
 }
 
 // newLoad is the load of c on f.
@@ -42,6 +43,7 @@ func newLoad(c config, f *fleet) *load {
 func (ld *load) run() (stop func() []uint64) {
 	ld.start = time.Now()
 	recs := make([][]uint64, ld.c.workers)
+	ld.lat = make(latencies, ld.c.workers)
 	var wg sync.WaitGroup
 	for w := range ld.c.workers {
 		wg.Go(func() { recs[w] = ld.worker(w) })
@@ -88,7 +90,9 @@ func (ld *load) worker(w int) []uint64 {
 		}
 		reqs[0] = limiter.Request{Zone: "fleetsim", Key: ld.keys[k], Policy: ld.c.policy, Cost: 1,
 			Global: global, Sync: syncEvery}.WithDigest(nil)
+		asked := time.Now()
 		l.Decide(context.Background(), time.Time{}, reqs, ld.caller, &v)
+		ld.lat.took(w, time.Since(asked))
 		recs = append(recs, record(k, ld.decidedAt(&v).Sub(ld.start), !v.Refused()))
 		if v.Calls[0].Failure != limiter.NoFailure {
 			ld.fellBak.Add(1)

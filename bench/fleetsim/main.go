@@ -44,6 +44,7 @@ type result struct {
 	ev             *events
 	fellBack       int64
 	behind         int64
+	lat            latencies // every decision's, warm-up included
 }
 
 // run makes c's fleet, runs its load, replays it, and returns the line.
@@ -81,7 +82,7 @@ func run(ctx context.Context, c config) (string, error) {
 	}
 	res.closing, res.w = time.Since(closing), w
 	logf("redis masters: %d keys, %d bytes before; %d keys, %d bytes at the peak", res.before.keys, res.before.mem, w.peak.keys, w.peak.mem)
-	res.fellBack, res.behind = ld.fellBak.Load(), ld.behind.Load()
+	res.fellBack, res.behind, res.lat = ld.fellBak.Load(), ld.behind.Load(), ld.lat
 	res.acc = replay(recs, c.policy, ld.start, w.span, res.bound)
 	res.gen = ld.generatorCost(min(c.duration, time.Second))
 	if !c.keep {
