@@ -46,6 +46,9 @@ func (z *Zone) limits(repl *caddy.Replacer, logger *zap.Logger) (limiter.Policy,
 		return z.policy, z.cost
 	}
 	p := z.policy
+	if hasPlaceholder(string(z.Quota)) {
+		p = z.quotaLimits(p, repl, func(err error) { z.warn(fieldRate, logger, err) })
+	}
 	if hasPlaceholder(z.Rate) {
 		if n, period, err := parseRate(repl.ReplaceAll(z.Rate, "")); err == nil {
 			p.Rate, p.Period = n, period

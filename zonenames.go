@@ -39,6 +39,9 @@ func (z *Zone) sharedPolicy() string {
 	if hasPlaceholder(string(z.Burst)) {
 		s += fmt.Sprintf(" burst=%q", z.Burst)
 	}
+	if p.Algorithm == limiter.Quota {
+		s += fmt.Sprintf(" quota=%q per %s", z.Quota, p.Calendar)
+	}
 	return s
 }
 

@@ -1,0 +1,128 @@
+package ratelimit
+
+import (
+	"cmp"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestQuotaCaddyfileErrors: a quota's mistakes are adapt errors at their
+// line.
+func TestQuotaCaddyfileErrors(t *testing.T) {
+	zone := func(body string) string {
+		return ":8080 {\n\trate_limit {\n\t\tzone api {\n\t\t\tkey k\n" + body + "\n\t\t}\n\t}\n}\n"
+	}
+	cases := []struct{ name, src, want string }{
+		{"quota 0", zone("\t\t\tquota 0 per day"), `zone "api": quota "0": want a whole number of requests from 1 to 1099511627776 per period, at Caddyfile:5`},
+		{"unknown period", zone("\t\t\tquota 10 per fortnight"), `zone "api": quota: unknown period "fortnight" (want day, week, month or year), at Caddyfile:5`},
+		{"no per", zone("\t\t\tquota 10 day"), `want quota <n> per day|week|month|year, such as quota 10000 per month, at Caddyfile:5`},
+		{"unknown time zone", zone("\t\t\tquota 10 per day\n\t\t\ttime_zone Mars/Olympus"), `zone "api": time_zone: unknown time zone "Mars/Olympus" (want an IANA name such as Europe/Paris or America/New_York), at Caddyfile:6`},
+		{"quota with rate", zone("\t\t\tquota 10 per day\n\t\t\trate 1r/s"), `zone "api": quota and a rate in one zone: use two zones, one with the quota and one with the rate (a request must pass both), at Caddyfile:6`},
+		{"rate with quota", zone("\t\t\trate 1r/s\n\t\t\tquota 10 per day"), `use two zones, one with the quota and one with the rate (a request must pass both), at Caddyfile:6`},
+		{"placeholder without default", zone("\t\t\tquota {http.vars.plan_quota} per month"), `give a default quota of at least 1 after the period, such as quota {http.vars.plan_quota} per month 1000, at Caddyfile:5`},
+		{"default of a number", zone("\t\t\tquota 10 per month 20"), `the default after the period is for a quota from placeholders`},
+		{"time_zone alone", zone("\t\t\trate 1r/s\n\t\t\ttime_zone UTC"), `need a quota: quota <n> per day|week|month|year, at Caddyfile:6`},
+		{"sync", ":8080 {\n\trate_limit {\n\t\tredis {\n\t\t\taddresses 127.0.0.1:1\n\t\t}\n\t\tzone api {\n\t\t\tkey k\n\t\t\tquota 10 per day\n\t\t\tsync 1s\n\t\t}\n\t}\n}",
+			`zone "api": sync does not apply to a quota: a quota is decided exactly in Redis, every request, at Caddyfile:9`},
+		{"burst", zone("\t\t\tquota 10 per day\n\t\t\tburst 5"), `algorithm, burst, nodelay and lease do not apply, at Caddyfile:6`},
+		{"cost over the quota", zone("\t\t\tquota 10 per day\n\t\t\tcost 11"), `cost 11 is more than the quota, 10: every request would be refused, at Caddyfile:6`},
+		{"cost_from_response", zone("\t\t\tquota 10 per day\n\t\t\tcost_from_response X-Cost"), `it needs token_bucket or leaky_bucket, not quota`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := adapt(t, c.src)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error = %v\nwant it to contain %q", err, c.want)
+			}
+		})
+	}
+	out, err := adapt(t, zone("\t\t\tquota {http.vars.plan_quota} per month 1000\n\t\t\ttime_zone America/New_York"))
+	want := `"default_quota":1000,"key":"k","quota":"{http.vars.plan_quota}","quota_per":"month","time_zone":"America/New_York"`
+	if err != nil || !strings.Contains(out, want) {
+		t.Fatalf("adapted %s, %v; want %s", out, err, want)
+	}
+}
+
+// TestQuotaResponses: a day's quota in Auckland through the handler: the
+// headers count the day down, the refusal waits until the next local
+// midnight and says when that is, and the count starts afresh then.
+func TestQuotaResponses(t *testing.T) {
+	akl, _ := time.LoadLocation("Pacific/Auckland")
+	midnight := time.Date(2025, 6, 2, 0, 0, 0, 0, akl) // NZST, +12
+	clock := &fakeClock{t: midnight.Add(-time.Hour)}
+	h := &Handler{Headers: "both", now: clock.Now, Zones: map[string]*Zone{"daily": {
+		Key: "{http.request.header.X-API-Key}", Quota: "3", QuotaPer: "day", TimeZone: "Pacific/Auckland"}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	req := func() *http.Request {
+		r := clientRequest("GET", "/", "192.0.2.1")
+		r.Header.Set("X-API-Key", "k1")
+		return r
+	}
+	for i := range 3 {
+		w := serve(h, req())
+		if w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != []string{"2", "1", "0"}[i] ||
+			w.Header().Get("X-RateLimit-Reset") != "1748779200" || w.Header().Get("X-RateLimit-Limit") != "3" {
+			t.Fatalf("request %d: %d %v", i, w.Code, w.Header())
+		}
+		if got := w.Header().Get("RateLimit-Policy"); got != `"daily";q=3;w=86400` {
+			t.Fatalf("RateLimit-Policy %q", got)
+		}
+	}
+	w := serve(h, req())
+	var body map[string]any
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	msg := "You have used the quota of 3 requests per day in Pacific/Auckland. It resets at 2025-06-02 00:00 NZST (Pacific/Auckland), in 3600 seconds."
+	if w.Code != 429 || w.Header().Get("Retry-After") != "3600" || body["message"] != msg ||
+		body["resets_at"] != "2025-06-02T00:00:00+12:00" || body["retry_after"] != 3600.0 {
+		t.Fatalf("4th: %d %v %s", w.Code, w.Header(), w.Body)
+	}
+	clock.Advance(time.Hour)
+	if w := serve(h, req()); w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != "2" {
+		t.Fatalf("after midnight: %d %v", w.Code, w.Header())
+	}
+}
+
+// TestQuotaTiersAndCountStatus: a quota from a placeholder (a plan's), its
+// default when the placeholder gives nothing; with count_status, the
+// responses that do not count are given back to the period's count.
+func TestQuotaTiersAndCountStatus(t *testing.T) {
+	h := &Handler{Zones: map[string]*Zone{
+		"plan": {Key: "{http.request.header.X-API-Key}", Quota: "{http.request.header.X-Plan-Quota}", DefaultQuota: 1, QuotaPer: "month"}}}
+	errs := &Handler{Zones: map[string]*Zone{
+		"errors": {Key: "{http.request.header.X-API-Key}", Quota: "1", QuotaPer: "week", CountStatus: []int{5}}}}
+	if err := cmp.Or(provision(t, h), provision(t, errs)); err != nil {
+		t.Fatal(err)
+	}
+	req := func(key, quota string) *http.Request {
+		r := clientRequest("GET", "/", "192.0.2.1")
+		r.Header.Set("X-API-Key", key)
+		if quota != "" {
+			r.Header.Set("X-Plan-Quota", quota)
+		}
+		return r
+	}
+	for i := range 3 { // 200s are given back
+		if w := serve(errs, req("pro", "")); w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != "1" {
+			t.Fatalf("errors, request %d: %v", i, w.Header())
+		}
+	}
+	for i := range 5 {
+		if w := serve(h, req("pro", "5")); w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "5" {
+			t.Fatalf("pro request %d: %d %v", i, w.Code, w.Header())
+		}
+	}
+	if w := serve(h, req("pro", "5")); w.Code != 429 {
+		t.Fatalf("pro, 6th: %d", w.Code)
+	}
+	expectStatus(t, h, req("free", ""), 200, "")
+	if w := serve(h, req("free", "")); w.Code != 429 || w.Header().Get("X-RateLimit-Limit") != "1" {
+		t.Fatalf("free, 2nd: %d %v", w.Code, w.Header())
+	}
+}
