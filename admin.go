@@ -150,6 +150,8 @@ type usage struct {
 	// Sync is the zone's sync interval, for a zone that syncs: the
 	// figures are then Redis's, as of the instances' last syncs.
 	Sync string `json:"sync,omitempty"`
+	// a quota's period (admin_quota.go)
+	quotaUsage
 }
 
 // serveAdmin routes a request of the admin API to the zones' list or to a

@@ -53,7 +53,7 @@ func TestQuotaResponses(t *testing.T) {
 	akl, _ := time.LoadLocation("Pacific/Auckland")
 	midnight := time.Date(2025, 6, 2, 0, 0, 0, 0, akl) // NZST, +12
 	clock := &fakeClock{t: midnight.Add(-time.Hour)}
-	h := &Handler{Headers: "both", now: clock.Now, Zones: map[string]*Zone{"daily": {
+	h := &Handler{Headers: "both", now: clock.Now, Zones: map[string]*Zone{"quota_daily": {
 		Key: "{http.request.header.X-API-Key}", Quota: "3", QuotaPer: "day", TimeZone: "Pacific/Auckland"}}}
 	if err := provision(t, h); err != nil {
 		t.Fatal(err)
@@ -69,7 +69,7 @@ func TestQuotaResponses(t *testing.T) {
 			w.Header().Get("X-RateLimit-Reset") != "1748779200" || w.Header().Get("X-RateLimit-Limit") != "3" {
 			t.Fatalf("request %d: %d %v", i, w.Code, w.Header())
 		}
-		if got := w.Header().Get("RateLimit-Policy"); got != `"daily";q=3;w=86400` {
+		if got := w.Header().Get("RateLimit-Policy"); got != `"quota_daily";q=3;w=86400` {
 			t.Fatalf("RateLimit-Policy %q", got)
 		}
 	}
@@ -124,5 +124,32 @@ func TestQuotaTiersAndCountStatus(t *testing.T) {
 	expectStatus(t, h, req("free", ""), 200, "")
 	if w := serve(h, req("free", "")); w.Code != 429 || w.Header().Get("X-RateLimit-Limit") != "1" {
 		t.Fatalf("free, 2nd: %d %v", w.Code, w.Header())
+	}
+}
+
+// TestQuotaLookup: the admin lookup of a key shows what it used of this
+// period, what remains, when the period started and when it resets, in
+// the zone's time zone (on the wall clock, as the store's peek reads it).
+func TestQuotaLookup(t *testing.T) {
+	h := &Handler{Zones: map[string]*Zone{"quota_lookup": {
+		Key: "{http.request.header.X-API-Key}", Quota: "5", QuotaPer: "day", TimeZone: "Pacific/Auckland"}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	akl, _ := time.LoadLocation("Pacific/Auckland")
+	y, m, d := time.Now().In(akl).Date()
+	start, end := time.Date(y, m, d, 0, 0, 0, 0, akl), time.Date(y, m, d+1, 0, 0, 0, 0, akl)
+	for range 3 {
+		r := clientRequest("GET", "/", "192.0.2.1")
+		r.Header.Set("X-API-Key", "k1")
+		serve(h, r)
+	}
+	u := lookup(t, "quota_lookup", "k1")
+	if !time.Now().Before(end) {
+		t.Skip("midnight in Auckland came during the test")
+	}
+	if field(u, "used") != "3" || field(u, "remaining") != "2" || field(u, "period_start") != `"`+start.Format(time.RFC3339)+`"` ||
+		field(u, "resets_at") != `"`+end.Format(time.RFC3339)+`"` {
+		t.Fatalf("lookup: %v", u)
 	}
 }
