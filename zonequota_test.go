@@ -3,10 +3,14 @@ package ratelimit
 import (
 	"cmp"
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 )
 
 // TestQuotaCaddyfileErrors: a quota's mistakes are adapt errors at their
@@ -151,5 +155,39 @@ func TestQuotaLookup(t *testing.T) {
 	if field(u, "used") != "3" || field(u, "remaining") != "2" || field(u, "period_start") != `"`+start.Format(time.RFC3339)+`"` ||
 		field(u, "resets_at") != `"`+end.Format(time.RFC3339)+`"` {
 		t.Fatalf("lookup: %v", u)
+	}
+}
+
+// TestQuotaOverridesAndDryRun: a key's override gives a customer its own
+// quota (in memory and Redis), a rate is refused for a quota zone, and a
+// quota zone in dry run never refuses.
+func TestQuotaOverridesAndDryRun(t *testing.T) {
+	stores := map[string]*RedisConfig{"memory": nil,
+		"redis": {Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: fmt.Sprintf("quota%x:", rand.Uint64())}}
+	for store, redis := range stores {
+		t.Run(store, func(t *testing.T) {
+			h, zone := overrideZone(t, &Zone{Quota: "2", QuotaPer: "month", TimeZone: "Europe/Paris"}, redis)
+			mustAdmin(t, "PUT", "/rate_limit/overrides/"+zone+"/key", `{"key":"big","quota":5}`)
+			if ok := passes(h, "big", 7); ok != 5 {
+				t.Fatalf("the key with its own quota of 5 passed %d of 7", ok)
+			}
+			if ok := passes(h, "small", 4); ok != 2 {
+				t.Fatalf("a key of the zone's quota of 2 passed %d of 4", ok)
+			}
+			if u := lookup(t, zone, "big"); field(u, "used") != "5" || field(u, "limit") != "5" || !strings.Contains(field(u, "key_override"), `"quota":5`) {
+				t.Fatalf("lookup of big: %v", u)
+			}
+			status, out := adminCall(t, "PUT", "/rate_limit/overrides/"+zone+"/key", `{"key":"other","rate":"10r/m"}`)
+			if status != http.StatusBadRequest || !strings.Contains(out, "a quota zone takes quota, not rate or burst") {
+				t.Fatalf("a rate on a quota zone: %d %s", status, out)
+			}
+		})
+	}
+	dry := &Handler{Zones: map[string]*Zone{"quota_dry": {Key: "{http.request.header.X-Key}", Quota: "1", QuotaPer: "year", DryRun: true}}}
+	if err := provision(t, dry); err != nil {
+		t.Fatal(err)
+	}
+	if ok := passes(dry, "k", 3); ok != 3 {
+		t.Fatalf("dry run passed %d of 3", ok)
 	}
 }
