@@ -177,6 +177,16 @@ func TestQuotaOverridesAndDryRun(t *testing.T) {
 			if u := lookup(t, zone, "big"); field(u, "used") != "5" || field(u, "limit") != "5" || !strings.Contains(field(u, "key_override"), `"quota":5`) {
 				t.Fatalf("lookup of big: %v", u)
 			}
+			var listing struct {
+				Keys []struct {
+					Digest string
+					Used   int64
+				}
+			}
+			if err := json.Unmarshal([]byte(mustAdmin(t, "GET", "/rate_limit/zones/"+zone+"/usage?top=1", "")), &listing); err != nil ||
+				len(listing.Keys) != 1 || listing.Keys[0].Used != 5 {
+				t.Fatalf("usage, top 1: %+v, %v", listing, err)
+			}
 			status, out := adminCall(t, "PUT", "/rate_limit/overrides/"+zone+"/key", `{"key":"other","rate":"10r/m"}`)
 			if status != http.StatusBadRequest || !strings.Contains(out, "a quota zone takes quota, not rate or burst") {
 				t.Fatalf("a rate on a quota zone: %d %s", status, out)
