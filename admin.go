@@ -27,6 +27,7 @@ func init() {
 //	POST   /rate_limit/zones/<zone>/reset       resets the client's bucket
 //	GET    /rate_limit/zones/<zone>/keys/<key>  the same lookup, the key in the path
 //	DELETE /rate_limit/zones/<zone>/keys/<key>  the same reset, the key in the path
+//	GET    /rate_limit/zones/<zone>/usage       a quota's top keys this period, by digest
 //
 // The POST forms take the client key in a JSON body, {"key": "<key>"}, so
 // that it stays out of the URI, which Caddy's admin.api logger writes at
@@ -150,6 +151,8 @@ type usage struct {
 	// Sync is the zone's sync interval, for a zone that syncs: the
 	// figures are then Redis's, as of the instances' last syncs.
 	Sync string `json:"sync,omitempty"`
+	// a quota's period (admin_quota.go)
+	quotaUsage
 }
 
 // serveAdmin routes a request of the admin API to the zones' list or to a
@@ -164,6 +167,9 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 	}
 	if path == "overrides" || strings.HasPrefix(path, "overrides/") {
 		return serveOverrides(w, r, path)
+	}
+	if zone, ok := usagePath(path); ok {
+		return serveUsage(w, r, zone) // admin_quota.go
 	}
 	zone, key, method, err := keyRequestOf(r, path)
 	if err != nil {

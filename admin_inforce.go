@@ -76,6 +76,7 @@ func lookupKey(ref zoneRef, key string) (usage, error) {
 		return u, caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("reading the bucket: %w", err)}
 	}
 	u.Limit, u.Remaining, u.Reset, u.Policy = d.Limit, d.Remaining, d.ResetUnix(), req.Policy.String()
+	u.setQuota(req.Policy, d, clock.Time())
 	if req.Global { // the world's limit, as config_limit; remaining is what this region admits
 		u.Limit = req.Policy.Limit()
 	}

@@ -48,6 +48,7 @@ type overrideBody struct {
 	Rate          string  `json:"rate,omitempty"`
 	Burst         *int64  `json:"burst,omitempty"`
 	MaxConcurrent *int64  `json:"max_concurrent,omitempty"`
+	Quota         *int64  `json:"quota,omitempty"`
 	DryRun        *bool   `json:"dry_run,omitempty"`
 	Disabled      bool    `json:"disabled,omitempty"`
 	Block         bool    `json:"block,omitempty"`
@@ -325,7 +326,7 @@ func (t overrideTarget) changed(action string, o *overrides.Override) {
 	if action == "set" {
 		v := overrideView(overrides.Entry{Override: *o})
 		fields = append(fields, zap.String("kind", o.Kind()), zap.String("rate", o.Rate), zap.Int64("burst", o.Burst),
-			zap.Int64("max_concurrent", o.MaxConcurrent), zap.String("until", cmp.Or(v.ExpiresAt, "deleted")))
+			zap.Int64("max_concurrent", o.MaxConcurrent), zap.Int64("quota", o.Quota), zap.String("until", cmp.Or(v.ExpiresAt, "deleted")))
 		data["kind"], data["override"] = o.Kind(), v
 		if b, ok := t.syncBound(o); ok {
 			fields, data["sync_bound"] = append(fields, zap.Int64("sync_bound", b)), b
@@ -356,7 +357,7 @@ func (b overrideBody) override(key bool, now time.Time) (overrides.Override, err
 		name string
 		v    *int64
 		dst  *int64
-	}{{"burst", b.Burst, &o.Burst}, {"max_concurrent", b.MaxConcurrent, &o.MaxConcurrent}} {
+	}{{"burst", b.Burst, &o.Burst}, {"max_concurrent", b.MaxConcurrent, &o.MaxConcurrent}, {"quota", b.Quota, &o.Quota}} {
 		if f.v != nil && *f.v < 1 {
 			return o, fmt.Errorf("%s %d: want a whole number of at least 1", f.name, *f.v)
 		}
@@ -423,40 +424,6 @@ type overrideListing struct {
 	Store     string           `json:"store"`
 	Version   int64            `json:"version"`
 	Overrides []overrideOutput `json:"overrides"`
-}
-
-// overrideOutput is an override as the admin API shows it.
-type overrideOutput struct {
-	Store         string `json:"store,omitempty"`
-	Zone          string `json:"zone"`
-	KeyDigest     string `json:"key_digest,omitempty"`
-	Kind          string `json:"kind"`
-	Rate          string `json:"rate,omitempty"`
-	Burst         int64  `json:"burst,omitempty"`
-	MaxConcurrent int64  `json:"max_concurrent,omitempty"`
-	DryRun        *bool  `json:"dry_run,omitempty"`
-	Disabled      bool   `json:"disabled,omitempty"`
-	Block         bool   `json:"block,omitempty"`
-	Exempt        bool   `json:"exempt,omitempty"`
-	ExpiresAt     string `json:"expires_at,omitempty"`
-	SetAt         string `json:"set_at,omitempty"`
-	By            string `json:"by,omitempty"`
-	// Regions tells, for an override of a global zone, whether each peer
-	// region's Redis has it ("written") or will ("queued, ...").
-	Regions map[string]string `json:"regions,omitempty"`
-}
-
-func overrideView(e overrides.Entry) overrideOutput {
-	o := e.Override
-	v := overrideOutput{Zone: e.Zone, KeyDigest: e.Digest, Kind: o.Kind(), Rate: o.Rate, Burst: o.Burst, MaxConcurrent: o.MaxConcurrent,
-		DryRun: o.DryRun, Disabled: o.Disabled, Block: o.Block, Exempt: o.Exempt, By: o.By}
-	if at := o.ExpiresAt(); !at.IsZero() {
-		v.ExpiresAt = at.UTC().Format(time.RFC3339Nano)
-	}
-	if o.Set != 0 {
-		v.SetAt = time.UnixMilli(o.Set).UTC().Format(time.RFC3339Nano)
-	}
-	return v
 }
 
 // listOverrides lists the overrides in force in the stores of the

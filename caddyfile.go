@@ -104,6 +104,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			global
 //		}
 //		zone <name> {
+//			key       <template>
+//			quota     <N> | <template> per day|week|month|year [<default N>]
+//			time_zone <IANA name>
+//		}
+//		zone <name> {
 //			key            <template>
 //			max_concurrent <N>
 //			lease          <duration>

@@ -112,6 +112,8 @@ var zoneOptions = map[string]func(*caddyfile.Dispenser, *Zone) error{
 	"match":        parseZoneMatch,
 	"key":          parseZoneKey,
 	"rate":         parseZoneRate,
+	"quota":        parseQuota,    // zonequota.go
+	"time_zone":    parseTimeZone, // zonequota.go
 	"burst":        func(d *caddyfile.Dispenser, z *Zone) error { return parseCount(d, z, &z.Burst, &z.DefaultBurst) },
 	"cost":         func(d *caddyfile.Dispenser, z *Zone) error { return parseCount(d, z, &z.Cost, &z.DefaultCost) },
 	"ipv4_prefix":  func(d *caddyfile.Dispenser, z *Zone) error { return parsePrefix(d, z, &z.IPv4Prefix, 32) },

@@ -37,9 +37,12 @@ func (h *Handler) setLimitHeaders(f *headerFields, o outcome) {
 	if ietf {
 		// ietf.go: the policy (its quota and window), and the state
 		// (remaining, seconds until more quota).
-		if q == o.text.limit {
+		switch {
+		case p.Algorithm == limiter.Quota: // w: this period's length
+			b = appendQuota(b, o.z.shown.quoted, periodPolicy(p, o.d, h.clock()), q)
+		case q == o.text.limit:
 			policy = o.text.quota
-		} else {
+		default:
 			b = appendQuota(b, o.z.shown.quoted, p, q)
 		}
 	}

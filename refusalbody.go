@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -106,11 +107,20 @@ func appendRefusal(b []byte, o outcome, form int, zones []*Zone, v *limiter.Verd
 	if form == formQuota { // the message after the about:blank start
 		b, head = append(b, quotaExceededStart...), head[len(bodyStart[1]):]
 	}
-	b = append(appendSeconds(append(b, head...), o.retry), `."`...)
+	quota := o.req.Policy.Algorithm == limiter.Quota && !o.banned
+	b = append(b, head...)
+	if quota { // when it resets, in its time zone (zonequota.go)
+		b = appendQuotaReset(b, o.req.Policy, o.d.Reset)
+	}
+	b = append(appendSeconds(b, o.retry), `."`...)
 	if form == formQuota {
 		b = violatedPolicies(b, o, zones, v)
 	}
 	b = strconv.AppendInt(append(b, o.z.shown.bodyEnd...), o.retry, 10)
+	if quota {
+		b = o.d.Reset.In(o.req.Policy.Calendar.Location()).AppendFormat(append(b, `,"resets_at":"`...), time.RFC3339)
+		b = append(b, '"')
+	}
 	if o.banned {
 		b = strconv.AppendInt(append(b, `,"banned":true,"banned_until":`...), o.d.ResetUnix(), 10)
 	}
@@ -227,6 +237,9 @@ type policyText struct {
 func newPolicyText(quoted string, p limiter.Policy) *policyText {
 	t := &policyText{policy: p, limit: p.Limit(), limitText: strconv.FormatInt(p.Limit(), 10)}
 	msg := messageStart("You have exceeded the rate limit of " + p.String() + ". Try again in ")
+	if p.Algorithm == limiter.Quota {
+		msg = messageStart("You have used the quota of " + p.String() + ". It resets at ")
+	}
 	ban := messageStart("You are banned for exceeding the rate limit of " + p.String() + " too often. Try again in ")
 	t.json, t.problem = append([]byte(bodyStart[0]), msg...), append([]byte(bodyStart[1]), msg...)
 	t.ban = [2][]byte{append([]byte(bodyStart[0]), ban...), append([]byte(bodyStart[1]), ban...)}

@@ -100,6 +100,24 @@ type Zone struct {
 	// spacing it out, as nginx's nodelay.
 	NoDelay bool `json:"nodelay,omitempty"`
 
+	// Quota is a count per calendar period instead of a rate: at most
+	// Quota requests (a number, or a placeholder with DefaultQuota) in
+	// each QuotaPer of TimeZone's calendar, starting afresh at its start.
+	Quota caddyhttp.WeakString `json:"quota,omitempty"`
+
+	// QuotaPer is the quota's period: day, week, month or year, starting
+	// at local midnight, Monday 00:00, the 1st and 1 January. Required
+	// with Quota.
+	QuotaPer string `json:"quota_per,omitempty"`
+
+	// DefaultQuota is the quota when Quota's placeholders give no whole
+	// number of at least 1. Required when Quota holds placeholders.
+	DefaultQuota int64 `json:"default_quota,omitempty"`
+
+	// TimeZone is the IANA time zone of the quota's calendar, such as
+	// America/New_York. Default: UTC.
+	TimeZone string `json:"time_zone,omitempty"`
+
 	// MaxConcurrent limits the requests of a key in flight at once,
 	// instead of a rate: a slot is taken when the request comes and given
 	// back when its response ends (also when the client goes away).
@@ -328,6 +346,8 @@ func (z *Zone) check() error {
 	switch {
 	case err != nil:
 		return err
+	case z.isQuota():
+		return z.checkQuota() // zonequota.go
 	case z.MaxConcurrent != 0 && z.settles():
 		return about(fmt.Errorf("count_status and cost_from_response do not apply to max_concurrent: a slot is given back when the request ends, whatever its response"), "max_concurrent", "count_status", "cost_from_response")
 	case z.MaxConcurrent != 0 && z.Sync != 0:

@@ -35,7 +35,7 @@ func staticCount(field string, v caddyhttp.WeakString, configured, builtin int64
 type dynamicField int
 
 func (f dynamicField) String() string {
-	return [...]string{"rate", "burst", "cost", "rate and burst", "cost_from_response", "key", "override"}[f]
+	return [...]string{"rate", "burst", "cost", "rate and burst", "cost_from_response", "key", "override", "quota"}[f]
 }
 
 // limits are the zone's policy and cost for one request: the static ones,
@@ -46,6 +46,9 @@ func (z *Zone) limits(repl *caddy.Replacer, logger *zap.Logger) (limiter.Policy,
 		return z.policy, z.cost
 	}
 	p := z.policy
+	if hasPlaceholder(string(z.Quota)) {
+		p = z.quotaLimits(p, repl, func(err error) { z.warn(fieldQuota, logger, err) })
+	}
 	if hasPlaceholder(z.Rate) {
 		if n, period, err := parseRate(repl.ReplaceAll(z.Rate, "")); err == nil {
 			p.Rate, p.Period = n, period
@@ -97,5 +100,6 @@ const (
 	fieldResponseCost              // cost_from_response's header
 	fieldKey                       // a placeholder of the key unknown for a request
 	fieldOverride                  // an override that gives no valid policy
+	fieldQuota                     // a quota template
 	numDynamicFields
 )

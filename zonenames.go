@@ -39,6 +39,9 @@ func (z *Zone) sharedPolicy() string {
 	if hasPlaceholder(string(z.Burst)) {
 		s += fmt.Sprintf(" burst=%q", z.Burst)
 	}
+	if p.Algorithm == limiter.Quota {
+		s += fmt.Sprintf(" quota=%q per %s", z.Quota, p.Calendar)
+	}
 	return s
 }
 
@@ -60,6 +63,8 @@ func (z *Zone) describe(short bool) string {
 	add(z.Rate != "", "rate %s", z.Rate)
 	add(z.MaxEvents != 0, "events %d window %s", z.MaxEvents, time.Duration(z.Window))
 	add(z.MaxConcurrent != 0, "max_concurrent %d", z.MaxConcurrent)
+	add(z.Quota != "", "quota %s per %s", z.Quota, z.QuotaPer)
+	add(z.TimeZone != "", "time_zone %s", z.TimeZone)
 	add(z.Burst != "", "burst %s", z.Burst)
 	add(z.Algorithm != "", "algorithm %s", z.Algorithm)
 	add(z.NoDelay, "nodelay")

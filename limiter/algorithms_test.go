@@ -31,6 +31,38 @@ func TestFixedWindow(t *testing.T) {
 	})
 }
 
+// TestQuota: a calendar quota counts to its limit and refuses until its
+// period's end, in its time zone: t0 is 01:00 on 30 November in Auckland
+// (NZDT, +13), whose next midnight is 23 hours on; a week in UTC ends on
+// Monday, 12 hours after t0 (a Sunday's noon); a month in New York at
+// 00:00 EST on 1 December, 41 hours on.
+func TestQuota(t *testing.T) {
+	akl, _ := bucket.LoadLocation("Pacific/Auckland")
+	ny, _ := bucket.LoadLocation("America/New_York")
+	h := time.Hour
+	day := Policy{Algorithm: Quota, Rate: 3, Period: bucket.Day.Nominal(), Burst: 3, Calendar: bucket.Calendar{Unit: bucket.Day, Loc: akl}}
+	runSteps(t, day, []step{
+		{0, 1, true, 2, 23 * h, 0, 0},
+		{0, 2, true, 0, 23 * h, 0, 0},
+		{time.Hour, 1, false, 0, 23 * h, 22 * h, 0},
+		{23*h - time.Microsecond, 1, false, 0, 23 * h, time.Microsecond, 0},
+		{23 * h, 1, true, 2, 47 * h, 0, 0}, // a new day in Auckland
+		{23 * h, 4, false, 2, 47 * h, 24 * h, 0},
+	})
+	week := Policy{Algorithm: Quota, Rate: 2, Period: bucket.Week.Nominal(), Burst: 2, Calendar: bucket.Calendar{Unit: bucket.Week}}
+	runSteps(t, week, []step{
+		{0, 2, true, 0, 12 * h, 0, 0},
+		{11 * h, 1, false, 0, 12 * h, h, 0},
+		{12 * h, 1, true, 1, 12*h + 7*24*h, 0, 0},
+	})
+	month := Policy{Algorithm: Quota, Rate: 2, Period: bucket.Month.Nominal(), Burst: 2, Calendar: bucket.Calendar{Unit: bucket.Month, Loc: ny}}
+	runSteps(t, month, []step{
+		{0, 2, true, 0, 41 * h, 0, 0},
+		{40 * h, 1, false, 0, 41 * h, h, 0},
+		{41 * h, 2, true, 0, 41*h + 31*24*h, 0, 0},
+	})
+}
+
 func TestSlidingWindowLog(t *testing.T) {
 	p := Policy{Algorithm: SlidingWindowLog, Rate: 3, Period: time.Second, Burst: 3}
 	runSteps(t, p, []step{
@@ -262,8 +294,8 @@ func TestAlgorithmChange(t *testing.T) {
 	for name, newStore := range concurrencyStores {
 		t.Run(name, func(t *testing.T) {
 			take, _ := newStore(t)
-			for i, a := range []Algorithm{TokenBucket, SlidingWindowLog, Concurrency, FixedWindow, SlidingWindowCounter, LeakyBucket, TokenBucket} {
-				p := Policy{Algorithm: a, Rate: 100, Period: time.Minute, Burst: 100, Slots: 100, Lease: time.Minute}
+			for i, a := range []Algorithm{TokenBucket, SlidingWindowLog, Concurrency, FixedWindow, Quota, SlidingWindowCounter, LeakyBucket, TokenBucket} {
+				p := withCalendar(Policy{Algorithm: a, Rate: 100, Period: time.Minute, Burst: 100, Slots: 100, Lease: time.Minute})
 				d, err := take(t0.Add(time.Duration(i)*ms), []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1, ID: "l"}})
 				if err != nil || !d[0].Allowed {
 					t.Fatalf("%s after another algorithm: %+v, %v", a, d, err)
@@ -280,8 +312,8 @@ func TestPeekAndReset(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			_, s := newStore(t)
 			ctx := context.Background()
-			for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, LeakyBucket, Concurrency} {
-				p := Policy{Algorithm: a, Rate: 5, Period: time.Hour, Burst: 5, Slots: 5, Lease: time.Hour}
+			for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, LeakyBucket, Concurrency, Quota} {
+				p := withCalendar(Policy{Algorithm: a, Rate: 5, Period: time.Hour, Burst: 5, Slots: 5, Lease: time.Hour})
 				req := Request{Zone: "z", Key: "peek-" + a.String(), Policy: p, Cost: 1}
 				for i := range 3 {
 					req.ID = fmt.Sprint("r", i)
@@ -369,8 +401,8 @@ func TestBans(t *testing.T) {
 // whatever its cost, and zones give it no cost.)
 func TestHugeCost(t *testing.T) {
 	huge := []int64{math.MaxInt64, 1<<53 + 1, bucket.MaxCost + 1, 1 << 62}
-	for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, LeakyBucket} {
-		p := Policy{Algorithm: a, Rate: 5, Period: time.Second, Burst: 5, NoDelay: true}
+	for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, LeakyBucket, Quota} {
+		p := withCalendar(Policy{Algorithm: a, Rate: 5, Period: time.Second, Burst: 5, NoDelay: true})
 		for name, newStore := range testStores {
 			t.Run(a.String()+"/"+name, func(t *testing.T) {
 				take := newStore(t)
@@ -428,4 +460,12 @@ func TestConcurrencyReset(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withCalendar is p, a quota's with a calendar: a day in UTC.
+func withCalendar(p Policy) Policy {
+	if p.Algorithm == Quota {
+		p.Calendar, p.Period = bucket.Calendar{Unit: bucket.Day}, bucket.Day.Nominal()
+	}
+	return p
 }

@@ -69,6 +69,7 @@ func TestRefundInFlight(t *testing.T) {
 		{Algorithm: FixedWindow, Rate: 3, Period: 12 * time.Second, Burst: 3},
 		{Algorithm: SlidingWindowLog, Rate: 3, Period: 12 * time.Second, Burst: 3},
 		{Algorithm: SlidingWindowCounter, Rate: 3, Period: 12 * time.Second, Burst: 3},
+		withCalendar(Policy{Algorithm: Quota, Rate: 3, Burst: 3}),
 	} {
 		runSettleSteps(t, p, steps)
 	}

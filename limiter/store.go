@@ -77,6 +77,7 @@ const (
 	SlidingWindowCounter = bucket.SlidingWindowCounter
 	LeakyBucket          = bucket.LeakyBucket
 	Concurrency          = bucket.Concurrency
+	Quota                = bucket.Quota
 )
 
 var (

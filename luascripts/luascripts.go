@@ -26,6 +26,8 @@ var (
 	leakyBucket string
 	//go:embed concurrency.lua
 	concurrency string
+	//go:embed quota.lua
+	quota string
 )
 
 // The scripts, by algorithm, and the bans' script.
@@ -36,6 +38,7 @@ var (
 	SlidingWindowCounter = common + slidingWindowCounter
 	LeakyBucket          = common + gcra + leakyBucket
 	Concurrency          = common + concurrency
+	Quota                = common + quota
 
 	//go:embed ban.lua
 	Ban string

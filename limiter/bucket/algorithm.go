@@ -29,6 +29,10 @@ const (
 	LeakyBucket
 	// Concurrency limits the requests in flight to Burst.
 	Concurrency
+	// Quota counts Rate requests per period of a calendar (Policy's
+	// Calendar): a day, week, month or year in a time zone, each starting
+	// afresh at its start (local midnight, Monday, the 1st, 1 January).
+	Quota
 )
 
 // spec is what sets an algorithm apart, in one place. Its arithmetic is
@@ -50,6 +54,7 @@ var specs = [...]spec{
 	SlidingWindowCounter: {name: "sliding_window_counter", windowed: true, syncs: true, named: true},
 	LeakyBucket:          {name: "leaky_bucket", debt: true, named: true},
 	Concurrency:          {name: "concurrency"},
+	Quota:                {name: "quota", windowed: true},
 }
 
 // specOf is a's spec; the zero spec for an unknown a.
@@ -110,6 +115,8 @@ func (p Policy) Take(b State, known bool, now, cost int64) (State, Decision) {
 		return p.takeLeaky(b, known, now, cost)
 	case Concurrency:
 		return p.takeSlot(b, now, cost)
+	case Quota:
+		return p.takeQuota(b, now, cost)
 	}
 	return p.takeToken(b, known, now, cost)
 }
@@ -137,6 +144,26 @@ func (p Policy) takeFixed(b State, now, cost int64) (State, Decision) {
 	}
 	d.Remaining = max(p.Rate-count, 0)
 	return State{tokens: float64(count), last: window, IdleAt: end}, d
+}
+
+// takeQuota: a counter per period of the calendar; b.last holds the
+// period's start (Unix ns), so a count of another period (or another time
+// zone's) is none.
+func (p Policy) takeQuota(b State, now, cost int64) (State, Decision) {
+	s, e := p.Calendar.Bounds(at(now))
+	start, end := s.UnixNano(), e.UnixNano()
+	count := int64(0)
+	if b.last == start {
+		count = int64(b.tokens)
+	}
+	d := Decision{Allowed: cost <= p.Rate-count, Limit: p.Rate, Reset: at(end)}
+	if d.Allowed {
+		count += cost
+	} else {
+		d.RetryAfter = time.Duration(end - now)
+	}
+	d.Remaining = max(p.Rate-count, 0)
+	return State{tokens: float64(count), last: start, IdleAt: end}, d
 }
 
 // LateReading is now, or, when now falls in the window of period just

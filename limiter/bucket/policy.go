@@ -31,6 +31,9 @@ type Policy struct {
 	// Lease is how long a concurrency slot held in Redis outlives a Caddy
 	// that crashed while holding it.
 	Lease time.Duration
+	// Calendar is a Quota's: the periods its Rate counts in (Period is
+	// then its unit's Nominal length). Other algorithms leave it zero.
+	Calendar Calendar
 	// Ban, when After is set, bans a client refused After times within
 	// Within, for For.
 	Ban Ban
@@ -255,6 +258,9 @@ func (p Policy) Validate() error {
 		}
 		return nil
 	}
+	if (p.Algorithm == Quota) != (p.Calendar.Unit != NoCalendar) {
+		return fmt.Errorf("a quota needs a calendar period, and only a quota has one")
+	}
 	switch {
 	case p.Rate < 1 || p.Rate > MaxRate:
 		return fmt.Errorf("rate %d is out of range [1, %d]", p.Rate, int64(MaxRate))
@@ -281,6 +287,9 @@ func (p Policy) String() string {
 	noun := "requests"
 	if p.Rate == 1 {
 		noun = "request"
+	}
+	if p.Algorithm == Quota {
+		return fmt.Sprintf("%d %s per %s", p.Rate, noun, p.Calendar)
 	}
 	return fmt.Sprintf("%d %s per %s", p.Rate, noun, periodName(p.Period))
 }

@@ -48,6 +48,10 @@ func (p Policy) giveBack(b State, known bool, now, at, end, cost int64) (State, 
 		if b.last == at/period && at/period == now/period {
 			b.tokens = max(b.tokens-float64(cost), 0)
 		}
+	case Quota: // while the take's period lasts
+		if s, _ := p.Calendar.Bounds(time.Unix(0, at)); b.last == s.UnixNano() && s.Equal(p.periodStart(now)) {
+			b.tokens = max(b.tokens-float64(cost), 0)
+		}
 	case SlidingWindowCounter:
 		switch b.last {
 		case at / period: // the take's window's count

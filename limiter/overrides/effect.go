@@ -205,6 +205,10 @@ func (o *Override) Fits(algo bucket.Algorithm) error {
 		return errors.New("a max_concurrent zone takes max_concurrent, not rate or burst")
 	case algo != bucket.Concurrency && o.MaxConcurrent != 0:
 		return fmt.Errorf("max_concurrent applies to max_concurrent zones; this one is %s (give rate or burst)", algo)
+	case algo == bucket.Quota && (o.Rate != "" || o.Burst != 0):
+		return errors.New("a quota zone takes quota, not rate or burst")
+	case algo != bucket.Quota && o.Quota != 0:
+		return fmt.Errorf("quota applies to quota zones; this one is %s (give rate or burst)", algo)
 	case algo.Windowed() && o.Burst != 0:
 		return fmt.Errorf("burst does not apply to %s: its limit is N of the rate per window", algo)
 	}
@@ -234,5 +238,8 @@ func (o *Override) apply(p *bucket.Policy, burstSet bool) {
 	}
 	if o.MaxConcurrent > 0 {
 		p.Slots = o.MaxConcurrent
+	}
+	if o.Quota > 0 {
+		p.Rate, p.Burst = o.Quota, o.Quota
 	}
 }

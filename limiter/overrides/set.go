@@ -35,6 +35,8 @@ type Override struct {
 	Burst int64 `json:"burst,omitempty"`
 	// MaxConcurrent replaces a concurrency limit.
 	MaxConcurrent int64 `json:"max_concurrent,omitempty"`
+	// Quota replaces a quota's count per period.
+	Quota int64 `json:"quota,omitempty"`
 	// DryRun, when set, turns the zone's dry run on or off.
 	DryRun *bool `json:"dry_run,omitempty"`
 	// Disabled turns a zone off: its requests are not counted.
@@ -95,7 +97,7 @@ func (o *Override) Check(key bool) error {
 		}
 		o.rate, o.period = n, period
 	}
-	limits := o.Rate != "" || o.Burst != 0 || o.MaxConcurrent != 0
+	limits := o.Rate != "" || o.Burst != 0 || o.MaxConcurrent != 0 || o.Quota != 0
 	if err := o.Stamp.check(); err != nil {
 		return err
 	}
@@ -104,6 +106,8 @@ func (o *Override) Check(key bool) error {
 		return fmt.Errorf("burst %d: want a whole number from 1 to %d", o.Burst, int64(bucket.MaxRate))
 	case o.MaxConcurrent < 0 || o.MaxConcurrent > bucket.MaxRate:
 		return fmt.Errorf("max_concurrent %d: want a whole number from 1 to %d", o.MaxConcurrent, int64(bucket.MaxRate))
+	case o.Quota < 0 || o.Quota > bucket.MaxRate:
+		return fmt.Errorf("quota %d: want a whole number from 1 to %d", o.Quota, int64(bucket.MaxRate))
 	case o.Expires < 0 || o.Set < 0 || o.Expires > maxOverrideMillis || o.Set > maxOverrideMillis:
 		return errors.New("expires and set: want Unix milliseconds before the year 2200")
 	case len(o.By) > maxOverrideBy:
@@ -115,13 +119,13 @@ func (o *Override) Check(key bool) error {
 	case o.Block && o.Exempt:
 		return errors.New("block and exempt: choose one")
 	case (o.Block || o.Exempt) && limits:
-		return errors.New("block and exempt take no rate, burst or max_concurrent")
+		return errors.New("block and exempt take no rate, burst, max_concurrent or quota")
 	case o.Disabled && (limits || o.DryRun != nil):
-		return errors.New("disabled takes no rate, burst, max_concurrent or dry_run: the zone counts nothing")
+		return errors.New("disabled takes no rate, burst, max_concurrent, quota or dry_run: the zone counts nothing")
 	case o.Deleted && (limits || o.Block || o.Exempt || o.Disabled || o.DryRun != nil || o.Expires == 0):
 		return errors.New("deleted: a tombstone takes an expiry and no override")
 	case !o.Deleted && !limits && !o.Block && !o.Exempt && !o.Disabled && o.DryRun == nil:
-		return errors.New("nothing to override: give rate, burst, max_concurrent, dry_run, disabled, block or exempt")
+		return errors.New("nothing to override: give rate, burst, max_concurrent, quota, dry_run, disabled, block or exempt")
 	}
 	return nil
 }
@@ -135,7 +139,7 @@ func (o *Override) Kind() string {
 		return "block"
 	case o.Exempt:
 		return "exempt"
-	case o.Rate == "" && o.Burst == 0 && o.MaxConcurrent == 0:
+	case o.Rate == "" && o.Burst == 0 && o.MaxConcurrent == 0 && o.Quota == 0:
 		return "dry_run"
 	}
 	return "limit"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,14 +53,38 @@ func evalCmd(ctx context.Context, sr scriptRun, sha bool, now string, mode scrip
 		case reqs[i].Sync > 0 && p.Algorithm.Windowed():
 			flag = 2 // a window that syncs: what its charges put past the limit carries (see carry in common.lua)
 		}
+		var id any = reqs[i].ID
+		if p.Algorithm == bucket.Quota { // quota.lua: the periods around this clock's reading
+			id = quotaPeriods(p.Calendar, now)
+		}
 		pa := policyArgs(p.Rate, period, burst)
-		a = append(a, pa[0], pa[1], pa[2], reqs[i].Cost, flag, reqs[i].ID)
+		a = append(a, pa[0], pa[1], pa[2], reqs[i].Cost, flag, id)
 	}
 	if sr.pooled != nil && sr.pooled.cmd.Args() == nil { // the command lives in the run's room
 		sr.pooled.cmd = *redis.NewIntSliceCmd(ctx, a...)
 		return onceCmd{&sr.pooled.cmd}
 	}
 	return onceCmd{redis.NewIntSliceCmd(ctx, a...)}
+}
+
+// quotaPeriods is quota.lua's id argument for a quota of calendar c: the
+// starts of the periods before, at and after now (the time of the call in
+// µs, or "" for this clock), and the end of the next, in µs.
+func quotaPeriods(c bucket.Calendar, now string) string {
+	t := time.Now()
+	if us, err := strconv.ParseInt(now, 10, 64); err == nil {
+		t = time.UnixMicro(us)
+	}
+	b := c.Around(t)
+	var room [72]byte
+	s := room[:0]
+	for i, x := range b {
+		if i > 0 {
+			s = append(s, ':')
+		}
+		s = strconv.AppendInt(s, x.UnixMicro(), 10)
+	}
+	return string(s)
 }
 
 // scriptMode is what a bucket script does with its keys: its ARGV[2] (see

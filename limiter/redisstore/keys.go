@@ -27,6 +27,7 @@ var keySuffixes = [...]string{
 	bucket.SlidingWindowCounter: ":c",
 	bucket.LeakyBucket:          ":q", // a queue
 	bucket.Concurrency:          ":m", // max_concurrent
+	bucket.Quota:                ":u", // a quota's usage
 }
 
 // RedisKey is the Redis key of the token bucket of a client in zone, under

@@ -28,6 +28,7 @@ var scripts = [...]*luaScript{
 	bucket.SlidingWindowCounter: newLuaScript(luascripts.SlidingWindowCounter),
 	bucket.LeakyBucket:          newLuaScript(luascripts.LeakyBucket),
 	bucket.Concurrency:          newLuaScript(luascripts.Concurrency),
+	bucket.Quota:                newLuaScript(luascripts.Quota),
 }
 
 // Each script takes 6 arguments per key and answers 5 integers per key.

@@ -1,0 +1,120 @@
+package bucket
+
+import (
+	"testing"
+	"time"
+)
+
+func mustLoc(t *testing.T, name string) *time.Location {
+	t.Helper()
+	loc, err := LoadLocation(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return loc
+}
+
+// TestCalendarBounds: periods start at local midnight, on Monday, on the
+// 1st and on 1 January, and days are 23 or 25 hours when daylight saving
+// time begins or ends.
+func TestCalendarBounds(t *testing.T) {
+	akl, ny := mustLoc(t, "Pacific/Auckland"), mustLoc(t, "America/New_York")
+	cases := []struct {
+		cal        Calendar
+		now        time.Time
+		start, end time.Time
+	}{
+		{Calendar{Day, nil}, time.Date(2025, 3, 9, 12, 0, 0, 0, time.UTC),
+			time.Date(2025, 3, 9, 0, 0, 0, 0, time.UTC), time.Date(2025, 3, 10, 0, 0, 0, 0, time.UTC)},
+		// New York springs forward on 9 March 2025: a day of 23 hours
+		{Calendar{Day, ny}, time.Date(2025, 3, 9, 12, 0, 0, 0, ny),
+			time.Date(2025, 3, 9, 5, 0, 0, 0, time.UTC), time.Date(2025, 3, 10, 4, 0, 0, 0, time.UTC)},
+		// and falls back on 2 November 2025: 25 hours
+		{Calendar{Day, ny}, time.Date(2025, 11, 2, 1, 30, 0, 0, ny),
+			time.Date(2025, 11, 2, 4, 0, 0, 0, time.UTC), time.Date(2025, 11, 3, 5, 0, 0, 0, time.UTC)},
+		// Auckland falls back on 6 April 2025 (NZDT +13 to NZST +12)
+		{Calendar{Day, akl}, time.Date(2025, 4, 6, 20, 0, 0, 0, akl),
+			time.Date(2025, 4, 5, 11, 0, 0, 0, time.UTC), time.Date(2025, 4, 6, 12, 0, 0, 0, time.UTC)},
+		{Calendar{Week, nil}, time.Date(2025, 1, 5, 23, 59, 0, 0, time.UTC), // a Sunday
+			time.Date(2024, 12, 30, 0, 0, 0, 0, time.UTC), time.Date(2025, 1, 6, 0, 0, 0, 0, time.UTC)},
+		{Calendar{Week, nil}, time.Date(2025, 1, 6, 0, 0, 0, 0, time.UTC), // a Monday
+			time.Date(2025, 1, 6, 0, 0, 0, 0, time.UTC), time.Date(2025, 1, 13, 0, 0, 0, 0, time.UTC)},
+		{Calendar{Month, ny}, time.Date(2025, 2, 14, 0, 0, 0, 0, ny),
+			time.Date(2025, 2, 1, 0, 0, 0, 0, ny), time.Date(2025, 3, 1, 0, 0, 0, 0, ny)},
+		{Calendar{Month, nil}, time.Date(2024, 12, 31, 23, 59, 59, 0, time.UTC),
+			time.Date(2024, 12, 1, 0, 0, 0, 0, time.UTC), time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{Calendar{Year, akl}, time.Date(2024, 12, 31, 11, 0, 0, 0, time.UTC), // 1 January, 00:00 in Auckland
+			time.Date(2024, 12, 31, 11, 0, 0, 0, time.UTC), time.Date(2025, 12, 31, 11, 0, 0, 0, time.UTC)},
+	}
+	for _, c := range cases {
+		start, end := c.cal.Bounds(c.now)
+		if !start.Equal(c.start) || !end.Equal(c.end) {
+			t.Errorf("%s at %s: [%s, %s), want [%s, %s)", c.cal, c.now, start.UTC(), end.UTC(), c.start.UTC(), c.end.UTC())
+		}
+	}
+}
+
+// TestCalendarPartitions: in zones whose offsets change at midnight too,
+// every instant of two years is in exactly one period, and each period
+// ends where the next starts.
+func TestCalendarPartitions(t *testing.T) {
+	for _, name := range []string{"UTC", "Pacific/Auckland", "America/Santiago", "America/Havana", "Asia/Tehran", "Australia/Lord_Howe"} {
+		for _, u := range []CalendarUnit{Day, Week, Month} {
+			c := Calendar{u, mustLoc(t, name)}
+			now := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
+			_, end := c.Bounds(now)
+			for range 800 {
+				start, next := c.Bounds(end)
+				if !start.Equal(end) || !next.After(start) {
+					t.Fatalf("%s: after a period ending %s comes [%s, %s)", c, end, start, next)
+				}
+				if s, e := c.Bounds(next.Add(-time.Nanosecond)); !s.Equal(start) || !e.Equal(next) {
+					t.Fatalf("%s: the last instant of [%s, %s) is in [%s, %s)", c, start, next, s, e)
+				}
+				if u == Day && (next.Sub(start) < 22*time.Hour || next.Sub(start) > 26*time.Hour) {
+					t.Fatalf("%s: a day of %s from %s", c, next.Sub(start), start)
+				}
+				end = next
+			}
+		}
+	}
+}
+
+// TestQuotaTake: a quota counts to its limit, refuses until the period's
+// end, and starts afresh at the next period's start; a refund gives back
+// while the take's period lasts.
+func TestQuotaTake(t *testing.T) {
+	akl := mustLoc(t, "Pacific/Auckland")
+	p := Policy{Algorithm: Quota, Rate: 3, Period: Day.Nominal(), Burst: 3, Calendar: Calendar{Day, akl}}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	midnight := time.Date(2025, 6, 2, 0, 0, 0, 0, akl).UnixNano()
+	now := midnight - int64(time.Hour)
+	var b State
+	for i := range 3 {
+		var d Decision
+		b, d = p.Take(b, i > 0, now, 1)
+		if !d.Allowed || d.Remaining != int64(2-i) || d.Reset.UnixNano() != midnight {
+			t.Fatalf("take %d: %+v", i, d)
+		}
+	}
+	_, d := p.Take(b, true, now, 1)
+	if d.Allowed || d.RetryAfter != time.Hour {
+		t.Fatalf("4th: %+v, want refused for an hour", d)
+	}
+	r, rd := p.Refund(b, true, now+1, now, midnight, 1)
+	if rd.Remaining != 1 {
+		t.Fatalf("refund: %+v", rd)
+	}
+	if _, rd = p.Refund(b, true, midnight, now, midnight, 1); rd.Remaining != 3 { // a new day: nothing to give back
+		t.Fatalf("refund in the next day: %+v", rd)
+	}
+	b, d = p.Take(r, true, midnight, 1)
+	if !d.Allowed || d.Remaining != 2 {
+		t.Fatalf("at midnight: %+v", d)
+	}
+	if p.String() != "3 requests per day in Pacific/Auckland" {
+		t.Errorf("String: %q", p.String())
+	}
+}
