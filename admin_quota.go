@@ -42,6 +42,7 @@ func (u *usage) setQuota(p limiter.Policy, d limiter.Decision, now time.Time) {
 const (
 	defaultUsageTop = 100
 	maxUsageTop     = 1000
+	usageTimeout    = 10 * time.Second // the longest a listing reads Redis
 )
 
 // usageListing is GET /rate_limit/zones/<zone>/usage: the keys that used
@@ -89,7 +90,9 @@ func serveUsage(w http.ResponseWriter, r *http.Request, zone string) error {
 		top = n
 	}
 	now := ref.h.clock()
-	uses, truncated, err := ref.h.store.QuotaUsage(context.Background(), zone, p, now, top)
+	ctx, cancel := context.WithTimeout(r.Context(), usageTimeout)
+	defer cancel()
+	uses, truncated, err := ref.h.store.QuotaUsage(ctx, zone, p, now, top)
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("reading the zone's usage: %w", err)}
 	}

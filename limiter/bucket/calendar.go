@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	_ "time/tzdata" // time zones where the host has no zoneinfo (a scratch container)
 )
 
 // CalendarUnit is the period of a quota (the Quota algorithm): a day, a

@@ -14,8 +14,17 @@ import (
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
-// MaxUsageScan bounds the quota keys QuotaUsage reads on each node.
-const MaxUsageScan = 100_000
+// MaxUsageScan bounds the quota keys QuotaUsage reads on each node, and
+// maxUsageCalls the SCAN calls it makes there (each looks at about
+// usageBatch keys of the node, the zone's or not): on a node of millions
+// of other keys, a listing stops, truncated, rather than walk them all.
+// A value is read up to maxUsageValue bytes: a count is far shorter.
+const (
+	MaxUsageScan  = 100_000
+	maxUsageCalls = 2000
+	usageBatch    = 1000
+	maxUsageValue = 64
+)
 
 // QuotaUsage is the n keys of zone, a quota of policy p, that used the
 // most of the period that holds now, most first, from a SCAN of each
@@ -46,15 +55,15 @@ func scanUses(ctx context.Context, c *redis.Client, match string, start int64) (
 	var uses []bucket.Use
 	var cursor uint64
 	seen := 0
-	for {
-		keys, next, err := c.Scan(ctx, cursor, match, 1000).Result()
+	for calls := 1; ; calls++ {
+		keys, next, err := c.Scan(ctx, cursor, match, usageBatch).Result()
 		if err != nil {
 			return uses, false, err
 		}
 		pipe := c.Pipeline() // a GET per key: each its own slot
 		gets := make([]*redis.StringCmd, len(keys))
 		for i, k := range keys {
-			gets[i] = pipe.Get(ctx, k)
+			gets[i] = pipe.GetRange(ctx, k, 0, maxUsageValue-1)
 		}
 		if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 			return uses, false, err
@@ -68,7 +77,7 @@ func scanUses(ctx context.Context, c *redis.Client, match string, start int64) (
 		if cursor = next; cursor == 0 {
 			return uses, false, nil
 		}
-		if seen >= MaxUsageScan {
+		if seen >= MaxUsageScan || calls >= maxUsageCalls {
 			return uses, true, nil
 		}
 	}
