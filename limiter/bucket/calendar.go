@@ -3,6 +3,7 @@ package bucket
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 	_ "time/tzdata" // time zones where the host has no zoneinfo (a scratch container)
 )
@@ -91,6 +92,12 @@ func (c Calendar) Location() *time.Location {
 // starts at its first instant. The periods partition time: the end of
 // one is the start of the next.
 func (c Calendar) Bounds(now time.Time) (start, end time.Time) {
+	b := c.Around(now)
+	return b[1], b[2]
+}
+
+// bounds is Bounds, computed.
+func (c Calendar) bounds(now time.Time) (start, end time.Time) {
 	t := now.In(c.Location())
 	start, end = c.first(t, 0), c.first(t, 1)
 	switch {
@@ -110,24 +117,78 @@ func (c Calendar) first(t time.Time, k int) time.Time {
 	switch c.Unit {
 	case Week:
 		back := (int(t.Weekday()) + 6) % 7 // days since Monday
-		return time.Date(y, m, d-back+7*k, 0, 0, 0, 0, loc)
+		return dateStart(time.Date(y, m, d-back+7*k, 0, 0, 0, 0, time.UTC), loc)
 	case Month:
-		return time.Date(y, m+time.Month(k), 1, 0, 0, 0, 0, loc)
+		return dateStart(time.Date(y, m+time.Month(k), 1, 0, 0, 0, 0, time.UTC), loc)
 	case Year:
-		return time.Date(y+k, 1, 1, 0, 0, 0, 0, loc)
+		return dateStart(time.Date(y+k, 1, 1, 0, 0, 0, 0, time.UTC), loc)
 	}
-	return time.Date(y, m, d+k, 0, 0, 0, 0, loc)
+	return dateStart(time.Date(y, m, d+k, 0, 0, 0, 0, time.UTC), loc)
+}
+
+// dateStart is the first instant of the date of day (a UTC midnight) in
+// loc: its local midnight; the first of two, where the clocks fall back
+// over midnight; the jump, where they spring over it (time.Date resolves
+// either side of the gap or of the fold, which would hand an hour of one
+// date to the period of another).
+func dateStart(day time.Time, loc *time.Location) time.Time {
+	y, m, d := day.Date()
+	t := time.Date(y, m, d, 0, 0, 0, 0, loc)
+	_, before := t.Add(-6 * time.Hour).Zone()
+	_, after := t.Add(6 * time.Hour).Zone()
+	if before == after {
+		return t
+	}
+	var start time.Time
+	for _, off := range [2]int{before, after} { // the midnights each offset reads
+		c := day.Add(-time.Duration(off) * time.Second)
+		if _, o := c.In(loc).Zone(); o == off && (start.IsZero() || c.Before(start)) {
+			start = c
+		}
+	}
+	if !start.IsZero() {
+		return start.In(loc)
+	}
+	// No midnight: the date starts at the jump, between the instants
+	// the two offsets would read as its midnight.
+	lo, hi := day.Unix()-int64(after), day.Unix()-int64(before)
+	for hi-lo > 1 { // offsets change on whole seconds
+		mid := lo + (hi-lo)/2
+		if _, o := time.Unix(mid, 0).In(loc).Zone(); o == after {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return time.Unix(hi, 0).In(loc)
 }
 
 // Around is the start of the period before now's, now's start and end,
 // and the end of the next: the windows a store may find its own clock in,
-// when it is behind or ahead of this one's by less than a period.
+// when it is behind or ahead of this one's by less than a period. They
+// are computed once per period of each calendar (aroundCache): a
+// request's take reads them.
 func (c Calendar) Around(now time.Time) [4]time.Time {
-	start, end := c.Bounds(now)
-	prev, _ := c.Bounds(start.Add(-time.Nanosecond))
-	_, next := c.Bounds(end)
-	return [4]time.Time{prev, start, end, next}
+	v, ok := aroundCache.Load(c)
+	if !ok {
+		v, _ = aroundCache.LoadOrStore(c, new(atomic.Pointer[[4]time.Time]))
+	}
+	last := v.(*atomic.Pointer[[4]time.Time])
+	if b := last.Load(); b != nil && !now.Before(b[1]) && now.Before(b[2]) {
+		return *b
+	}
+	start, end := c.bounds(now)
+	prev, _ := c.bounds(start.Add(-time.Nanosecond))
+	_, next := c.bounds(end)
+	b := [4]time.Time{prev, start, end, next}
+	last.Store(&b)
+	return b
 }
+
+// aroundCache holds each calendar's last Around (Calendar →
+// *atomic.Pointer[[4]time.Time]): as many as the config's time zones
+// and units.
+var aroundCache sync.Map
 
 // String is "day in Pacific/Auckland".
 func (c Calendar) String() string {

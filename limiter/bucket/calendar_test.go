@@ -118,3 +118,47 @@ func TestQuotaTake(t *testing.T) {
 		t.Errorf("String: %q", p.String())
 	}
 }
+
+// TestCalendarMidnightGap: where a day's midnight does not exist (the
+// clocks jump from 00:00 to 01:00), the day starts at its first instant,
+// the jump, never at 23:00 of the day before (which would hand the last
+// hour of one day to the next). West of UTC as east of it, every day of
+// 2000–2030 in zones whose offset changed at midnight starts at the
+// first instant of its local date.
+func TestCalendarMidnightGap(t *testing.T) {
+	cases := []struct {
+		zone  string
+		day   [3]int
+		start time.Time
+	}{
+		{"America/Sao_Paulo", [3]int{2018, 11, 4}, time.Date(2018, 11, 4, 3, 0, 0, 0, time.UTC)}, // -03 → -02
+		{"America/Havana", [3]int{2024, 3, 10}, time.Date(2024, 3, 10, 5, 0, 0, 0, time.UTC)},    // -05 → -04
+		{"America/Asuncion", [3]int{2023, 10, 1}, time.Date(2023, 10, 1, 4, 0, 0, 0, time.UTC)},  // -04 → -03
+	}
+	for _, c := range cases {
+		loc := mustLoc(t, c.zone)
+		cal := Calendar{Day, loc}
+		// an hour before the jump: still the day before, on the local clock
+		before := c.start.Add(-time.Hour)
+		if _, end := cal.Bounds(before); !end.Equal(c.start) {
+			t.Errorf("%s at %s (local %s): the day ends %s, want %s", c.zone, before, before.In(loc), end.UTC(), c.start)
+		}
+		if start, _ := cal.Bounds(c.start.Add(time.Minute)); !start.Equal(c.start) {
+			t.Errorf("%s on %v: the day starts %s, want %s", c.zone, c.day, start.UTC(), c.start)
+		}
+	}
+	for _, zone := range []string{"America/Sao_Paulo", "America/Havana", "America/Asuncion", "America/Santiago",
+		"Asia/Tehran", "Asia/Damascus", "Asia/Amman", "Africa/Cairo", "Asia/Beirut", "America/Godthab"} {
+		loc := mustLoc(t, zone)
+		for _, u := range []CalendarUnit{Day, Week, Month} {
+			cal := Calendar{u, loc}
+			_, end := cal.Bounds(time.Date(2000, 1, 1, 12, 0, 0, 0, time.UTC))
+			for end.Year() < 2031 {
+				if y, m, d := end.In(loc).Date(); end.Add(-time.Second).In(loc).Day() == d {
+					t.Fatalf("%s: a %s starts at %s (%d-%02d-%02d local %s), not its date's first instant", zone, u, end.UTC(), y, m, d, end.In(loc))
+				}
+				_, end = cal.Bounds(end)
+			}
+		}
+	}
+}
