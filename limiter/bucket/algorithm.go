@@ -148,9 +148,14 @@ func (p Policy) takeFixed(b State, now, cost int64) (State, Decision) {
 
 // takeQuota: a counter per period of the calendar; b.last holds the
 // period's start (Unix ns), so a count of another period (or another time
-// zone's) is none.
+// zone's) is none. A late reading (of the period before the one held) is
+// counted in the one held, as LateReading counts a window's.
 func (p Policy) takeQuota(b State, now, cost int64) (State, Decision) {
 	s, e := p.Calendar.Bounds(at(now))
+	if b.last == e.UnixNano() {
+		now = b.last
+		s, e = p.Calendar.Bounds(at(now))
+	}
 	start, end := s.UnixNano(), e.UnixNano()
 	count := int64(0)
 	if b.last == start {

@@ -162,3 +162,22 @@ func TestCalendarMidnightGap(t *testing.T) {
 		}
 	}
 }
+
+// TestQuotaLateReading: a take whose clock reading came just before
+// midnight, decided after a take of the new day, is counted in the new
+// day (as LateReading counts a window's), not as a day of its own that
+// would drop the new day's count.
+func TestQuotaLateReading(t *testing.T) {
+	p := Policy{Algorithm: Quota, Rate: 2, Period: Day.Nominal(), Burst: 2, Calendar: Calendar{Day, mustLoc(t, "Europe/Paris")}}
+	midnight := time.Date(2025, 6, 2, 0, 0, 0, 0, p.Calendar.Loc).UnixNano()
+	b, d := p.Take(State{}, false, midnight+int64(time.Millisecond), 1)
+	if !d.Allowed {
+		t.Fatalf("first: %+v", d)
+	}
+	if b, d = p.Take(b, true, midnight-int64(time.Millisecond), 1); !d.Allowed || d.Remaining != 0 || d.Reset.UnixNano() != midnight+int64(24*time.Hour) {
+		t.Fatalf("the late one: %+v, want counted in the new day, none left", d)
+	}
+	if _, d = p.Take(b, true, midnight+int64(2*time.Millisecond), 1); d.Allowed {
+		t.Fatalf("third of a quota of 2 in the new day: %+v", d)
+	}
+}
