@@ -18,7 +18,8 @@ import (
 )
 
 // quotaUsage is a lookup's account of a quota's period: what the key
-// used of it (the quota in force less what remains), when it started and
+// used of it (the store's count: more than the quota in force when the
+// key was counted under a larger one), when it started and
 // when it resets, in the zone's time zone (RFC 3339).
 type quotaUsage struct {
 	Used        *int64 `json:"used,omitempty"`
@@ -34,7 +35,7 @@ func (u *usage) setQuota(p limiter.Policy, d limiter.Decision, now time.Time) {
 	}
 	start, end := periodOf(p, d, now)
 	loc := p.Calendar.Location()
-	used := max(p.Rate-d.Remaining, 0)
+	used := d.Used
 	u.Used, u.PeriodStart, u.ResetsAt = &used, start.In(loc).Format(time.RFC3339), end.In(loc).Format(time.RFC3339)
 }
 

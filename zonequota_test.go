@@ -201,3 +201,26 @@ func TestQuotaOverridesAndDryRun(t *testing.T) {
 		t.Fatalf("dry run passed %d of 3", ok)
 	}
 }
+
+// TestQuotaLookupUsedBeyondQuota: a lookup's used is the period's count as
+// the store holds it, not the quota in force less what remains, which
+// cannot exceed the quota: a key that used 5 under its own quota (an
+// override, or a plan's from a placeholder, which a lookup does not see)
+// shows 5 of the zone's 2, in memory and in Redis.
+func TestQuotaLookupUsedBeyondQuota(t *testing.T) {
+	stores := map[string]*RedisConfig{"memory": nil,
+		"redis": {Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: fmt.Sprintf("quota%x:", rand.Uint64())}}
+	for store, redis := range stores {
+		t.Run(store, func(t *testing.T) {
+			h, zone := overrideZone(t, &Zone{Quota: "2", QuotaPer: "month"}, redis)
+			mustAdmin(t, "PUT", "/rate_limit/overrides/"+zone+"/key", `{"key":"big","quota":5}`)
+			if ok := passes(h, "big", 5); ok != 5 {
+				t.Fatalf("the key with its own quota of 5 passed %d of 5", ok)
+			}
+			mustAdmin(t, "DELETE", "/rate_limit/overrides/"+zone+"/key", `{"key":"big"}`)
+			if u := lookup(t, zone, "big"); field(u, "used") != "5" || field(u, "remaining") != "0" || field(u, "limit") != "2" {
+				t.Fatalf("lookup of big under the zone's quota of 2: %v", u)
+			}
+		})
+	}
+}

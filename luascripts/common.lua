@@ -191,7 +191,8 @@ end
 
 -- decide_request decides the keys first .. last of one request with
 -- decide(key, args), which returns the key's state: ok (allowed),
--- remaining, reset, retry and delay (retry and delay default to 0) for the
+-- remaining, reset, retry and delay (retry and delay default to 0; a
+-- quota, which has no delay, gives its count as used in its place) for the
 -- reply, and what write needs. When every key is allowed and the call is
 -- no peek, write(key, state) stores each key's state (in refund and
 -- release modes too: write knows whether to). Appends the request's reply
@@ -212,7 +213,7 @@ local function decide_request(decide, write, first, last, out, touch)
       touch(KEYS[i], s)
     end
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = s.ok and 1 or 0, s.remaining, s.reset,
-      s.retry or 0, s.delay or 0
+      s.retry or 0, s.delay or s.used or 0
     o = o + 5
   end
 end

@@ -19,7 +19,8 @@
 -- count of 0 is no key.
 --
 -- Reply per key: allowed, remaining, µs until the period ends, µs until
--- the same request could pass (the period's end), 0.
+-- the same request could pass (the period's end), the period's count with
+-- this cost (used: it may exceed a quota lowered since).
 
 -- the periods of k, parsed once per argument table
 local function periods(k)
@@ -69,7 +70,7 @@ local function decide(key, k)
   end
   local to_end = stop - now
   return { ok = ok, remaining = math.max(limit - count, 0), reset = to_end, retry = ok and 0 or to_end,
-    count = count, start = start, skip = skip }
+    used = count, count = count, start = start, skip = skip }
 end
 
 local function write(key, s)

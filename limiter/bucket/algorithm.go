@@ -167,7 +167,7 @@ func (p Policy) takeQuota(b State, now, cost int64) (State, Decision) {
 	} else {
 		d.RetryAfter = time.Duration(end - now)
 	}
-	d.Remaining = max(p.Rate-count, 0)
+	d.Remaining, d.Used = max(p.Rate-count, 0), count
 	return State{tokens: float64(count), last: start, IdleAt: end}, d
 }
 

@@ -21,6 +21,10 @@ type Decision struct {
 	// Delay is, for a request a leaky bucket allowed, how long it waits
 	// for its slot before it goes on.
 	Delay time.Duration
+	// Used is, for a quota, the period's count with this decision's
+	// cost (an operator's account: it may exceed Limit, counted under a
+	// larger quota that an override or a plan gave the key).
+	Used int64
 	// Cached is true for a refusal answered from a RefusedCache.
 	Cached bool
 	// Banned is true for the refusal of a banned client.

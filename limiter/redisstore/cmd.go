@@ -175,6 +175,9 @@ func decode(list []int64, idx []int, reqs []bucket.Request, decisions []bucket.D
 			Delay:      time.Duration(r[4]) * time.Microsecond,
 			At:         time.UnixMicro(head[0]),
 		}
+		if reqs[i].Policy.Algorithm == bucket.Quota { // quota.lua's count in delay's place
+			decisions[i].Delay, decisions[i].Used = 0, r[4]
+		}
 	}
 	return head[1] == 1, nil
 }
