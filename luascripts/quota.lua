@@ -8,8 +8,7 @@
 -- [b0, b1), the caller's [b1, b2), the next [b2, b3). The caller computes
 -- them from its calendar, so that the script knows no time zone; the
 -- script takes, on the server's clock, the one of the three that holds
--- now (the first or the last when now is out of them all: the clocks
--- disagree by less than a period). period and burst are unused. "take"
+-- now, and fails when none does (see period). period and burst are unused. "take"
 -- counts the cost if it fits in the quota; "refund" takes it off the
 -- count of the period the take was counted in, while that period lasts;
 -- "charge" counts it whatever the count, up to max_cost.
@@ -34,9 +33,11 @@ local function periods(k)
   return k.b
 end
 
--- the start and end of the period of b that holds t
+-- the start and end of the period of b that holds t; nil when none does
 local function period(b, t)
-  if t < b[2] then
+  if t < b[1] or t >= b[4] then
+    return nil
+  elseif t < b[2] then
     return b[1], b[2]
   elseif t < b[3] then
     return b[2], b[3]
@@ -48,6 +49,11 @@ local function decide(key, k)
   local b = periods(k)
   local limit, cost = k.rate, k.cost
   local start, stop = period(b, now)
+  if not start then -- the caller's clock is more than a period off this server's: a count in
+    -- another period than the other callers' would start theirs afresh (its on_store_error decides)
+    error(string.format('quota: the time %.0f is out of the periods %.0f to %.0f the caller gave: ' ..
+      'its clock is more than a period off the Redis server\'s', now, b[1], b[4]))
+  end
   local c, s = string.match(redis.call('GET', key) or '', '^(%d+):(%d+)$')
   local count, charged = 0, false
   if c and tonumber(s) == start then

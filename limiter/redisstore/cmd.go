@@ -67,11 +67,15 @@ func evalCmd(ctx context.Context, sr scriptRun, sha bool, now string, mode scrip
 	return onceCmd{redis.NewIntSliceCmd(ctx, a...)}
 }
 
+// wallClock is this gateway's clock, which a quota's periods are
+// computed from (tests set it off Redis's).
+var wallClock = time.Now
+
 // quotaPeriods is quota.lua's id argument for a quota of calendar c: the
 // starts of the periods before, at and after now (the time of the call in
 // µs, or "" for this clock), and the end of the next, in µs.
 func quotaPeriods(c bucket.Calendar, now string) string {
-	t := time.Now()
+	t := wallClock()
 	if us, err := strconv.ParseInt(now, 10, 64); err == nil {
 		t = time.UnixMicro(us)
 	}
