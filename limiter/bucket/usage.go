@@ -21,8 +21,12 @@ func (p Policy) QuotaUsed(b State, now int64) int64 {
 	return int64(b.tokens)
 }
 
-// TopUses is the n uses of the most, most first (by digest among equals).
+// TopUses is the n uses of the most, most first (by digest among equals),
+// each digest once, with the most it was given (a Redis SCAN may return a
+// key twice).
 func TopUses(uses []Use, n int) []Use {
+	slices.SortFunc(uses, func(a, b Use) int { return cmp.Or(cmp.Compare(a.Digest, b.Digest), cmp.Compare(b.Used, a.Used)) })
+	uses = slices.CompactFunc(uses, func(a, b Use) bool { return a.Digest == b.Digest })
 	slices.SortFunc(uses, func(a, b Use) int { return cmp.Or(cmp.Compare(b.Used, a.Used), cmp.Compare(a.Digest, b.Digest)) })
 	return uses[:min(n, len(uses))]
 }
