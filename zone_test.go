@@ -2,7 +2,7 @@ package ratelimit
 
 import (
 	"cmp"
-	"go.uber.org/zap"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/clientkey"
 )
@@ -122,5 +124,35 @@ func TestResolveKeyAsReplaceAll(t *testing.T) {
 		if want := repl.ReplaceAll(key, ""); got != want {
 			t.Errorf("key %q resolves to %q; ReplaceAll gives %q", key, got, want)
 		}
+	}
+}
+
+// TestPlaceholderWarningClipped: a placeholder's value that is no valid
+// rate, burst, cost or quota is what a client sent (a header), of any
+// length, perhaps a secret: the one warning it makes quotes no more than
+// its first 16 bytes.
+func TestPlaceholderWarningClipped(t *testing.T) {
+	long := "sk_live_" + strings.Repeat("x", 4000)
+	for name, z := range map[string]*Zone{
+		"rate":  {Rate: "{http.vars.v}", DefaultRate: "5r/s"},
+		"burst": {Rate: "10r/s", Burst: "{http.vars.v}"},
+		"cost":  {Rate: "10r/s", Cost: "{http.vars.v}"},
+		"quota": {Quota: "{http.vars.v}", DefaultQuota: 5, QuotaPer: "day"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			z.name, z.Key = "z", "k"
+			if err := z.check(); err != nil {
+				t.Fatal(err)
+			}
+			core, logs := observer.New(zap.WarnLevel)
+			z.limits(caddyhttpTestReplacer(httptest.NewRequest(http.MethodGet, "/", nil), map[string]string{"v": long}), zap.New(core))
+			entries := logs.All()
+			if len(entries) != 1 {
+				t.Fatalf("%d warnings, want 1", len(entries))
+			}
+			if msg := fmt.Sprint(entries[0].ContextMap()); len(msg) > 300 || strings.Contains(msg, long[:24]) {
+				t.Fatalf("the warning quotes %d bytes: %.200s…", len(msg), msg)
+			}
+		})
 	}
 }

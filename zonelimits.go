@@ -50,10 +50,11 @@ func (z *Zone) limits(repl *caddy.Replacer, logger *zap.Logger) (limiter.Policy,
 		p = z.quotaLimits(p, repl, func(err error) { z.warn(fieldQuota, logger, err) })
 	}
 	if hasPlaceholder(z.Rate) {
-		if n, period, err := parseRate(repl.ReplaceAll(z.Rate, "")); err == nil {
+		v := repl.ReplaceAll(z.Rate, "")
+		if n, period, err := parseRate(v); err == nil {
 			p.Rate, p.Period = n, period
 		} else {
-			z.warn(fieldRate, logger, err)
+			z.warn(fieldRate, logger, fmt.Errorf("rate %s is not a rate such as 100r/m", clip(v)))
 		}
 		if z.Burst == "" { // the default burst of the rate in force
 			p.Burst = bucket.DefaultBurst(p.Algorithm, p.Rate)
@@ -78,10 +79,20 @@ func (z *Zone) dynamicCount(f dynamicField, logger *zap.Logger, v caddyhttp.Weak
 	s := repl.ReplaceAll(string(v), "")
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n < 1 {
-		z.warn(f, logger, fmt.Errorf("%q is not a whole number of at least 1", s))
+		z.warn(f, logger, fmt.Errorf("%s is not a whole number of at least 1", clip(s)))
 		return def
 	}
 	return n
+}
+
+// clip is a placeholder's value quoted for a log: what a client sent, of
+// any length, perhaps a secret: its first 16 bytes and its length.
+func clip(s string) string {
+	const most = 16
+	if len(s) <= most {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(s[:most]) + "… (" + strconv.Itoa(len(s)) + " bytes)"
 }
 
 // warn logs, once per zone and field, that a template gave no valid value.

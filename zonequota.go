@@ -112,7 +112,7 @@ func (z *Zone) quotaLimits(p limiter.Policy, repl *caddy.Replacer, warn func(err
 	s := repl.ReplaceAll(string(z.Quota), "")
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n < 1 || n > bucket.MaxRate {
-		warn(fmt.Errorf("quota %q is not a whole number from 1 to %d", s, int64(bucket.MaxRate)))
+		warn(fmt.Errorf("quota %s is not a whole number from 1 to %d", clip(s), int64(bucket.MaxRate)))
 		return p
 	}
 	p.Rate, p.Burst = n, n

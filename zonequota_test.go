@@ -24,6 +24,7 @@ func TestQuotaCaddyfileErrors(t *testing.T) {
 		{"unknown period", zone("\t\t\tquota 10 per fortnight"), `zone "api": quota: unknown period "fortnight" (want day, week, month or year), at Caddyfile:5`},
 		{"no per", zone("\t\t\tquota 10 day"), `want quota <n> per day|week|month|year, such as quota 10000 per month, at Caddyfile:5`},
 		{"unknown time zone", zone("\t\t\tquota 10 per day\n\t\t\ttime_zone Mars/Olympus"), `zone "api": time_zone: unknown time zone "Mars/Olympus" (want an IANA name such as Europe/Paris or America/New_York), at Caddyfile:6`},
+		{"the host's time zone", zone("\t\t\tquota 10 per day\n\t\t\ttime_zone Local"), `zone "api": time_zone: "Local" is each host's own time zone, which may differ across a fleet: name it, such as Europe/Paris, at Caddyfile:6`},
 		{"quota with rate", zone("\t\t\tquota 10 per day\n\t\t\trate 1r/s"), `zone "api": quota and a rate in one zone: use two zones, one with the quota and one with the rate (a request must pass both), at Caddyfile:6`},
 		{"rate with quota", zone("\t\t\trate 1r/s\n\t\t\tquota 10 per day"), `use two zones, one with the quota and one with the rate (a request must pass both), at Caddyfile:6`},
 		{"placeholder without default", zone("\t\t\tquota {http.vars.plan_quota} per month"), `give a default quota of at least 1 after the period, such as quota {http.vars.plan_quota} per month 1000, at Caddyfile:5`},

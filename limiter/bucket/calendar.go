@@ -67,6 +67,9 @@ func LoadLocation(name string) (*time.Location, error) {
 	if name == "" || name == "UTC" {
 		return time.UTC, nil
 	}
+	if name == "Local" { // time.LoadLocation's name for the host's own
+		return nil, fmt.Errorf(`"Local" is each host's own time zone, which may differ across a fleet: name it, such as Europe/Paris`)
+	}
 	if v, ok := locations.Load(name); ok {
 		return v.(*time.Location), nil
 	}
