@@ -47,7 +47,7 @@ func (z *Zone) checkQuota() error {
 	if z.policy.Ban, err = z.Ban.policy(); err != nil {
 		return err
 	}
-	return cmp.Or(z.checkSettle(), z.policy.Validate())
+	return cmp.Or(z.checkSettle(), z.checkSync(), z.policy.Validate())
 }
 
 // quotaConflicts refuses what does not go with a quota.
@@ -63,8 +63,6 @@ func (z *Zone) quotaConflicts() error {
 	case z.Algorithm != "" || z.Burst != "" || z.DefaultBurst != 0 || z.NoDelay || z.Lease != 0:
 		return about(fmt.Errorf("a quota counts requests per calendar period: algorithm, burst, nodelay and lease do not apply"),
 			"quota", "algorithm", "burst", "nodelay", "lease")
-	case z.Sync != 0:
-		return about(fmt.Errorf("sync does not apply to a quota: a quota is decided exactly in Redis, every request"), "sync", "quota")
 	case z.Global:
 		return about(fmt.Errorf("global does not apply to a quota: regions share token buckets only; "+
 			"keep the quota per region, or put one Redis behind every region's Caddys"), "global", "quota")

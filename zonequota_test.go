@@ -4,13 +4,18 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // TestQuotaCaddyfileErrors: a quota's mistakes are adapt errors at their
@@ -30,8 +35,8 @@ func TestQuotaCaddyfileErrors(t *testing.T) {
 		{"placeholder without default", zone("\t\t\tquota {http.vars.plan_quota} per month"), `give a default quota of at least 1 after the period, such as quota {http.vars.plan_quota} per month 1000, at Caddyfile:5`},
 		{"default of a number", zone("\t\t\tquota 10 per month 20"), `the default after the period is for a quota from placeholders`},
 		{"time_zone alone", zone("\t\t\trate 1r/s\n\t\t\ttime_zone UTC"), `need a quota: quota <n> per day|week|month|year, at Caddyfile:6`},
-		{"sync", ":8080 {\n\trate_limit {\n\t\tredis {\n\t\t\taddresses 127.0.0.1:1\n\t\t}\n\t\tzone api {\n\t\t\tkey k\n\t\t\tquota 10 per day\n\t\t\tsync 1s\n\t\t}\n\t}\n}",
-			`zone "api": sync does not apply to a quota: a quota is decided exactly in Redis, every request, at Caddyfile:9`},
+		{"sync with count_status", ":8080 {\n\trate_limit {\n\t\tredis {\n\t\t\taddresses 127.0.0.1:1\n\t\t}\n\t\tzone api {\n\t\t\tkey k\n\t\t\tquota 10 per day\n\t\t\tsync 1s\n\t\t\tcount_status 5\n\t\t}\n\t}\n}",
+			`zone "api": sync does not apply with count_status or cost_from_response, which settle in Redis after each response`},
 		{"burst", zone("\t\t\tquota 10 per day\n\t\t\tburst 5"), `algorithm, burst, nodelay and lease do not apply, at Caddyfile:6`},
 		{"cost over the quota", zone("\t\t\tquota 10 per day\n\t\t\tcost 11"), `cost 11 is more than the quota, 10: every request would be refused, at Caddyfile:6`},
 		{"cost_from_response", zone("\t\t\tquota 10 per day\n\t\t\tcost_from_response X-Cost"), `it needs token_bucket or leaky_bucket, not quota`},
@@ -223,5 +228,29 @@ func TestQuotaLookupUsedBeyondQuota(t *testing.T) {
 				t.Fatalf("lookup of big under the zone's quota of 2: %v", u)
 			}
 		})
+	}
+}
+
+// TestQuotaSync: a quota syncs as a window does: through the handler on
+// Redis, a day's quota of 3 admits 3 of a key and refuses the 4th until
+// the next midnight, with the period's headers. (The fleet's accuracy
+// against an exact replay: TestSyncAccuracyQuota in limiter/fleetsync.)
+func TestQuotaSync(t *testing.T) {
+	h := &Handler{Zones: map[string]*Zone{"daily": {Key: "{http.request.header.X-Key}", Quota: "3", QuotaPer: "day", Sync: caddy.Duration(100 * time.Millisecond)}},
+		Redis: &RedisConfig{Addresses: []string{redistest.StandaloneAddr(t)}, KeyPrefix: fmt.Sprintf("qs%x:", rand.Uint64())}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	_, end := bucket.Calendar{Unit: bucket.Day}.Bounds(time.Now())
+	if time.Until(end) < 10*time.Second {
+		t.Skip("midnight UTC would come during the test")
+	}
+	if ok := passes(h, "k", 5); ok != 3 {
+		t.Fatalf("a day's quota of 3 that syncs passed %d of 5", ok)
+	}
+	w := serve(h, keyRequest("k"))
+	retry, _ := strconv.ParseInt(w.Header().Get("Retry-After"), 10, 64)
+	if w.Code != 429 || w.Header().Get("X-RateLimit-Reset") != strconv.FormatInt(end.Unix(), 10) || math.Abs(float64(retry)-time.Until(end).Seconds()) > 5 {
+		t.Fatalf("refused: %d %v; want 429 until %s", w.Code, w.Header(), end)
 	}
 }

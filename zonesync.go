@@ -20,7 +20,9 @@ import (
 // checkSync checks sync against the zone's other options.
 func (z *Zone) checkSync() error {
 	w := z.window()
-	if z.Sync == 0 && z.distributed > 0 && z.syncRefusal() == nil {
+	// A quota syncs only when it says so: its count is what a customer
+	// is billed by, exact unless the operator trades that for calls.
+	if z.Sync == 0 && z.distributed > 0 && z.syncRefusal() == nil && z.policy.Algorithm != limiter.Quota {
 		d := z.distributed
 		if w > 0 && !z.viaStorage {
 			d = min(d, w/2)
@@ -71,7 +73,7 @@ func (z *Zone) syncRefusal() error {
 		return about(fmt.Errorf("sync counts with counters, and sliding_window_log keeps one entry per request: "+
 			"use algorithm sliding_window_counter (close to it), or leave sync out"), "sync", "algorithm", "events")
 	case !z.policy.Algorithm.Syncs():
-		return about(fmt.Errorf("sync applies to token_bucket, fixed_window and sliding_window_counter zones: "+
+		return about(fmt.Errorf("sync applies to token_bucket, fixed_window, sliding_window_counter and quota zones: "+
 			"%s counts exactly in Redis (leave sync out, or use one of them)", z.policy.Algorithm), "sync", "algorithm", "events")
 	case z.Ban != nil:
 		return about(fmt.Errorf("sync and ban: a ban is looked up in Redis on every request; leave one out"), "sync", "ban")

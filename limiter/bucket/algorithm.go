@@ -54,7 +54,7 @@ var specs = [...]spec{
 	SlidingWindowCounter: {name: "sliding_window_counter", windowed: true, syncs: true, named: true},
 	LeakyBucket:          {name: "leaky_bucket", debt: true, named: true},
 	Concurrency:          {name: "concurrency"},
-	Quota:                {name: "quota", windowed: true},
+	Quota:                {name: "quota", windowed: true, syncs: true},
 }
 
 // specOf is a's spec; the zero spec for an unknown a.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/internal/redistest"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
 )
 
 // The accuracy of zones that sync in both directions: a fleet of real
@@ -163,5 +164,35 @@ func TestSyncAccuracySmallBursts(t *testing.T) {
 				t.Errorf("a client was admitted %d beyond the exact replay, want at most the bound %d", acc.over, bound)
 			}
 		})
+	}
+}
+
+// TestSyncAccuracyQuota: a day's quota of 30 that syncs every 100ms on 3
+// instances, 150 clients sending 6 a second for 6 seconds (Poisson), most
+// of them past their quota: each is admitted within the exact replay plus
+// the bound, and refused beyond it at most 0.2% of the requests (an
+// instance whose share is spent leaves a request to Redis while the
+// period's count may hold it). Redis's reply gives the count, so that the
+// rounds read what the fleet used of the period.
+func TestSyncAccuracyQuota(t *testing.T) {
+	const interval, d, clients, instances = 100 * time.Millisecond, 6 * time.Second, 150, 3
+	p := limiter.Policy{Algorithm: limiter.Quota, Rate: 30, Burst: 30, Period: bucket.Day.Nominal(), Calendar: bucket.Calendar{Unit: bucket.Day}}
+	if _, end := p.Calendar.Bounds(time.Now()); time.Until(end) < 2*d {
+		t.Skip("midnight UTC would come during the run")
+	}
+	fleet := syncFleet(t, limiter.RedisOptions{Addresses: redistest.ClusterAddrs(t), Cluster: true}, instances)
+	registerAll(fleet, interval)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 2))
+	acc := replay(t, rng, fleet, poissonArrivals(rng, clients, 6, d), p, interval)
+	t.Logf("%d requests: admitted %d, exact replay %d (refused beyond it: %d), largest excess of one client %d",
+		acc.requests, acc.admitted, acc.exactAdmitted, acc.under, acc.over)
+	if allowed := max(acc.requests/500, 1); acc.under > allowed {
+		t.Errorf("refused %d requests beyond the exact replay, want at most %d (0.2%%)", acc.under, allowed)
+	}
+	if bound := syncBound(p, interval, instances); acc.over > bound {
+		t.Errorf("a client was admitted %d beyond the exact replay, want at most the bound %d", acc.over, bound)
+	}
+	if acc.admitted < acc.exactAdmitted {
+		t.Errorf("admitted %d, fewer than the exact replay's %d", acc.admitted, acc.exactAdmitted)
 	}
 }

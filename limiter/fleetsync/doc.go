@@ -71,7 +71,11 @@
 // window's limit is the burst, an allowance has no refill, and a bucket is
 // read again as its window turns. A charge counts past the limit, and what
 // went over carries into the next window (see luascripts/common.lua), so the
-// fleet admits the limit of each window it touches and the bound once. The
+// fleet admits the limit of each window it touches and the bound once. A
+// quota syncs as a window of its calendar's periods (windowTurns), with
+// no carry: a new period starts whole, and what an instance admitted of a
+// period that turned before it was charged is dropped, not charged to the
+// next (periodTurned), so the bound holds once per period. The
 // sliding log, the leaky bucket, concurrency, bans and zones that settle do
 // not sync: the root package refuses them at config time.
 //

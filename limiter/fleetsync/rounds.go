@@ -143,6 +143,7 @@ func (s *Syncer) due(now time.Time, final bool) ([]bucket.Request, []*syncEntry)
 	var reqs []bucket.Request
 	var es []*syncEntry
 	charge := func(e *syncEntry) {
+		e.periodTurned(now)
 		r := e.req
 		r.Cost, r.ID = e.spent, ""
 		if r.Policy.Algorithm == bucket.TokenBucket && !e.used.IsZero() { // as of its last request (see gcra.lua)

@@ -57,9 +57,13 @@ func fullAt(now time.Time, d bucket.Decision) time.Time {
 }
 
 // windowTurns is when the window of p that holds now ends (windows start
-// at multiples of their length since the Unix epoch); zero for the other
-// algorithms.
+// at multiples of their length since the Unix epoch, a quota's periods at
+// its calendar's); zero for the other algorithms.
 func windowTurns(now time.Time, p bucket.Policy) time.Time {
+	if p.Algorithm == bucket.Quota {
+		_, end := p.Calendar.Bounds(now)
+		return end
+	}
 	if p.Algorithm != bucket.FixedWindow && p.Algorithm != bucket.SlidingWindowCounter || p.Period <= 0 {
 		return time.Time{}
 	}

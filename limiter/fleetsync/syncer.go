@@ -290,6 +290,7 @@ func (s *Syncer) takeOne(now time.Time, r bucket.Request, n int) (*syncEntry, bu
 	s.update(e, r, n)
 	e.used = now
 	if !inProcess && !e.turns.IsZero() && !now.Before(e.turns) { // a new window: read at the next round
+		e.periodTurned(now)
 		e.turns, e.wants = windowTurns(now, r.Policy), true
 		s.flag(e)
 	}
@@ -427,13 +428,28 @@ func (e *syncEntry) mayHold(now time.Time) int64 {
 	return p.Limit() - int64(min(max(lack, 0), float64(bucket.MaxCost))) - e.spent
 }
 
+// periodTurned drops, when e is a quota whose period has turned since its
+// reading, what this instance admitted of it and has not sent: the old
+// period's count went with its key at its end, and the new period is not
+// to be charged for it (it would refuse clients within their new quota).
+// What is being sent may land in the new period (at most a round's).
+// A window carries what went over instead (see windowTurns' callers).
+// The caller holds mu.
+func (e *syncEntry) periodTurned(now time.Time) {
+	if e.req.Policy.Algorithm == bucket.Quota && !e.turns.IsZero() && !now.Before(e.turns) {
+		e.spent = e.sending
+	}
+}
+
 // refusal is the decision of a request whose cost the allowance lacks:
 // the wait until the bucket as last read holds the cost (at least until
-// the next round).
+// the next round); for a quota, until its period turns.
 func (s *Syncer) refusal(e *syncEntry, cost int64, now time.Time) bucket.Decision {
 	p := e.req.Policy
 	wait := time.Duration(e.req.Sync)
-	if short := cost - e.remaining + e.spent; short > 0 && p.Rate > 0 {
+	if p.Algorithm == bucket.Quota {
+		wait = max(wait, e.turns.Sub(now))
+	} else if short := cost - e.remaining + e.spent; short > 0 && p.Rate > 0 {
 		wait = max(wait, time.Duration(float64(short)*p.Interval()))
 	}
 	return bucket.Decision{Limit: p.Limit(), Reset: e.reset, RetryAfter: wait, At: now}

@@ -50,7 +50,7 @@ func evalCmd(ctx context.Context, sr scriptRun, sha bool, now string, mode scrip
 			flag = sr.flags[j]
 		case p.NoDelay:
 			flag = 1
-		case reqs[i].Sync > 0 && p.Algorithm.Windowed():
+		case reqs[i].Sync > 0 && p.Algorithm.Windowed() && p.Algorithm != bucket.Quota:
 			flag = 2 // a window that syncs: what its charges put past the limit carries (see carry in common.lua)
 		}
 		var id any = reqs[i].ID
