@@ -117,6 +117,7 @@ type Exchange struct {
 	ev               atomic.Pointer[Events]
 	now              func() time.Time
 	started          time.Time       // when Start ran
+	phase            time.Duration   // the first hand-out's delay after Start, in [0, Interval): see tick
 	stop             chan struct{}   // closed by Close: the ticker's last hand-out
 	stopSenders      chan struct{}   // then the senders' last exchange
 	copies           *overrideCopies // the changes of overrides to copy to the peers
@@ -147,6 +148,7 @@ func New(cfg Config) *Exchange {
 		x.peers = append(x.peers, newSender(x, name, cfg.Peers[name]))
 		x.names = append(x.names, name)
 	}
+	x.phase = time.Duration(rand.Int64N(int64(max(cfg.Interval, 1))))
 	x.counted.Store(1)                                                      // alone until every peer is told and heard (count)
 	d := strconv.FormatInt((cfg.Interval + cfg.Timeout).Microseconds(), 10) // how late a charge may reach a peer
 	x.tags = [2]string{"G" + strconv.FormatInt(x.regions, 10) + ":" + d, "A" + strconv.FormatInt(x.regions, 10) + ":" + d}

@@ -179,3 +179,24 @@ func TestFloodAtOnce(t *testing.T) {
 		t.Errorf("a count dropped: %d regions counted, flooding %v; want this one alone, flooding", x.Counted(), x.flooding())
 	}
 }
+
+// TestExchangePhases: instances started together (a fleet's rollout, a
+// reload sent to all) exchange at phases of their own, spread over the
+// interval, not all at the same instant: a peer's Redis runs every
+// instance's charges at once otherwise, and the requests of that region
+// wait behind them (fleetsim, 5 regions at 2,500 decisions/s: p99 77 ms
+// in step, 17.5 ms at random phases).
+func TestExchangePhases(t *testing.T) {
+	const n, d = 32, time.Second
+	lo, hi := d, time.Duration(-1)
+	for range n {
+		x := New(Config{This: "eu", Peers: map[string]Peer{"us": nil}, Interval: d, Timeout: time.Second})
+		if x.phase < 0 || x.phase >= d {
+			t.Fatalf("phase %s out of [0, %s)", x.phase, d)
+		}
+		lo, hi = min(lo, x.phase), max(hi, x.phase)
+	}
+	if hi-lo < d/4 { // 32 uniform draws within a quarter: about 1e-17
+		t.Fatalf("%d exchanges' phases within %s of each other; want them spread over the interval", n, hi-lo)
+	}
+}

@@ -42,8 +42,18 @@ func (x *Exchange) Close() {
 }
 
 // tick hands the counts to the senders and reads the marks every
-// interval, and hands out the last counts when the Exchange closes.
+// interval, from a phase of its own (x.phase), and hands out the last
+// counts when the Exchange closes. Instances started together (a
+// fleet's rollout, a reload sent to all) would otherwise charge each
+// peer's Redis at one instant, every interval, and that region's
+// requests would wait behind all the charges at once.
 func (x *Exchange) tick() {
+	select {
+	case <-x.stop:
+		x.handOut()
+		return
+	case <-time.After(x.phase):
+	}
 	t := time.NewTicker(x.cfg.Interval)
 	defer t.Stop()
 	for {
