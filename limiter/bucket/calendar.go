@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,8 +68,8 @@ func LoadLocation(name string) (*time.Location, error) {
 	if name == "" || name == "UTC" {
 		return time.UTC, nil
 	}
-	if name == "Local" { // time.LoadLocation's name for the host's own
-		return nil, fmt.Errorf(`"Local" is each host's own time zone, which may differ across a fleet: name it, such as Europe/Paris`)
+	if strings.EqualFold(name, "Local") || strings.EqualFold(name, "localtime") { // the host's own (a link to /etc/localtime)
+		return nil, fmt.Errorf("%q is each host's own time zone, which may differ across a fleet: name it, such as Europe/Paris", name)
 	}
 	if v, ok := locations.Load(name); ok {
 		return v.(*time.Location), nil

@@ -181,3 +181,14 @@ func TestQuotaLateReading(t *testing.T) {
 		t.Fatalf("third of a quota of 2 in the new day: %+v", d)
 	}
 }
+
+// TestHostTimeZoneRefused: "Local" and "localtime" (on Debian,
+// /usr/share/zoneinfo/localtime links to /etc/localtime) name each host's
+// own zone, which may differ across a fleet counting one quota.
+func TestHostTimeZoneRefused(t *testing.T) {
+	for _, name := range []string{"Local", "localtime", "LOCALTIME"} {
+		if loc, err := LoadLocation(name); err == nil {
+			t.Errorf("time zone %q accepted (%v): it is the host's own", name, loc)
+		}
+	}
+}

@@ -73,9 +73,14 @@
 // went over carries into the next window (see luascripts/common.lua), so the
 // fleet admits the limit of each window it touches and the bound once. A
 // quota syncs as a window of its calendar's periods (windowTurns), with
-// no carry: a new period starts whole, and what an instance admitted of a
-// period that turned before it was charged is dropped, not charged to the
-// next (periodTurned), so the bound holds once per period. The
+// no carry: a new period starts whole, at the instance's share of the
+// quota, and what an instance admitted of a period that turned before it
+// was charged is dropped, not charged to the next (periodTurned), so the
+// bound holds once per period; a reading of a period that turned while
+// its round was in flight is not applied (the turn is never set back). A
+// policy changed under a window or a quota leaves its count unknown, so
+// that a request past the allowance is decided in Redis rather than
+// refused on the old limit's reading. The
 // sliding log, the leaky bucket, concurrency, bans and zones that settle do
 // not sync: the root package refuses them at config time.
 //

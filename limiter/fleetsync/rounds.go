@@ -115,6 +115,13 @@ func (s *Syncer) applyPart(now time.Time, part []int, es []*syncEntry, d []bucke
 		}
 		e.spent -= e.sending
 		e.sending = 0
+		if turns := windowTurns(now, e.req.Policy); turns.Before(e.turns) {
+			// of a period that turned while the round was in flight (a take
+			// started the new one: periodTurned): the next round reads it
+			e.wants = true
+			s.flag(e)
+			continue
+		}
 		e.remaining, e.reset, e.synced, e.turns = d[j].Remaining, d[j].Reset, now, windowTurns(now, e.req.Policy)
 		e.full = fullAt(now, d[j])
 		e.allowance = max(share(held(e.req.Policy, d[j])+refill(e.req), s.instances(int(s.floor.Load())))-e.spent, 0)
@@ -143,7 +150,7 @@ func (s *Syncer) due(now time.Time, final bool) ([]bucket.Request, []*syncEntry)
 	var reqs []bucket.Request
 	var es []*syncEntry
 	charge := func(e *syncEntry) {
-		e.periodTurned(now)
+		e.periodTurned(now, s.instances(int(s.floor.Load())))
 		r := e.req
 		r.Cost, r.ID = e.spent, ""
 		if r.Policy.Algorithm == bucket.TokenBucket && !e.used.IsZero() { // as of its last request (see gcra.lua)

@@ -90,10 +90,16 @@ type seeding struct {
 
 // update gives e r's policy: a policy changed (a reload, an override, a
 // placeholder) caps the allowance at the new share and asks for a
-// reading. The caller holds mu.
+// reading; a window's or a quota's count, read under the old limit,
+// is then unknown (the new limit: a request the allowance lacks is
+// decided in Redis, not refused on the old limit's reading). The caller
+// holds mu.
 func (s *Syncer) update(e *syncEntry, r bucket.Request, n int) {
 	if e.req.Policy != r.Policy || e.req.Sync != r.Sync {
 		e.allowance = min(e.allowance, share(r.Policy.Limit()+refill(r), s.instances(n)))
+		if !r.Policy.Algorithm.Debt() && e.req.Policy != r.Policy {
+			e.remaining = r.Policy.Limit()
+		}
 		e.wants = true
 		s.flag(e)
 	}

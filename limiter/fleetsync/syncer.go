@@ -290,7 +290,7 @@ func (s *Syncer) takeOne(now time.Time, r bucket.Request, n int) (*syncEntry, bu
 	s.update(e, r, n)
 	e.used = now
 	if !inProcess && !e.turns.IsZero() && !now.Before(e.turns) { // a new window: read at the next round
-		e.periodTurned(now)
+		e.periodTurned(now, s.instances(n))
 		e.turns, e.wants = windowTurns(now, r.Policy), true
 		s.flag(e)
 	}
@@ -428,17 +428,22 @@ func (e *syncEntry) mayHold(now time.Time) int64 {
 	return p.Limit() - int64(min(max(lack, 0), float64(bucket.MaxCost))) - e.spent
 }
 
-// periodTurned drops, when e is a quota whose period has turned since its
-// reading, what this instance admitted of it and has not sent: the old
-// period's count went with its key at its end, and the new period is not
-// to be charged for it (it would refuse clients within their new quota).
-// What is being sent may land in the new period (at most a round's).
-// A window carries what went over instead (see windowTurns' callers).
-// The caller holds mu.
-func (e *syncEntry) periodTurned(now time.Time) {
-	if e.req.Policy.Algorithm == bucket.Quota && !e.turns.IsZero() && !now.Before(e.turns) {
-		e.spent = e.sending
+// periodTurned starts, when e is a quota whose period has turned since
+// its reading, the new period whole: this instance's share of the quota
+// (n instances), with nothing of it counted (a reading at the next round
+// tells the others' use). What it admitted of the old period and has not
+// sent is dropped: the old count went with its key at its end, and the
+// new period is not to be charged for it (it would refuse clients within
+// their new quota). What is being sent may land in the new period (at
+// most a round's). A window carries what went over instead (see
+// carry_windows in luascripts/common.lua). The caller holds mu.
+func (e *syncEntry) periodTurned(now time.Time, n int64) {
+	if e.req.Policy.Algorithm != bucket.Quota || e.turns.IsZero() || now.Before(e.turns) {
+		return
 	}
+	e.spent, e.remaining = e.sending, e.req.Policy.Limit()
+	e.allowance = share(e.remaining, n)
+	e.granted = e.allowance
 }
 
 // refusal is the decision of a request whose cost the allowance lacks:
