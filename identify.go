@@ -32,7 +32,7 @@ func (h *Handler) recycle(s *scratch) {
 	clear(s.reqs)
 	clear(s.zones)
 	s.reqs, s.zones = s.reqs[:0], s.zones[:0]
-	s.verdict = limiter.Verdict{States: s.verdict.States[:0]}
+	s.verdict.Reset()
 	scratches.Put(s)
 }
 

@@ -47,6 +47,9 @@ func (l *Limiter) decide(ctx context.Context, now time.Time, reqs []Request, c C
 		v.States = append(v.States, NotAsked)
 	}
 	v.Requests, v.Decisions, v.Calls, v.release = reqs, nil, [2]Call{}, nil
+	if l.redis == nil && cap(v.room) < len(reqs) { // the memory store's, kept by Reset
+		v.room = make([]Decision, len(reqs))
+	}
 	n := 0 // the enforced requests before the first dry-run one
 	for n < len(reqs) && !reqs[n].DryRun {
 		n++
@@ -59,12 +62,12 @@ func (l *Limiter) decide(ctx context.Context, now time.Time, reqs []Request, c C
 	}
 	switch n {
 	case len(reqs):
-		v.Decisions, v.release = l.decidePart(ctx, now, reqs, c, v.States, &v.Calls[0])
+		v.Decisions, v.release = l.decidePart(ctx, now, reqs, c, v.States, &v.Calls[0], v.room)
 	case 0:
-		v.Decisions, v.release = l.decidePart(ctx, now, reqs, c, v.States, &v.Calls[1])
+		v.Decisions, v.release = l.decidePart(ctx, now, reqs, c, v.States, &v.Calls[1], v.room)
 	default:
-		dry, dryRelease := l.decidePart(ctx, now, reqs[n:], c, v.States[n:], &v.Calls[1])
-		enforced, release := l.decidePart(ctx, now, reqs[:n], c, v.States[:n], &v.Calls[0])
+		dry, dryRelease := l.decidePart(ctx, now, reqs[n:], c, v.States[n:], &v.Calls[1], nil)
+		enforced, release := l.decidePart(ctx, now, reqs[:n], c, v.States[:n], &v.Calls[0], nil)
 		v.Decisions = make([]Decision, len(reqs))
 		copy(v.Decisions, enforced)
 		copy(v.Decisions[n:], dry)
@@ -90,7 +93,7 @@ func (l *Limiter) decideApart(ctx context.Context, now time.Time, reqs []Request
 	for _, p := range [2]int{1, 0} { // the dry-run zones first
 		states := make([]State, len(parts[p]))
 		var d []Decision
-		d, releases[p] = l.decidePart(ctx, now, parts[p], c, states, &v.Calls[p])
+		d, releases[p] = l.decidePart(ctx, now, parts[p], c, states, &v.Calls[p], nil)
 		for j, i := range at[p] {
 			v.States[i] = states[j]
 			if j < len(d) {
@@ -113,8 +116,9 @@ func both(a, b func()) func() {
 }
 
 // decidePart decides reqs, all enforced or all dry-run, setting states and
-// call; it returns the decisions and the release of the slots taken.
-func (l *Limiter) decidePart(ctx context.Context, now time.Time, reqs []Request, c Caller, states []State, call *Call) ([]Decision, func()) {
+// call; it returns the decisions and the release of the slots taken. The
+// memory store writes its decisions in room when it has room for them.
+func (l *Limiter) decidePart(ctx context.Context, now time.Time, reqs []Request, c Caller, states []State, call *Call, room []Decision) ([]Decision, func()) {
 	dryRun := reqs[0].DryRun
 	if d, blocked := blocked(now, reqs); blocked {
 		stateOf(d, states)
@@ -131,7 +135,7 @@ func (l *Limiter) decidePart(ctx context.Context, now time.Time, reqs []Request,
 			return d, nil
 		}
 	}
-	d, release := l.take(ctx, now, reqs, c, call)
+	d, release := l.take(ctx, now, reqs, c, call, room)
 	switch {
 	case call.Failure != NoFailure && c.Fallback.Mode == FallbackAllow:
 		fill(states, Unlimited)
@@ -227,7 +231,7 @@ func (l *Limiter) takeRest(ctx context.Context, now time.Time, reqs []Request, s
 	if len(exact) == 0 {
 		return d, nil
 	}
-	ed, release := l.takeExact(ctx, now, bucket.Pick(reqs, exact), c, call)
+	ed, release := l.takeExact(ctx, now, bucket.Pick(reqs, exact), c, call, nil)
 	refused := call.Failure != NoFailure && c.Fallback.Mode == FallbackDeny
 	for j, i := range exact {
 		if j < len(ed) {
@@ -306,23 +310,24 @@ func fill(states []State, s State) {
 }
 
 // take decides reqs with Redis when configured, else in memory. When
-// Redis cannot decide, c's fallback decides.
-func (l *Limiter) take(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call) ([]Decision, func()) {
+// Redis cannot decide, c's fallback decides. The memory store decides
+// into room when it can.
+func (l *Limiter) take(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call, room []Decision) ([]Decision, func()) {
 	if l.sync != nil && anySync(reqs) {
 		return l.takeSynced(ctx, now, reqs, c, call)
 	}
-	return l.takeExact(ctx, now, reqs, c, call)
+	return l.takeExact(ctx, now, reqs, c, call, room)
 }
 
 // takeExact decides reqs with Redis, or in memory without Redis; when
 // Redis cannot decide, c's fallback decides.
-func (l *Limiter) takeExact(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call) ([]Decision, func()) {
+func (l *Limiter) takeExact(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call, room []Decision) ([]Decision, func()) {
 	if l.redis == nil {
 		start := time.Now()
 		if now.IsZero() {
 			now = start // one clock reading
 		}
-		d := l.memory.TakeAt(now, reqs)
+		d := l.memory.TakeInto(now, reqs, room)
 		call.Store, call.Took = "memory", time.Since(start)
 		return d, l.holdSlots(l.memory, reqs, d, c.Events)
 	}

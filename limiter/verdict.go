@@ -98,6 +98,16 @@ type Verdict struct {
 	Calls [2]Call
 	// release gives back the concurrency slots taken; nil when none were.
 	release func()
+	// room is where the memory store writes the decisions, kept by Reset
+	// for the next verdict (Decisions may be it).
+	room []Decision
+}
+
+// Reset empties v for another request's verdict, keeping the room of its
+// States and Decisions.
+func (v *Verdict) Reset() {
+	clear(v.room)
+	*v = Verdict{States: v.States[:0], room: v.room}
 }
 
 // Release gives back the concurrency slots the verdict's request holds,

@@ -146,6 +146,12 @@ func (s *Store) Take(_ context.Context, reqs []bucket.Request) ([]bucket.Decisio
 // TakeAt charges the buckets of reqs at time now, all or nothing (see
 // Store.Take).
 func (s *Store) TakeAt(now time.Time, reqs []bucket.Request) []bucket.Decision {
+	return s.TakeInto(now, reqs, nil)
+}
+
+// TakeInto is TakeAt writing the decisions into dst when it has room for
+// them (they are dst[:len(reqs)]), into a new slice when not.
+func (s *Store) TakeInto(now time.Time, reqs []bucket.Request, dst []bucket.Decision) []bucket.Decision {
 	// A few requests' keys, shards and saved buckets fit on the stack;
 	// what is made is made before the locks are taken.
 	var keyRoom [4]bucket.ID
@@ -160,7 +166,13 @@ func (s *Store) TakeAt(now time.Time, reqs []bucket.Request) []bucket.Decision {
 	for _, r := range reqs {
 		keys = append(keys, bucket.IDOf(r))
 	}
-	decisions := make([]bucket.Decision, len(reqs))
+	var decisions []bucket.Decision
+	if dst != nil && cap(dst) >= len(reqs) {
+		decisions = dst[:len(reqs)]
+		clear(decisions)
+	} else {
+		decisions = make([]bucket.Decision, len(reqs))
+	}
 	shards := s.lock(keys, shardRoom[:0])
 	s.evicted(s.takeUnlock(shards, now.UnixNano(), reqs, keys, decisions, before))
 	for i := range decisions {
