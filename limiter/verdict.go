@@ -104,9 +104,8 @@ type Verdict struct {
 }
 
 // Reset empties v for another request's verdict, keeping the room of its
-// States and Decisions.
+// States and Decisions (the memory store clears what it uses of it).
 func (v *Verdict) Reset() {
-	clear(v.room)
 	*v = Verdict{States: v.States[:0], room: v.room}
 }
 
