@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter"
 )
@@ -50,7 +51,7 @@ func (h *Handler) setLimitHeaders(f *headerFields, o outcome) {
 	if ietf {
 		b = appendState(b, o.z.shown.quoted, o.d.Remaining, resetSeconds(p, o.d, q, h.clock()))
 	}
-	nums := string(b)
+	nums := f.text(b)
 	if x {
 		f.set(hdrLimit, o.text.limitField(o.d.Limit))
 		f.set(hdrRemaining, nums[:cut[0]])
@@ -145,4 +146,26 @@ func (f *headerFields) set(key, value string) {
 	f.vals = append(f.vals, value)
 	n := len(f.vals)
 	f.hdr[key] = f.vals[n-1 : n : n]
+}
+
+// fieldBlock is the values of an allowed response's X-RateLimit fields
+// and the bytes of its numbers, made together: one allocation, not two.
+type fieldBlock struct {
+	vals [3]string
+	text [32]byte
+}
+
+// text is b as a string. When f has no values yet, and they and b fit a
+// fieldBlock, it is in a new block, whose values f sets next; else it is
+// a string of its own. The block's bytes are never written again, as a
+// string's must not be.
+func (f *headerFields) text(b []byte) string {
+	var blk *fieldBlock
+	if f.vals != nil || f.room > len(blk.vals) || len(b) == 0 || len(b) > len(blk.text) {
+		return string(b)
+	}
+	blk = new(fieldBlock)
+	n := copy(blk.text[:], b)
+	f.vals = blk.vals[:0]
+	return unsafe.String(&blk.text[0], n)
 }
