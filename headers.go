@@ -119,6 +119,7 @@ type headerFields struct {
 	hdr  http.Header
 	room int // the values to come
 	vals []string
+	rest []byte // what is left of the bytes of vals' block (text)
 }
 
 // headerFields is room for a response's limit headers and, refused,
@@ -148,24 +149,40 @@ func (f *headerFields) set(key, value string) {
 	f.hdr[key] = f.vals[n-1 : n : n]
 }
 
-// fieldBlock is the values of an allowed response's X-RateLimit fields
-// and the bytes of its numbers, made together: one allocation, not two.
-type fieldBlock struct {
-	vals [3]string
-	text [32]byte
-}
+// The values of a response's limit fields (three of them, and the three a
+// refusal adds) and the bytes of their numbers, made together: one
+// allocation, not one for the values' array and one per string of digits.
+type (
+	fieldBlock struct {
+		vals [3]string
+		text [32]byte
+	}
+	refusalBlock struct {
+		vals [6]string
+		text [48]byte
+	}
+)
 
-// text is b as a string. When f has no values yet, and they and b fit a
-// fieldBlock, it is in a new block, whose values f sets next; else it is
-// a string of its own. The block's bytes are never written again, as a
-// string's must not be.
+// text is b as a string: in the block of f's values, made here for
+// them if it is the first (when they fit one), if b fits what is left of
+// its bytes; else a string of its own. A block's bytes are written once,
+// then are a string's, which is never written again.
 func (f *headerFields) text(b []byte) string {
-	var blk *fieldBlock
-	if f.vals != nil || f.room > len(blk.vals) || len(b) == 0 || len(b) > len(blk.text) {
+	if f.vals == nil && len(b) > 0 {
+		switch {
+		case f.room <= len(fieldBlock{}.vals):
+			blk := new(fieldBlock)
+			f.vals, f.rest = blk.vals[:0], blk.text[:]
+		case f.room <= len(refusalBlock{}.vals):
+			blk := new(refusalBlock)
+			f.vals, f.rest = blk.vals[:0], blk.text[:]
+		}
+	}
+	if len(b) == 0 || len(b) > len(f.rest) {
 		return string(b)
 	}
-	blk = new(fieldBlock)
-	n := copy(blk.text[:], b)
-	f.vals = blk.vals[:0]
-	return unsafe.String(&blk.text[0], n)
+	n := copy(f.rest, b)
+	s := unsafe.String(&f.rest[0], n)
+	f.rest = f.rest[n:]
+	return s
 }

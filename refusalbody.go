@@ -42,7 +42,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f *headerFields
 		nums = strconv.AppendInt(nums, o.retry, 10)
 	}
 	cut := len(nums)
-	s := string(strconv.AppendInt(nums, int64(len(body)), 10))
+	s := f.text(strconv.AppendInt(nums, int64(len(body)), 10))
 	if cut > 0 {
 		f.set(hdrRetryAfter, s[:cut])
 	}
