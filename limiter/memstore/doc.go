@@ -24,7 +24,9 @@
 // since Take changes no log or slots in place, the copies are the states
 // before. Only a committed take names its concurrency slots
 // (bucket.State.Hold), so a rolled-back take names none. Every decision
-// carries At, the one clock reading of the take. Take is TakeAt at time.Now.
+// carries At, the one clock reading of the take. Take is TakeAt at time.Now;
+// TakeAt is TakeInto with no room (TakeInto writes the decisions into the
+// caller's slice when it has room: the Limiter's Verdict keeps one).
 //
 // Release frees each request's own slot by its ID (a slot taken before a Reset
 // frees none taken after it). Peek decides a cost of 0 at the current time,

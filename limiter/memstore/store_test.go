@@ -294,3 +294,25 @@ func TestMemoryFloodEvictsItsOwnZone(t *testing.T) {
 
 // t0 is the tests' clock.
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+// TakeInto decides as TakeAt, in the room it is given (whatever it held
+// before), or in a slice of its own when the room is too small.
+func TestMemoryTakeIntoIsTakeAt(t *testing.T) {
+	a, b := New(time.Hour), New(time.Hour)
+	defer a.Close()
+	defer b.Close()
+	p := bucket.Policy{Rate: 2, Period: time.Minute, Burst: 2}
+	reqs := []bucket.Request{{Zone: "z", Key: "k", Policy: p, Cost: 1}, {Zone: "y", Key: "k", Policy: p, Cost: 1}}
+	room := make([]bucket.Decision, 2)
+	for i := range 4 {
+		now := t0.Add(time.Duration(i) * time.Second)
+		room[0], room[1] = bucket.Decision{Allowed: true, Remaining: 99}, bucket.Decision{Banned: true}
+		want, got := a.TakeAt(now, reqs), b.TakeInto(now, reqs, room)
+		if fmt.Sprint(got) != fmt.Sprint(want) || &got[0] != &room[0] {
+			t.Fatalf("take %d: TakeInto = %+v (in the room: %t); want %+v", i, got, &got[0] == &room[0], want)
+		}
+	}
+	if got := b.TakeInto(t0, reqs, room[:1:1]); len(got) != 2 || &got[0] == &room[0] {
+		t.Fatalf("TakeInto with room for 1 of 2 = %+v, in the room", got)
+	}
+}
