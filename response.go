@@ -217,16 +217,18 @@ type shownState struct {
 }
 
 // shownValues are the placeholders' values; the zone's name and its
-// policy's limit are values made once (string and int64, as ever).
+// policy's limit are values made once (string and int64, as ever), the
+// name kept by the zone (a pointer: a shownState fits 64 bytes).
 type shownValues struct {
-	zone, limit             any
+	zone                    *any
+	limit                   any
 	remaining, reset, retry int64
 	exceeded                bool
 }
 
 // shown is what o shows in the placeholders.
 func (o outcome) shown() shownValues {
-	v := shownValues{zone: o.z.shown.name, limit: o.text.limitValue, remaining: o.d.Remaining, reset: o.d.ResetUnix(),
+	v := shownValues{zone: &o.z.shown.name, limit: o.text.limitValue, remaining: o.d.Remaining, reset: o.d.ResetUnix(),
 		retry: o.retry, exceeded: !o.d.Allowed}
 	if o.d.Limit != o.text.limit {
 		v.limit = o.d.Limit
@@ -249,7 +251,10 @@ func (st *shownState) placeholder(key string) (any, bool) {
 	defer st.mu.Unlock()
 	switch name {
 	case "zone":
-		return st.zone, true
+		if st.zone == nil {
+			return nil, true
+		}
+		return *st.zone, true
 	case "limit":
 		return st.limit, true
 	case "remaining":
