@@ -468,3 +468,29 @@ func TestPlaceholdersLayered(t *testing.T) {
 		}
 	}
 }
+
+// TestPlaceholdersReadAfterLaterRequests: a request's {http.rate_limit.*}
+// placeholders, read after its handler returned (as Caddy's access log
+// reads them), show its own decision after other requests reused the
+// handler's scratch (and the room of its verdict's decisions).
+func TestPlaceholdersReadAfterLaterRequests(t *testing.T) {
+	h := &Handler{Zones: map[string]*Zone{"ph_later": {Key: "{http.request.header.X-Key}", Rate: "5r/m"}}}
+	if err := provision(t, h); err != nil {
+		t.Fatal(err)
+	}
+	serveVars := func(key string) func(string) string {
+		r := keyRequest(key)
+		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{}))
+		repl := caddyhttp.NewTestReplacer(r)
+		_ = h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+		return func(s string) string { return repl.ReplaceAll(s, "") }
+	}
+	first := serveVars("first")
+	for i := range 20 {
+		serveVars("other" + strconv.Itoa(i%2))
+	}
+	const fields = "{http.rate_limit.zone} {http.rate_limit.limit} {http.rate_limit.remaining} {http.rate_limit.exceeded} {http.rate_limit.retry_after}"
+	if got, want := first(fields), "ph_later 5 4 false 0"; got != want {
+		t.Errorf("the first request's placeholders, read after 20 more: %q; want %q", got, want)
+	}
+}

@@ -131,3 +131,48 @@ func TestBlockedRequest(t *testing.T) {
 	}
 	v.Release()
 }
+
+// TestDecideIntoReusedVerdict: a verdict reused from one request to the
+// next (Reset, as the handler's scratch does) holds each zone's own
+// decision, whether the memory store decided into the verdict's room (all
+// enforced, all dry-run) or the zones were decided in parts (dry-run last,
+// or anywhere), with more zones than the room held before and fewer; a
+// verdict decided before keeps its decisions.
+func TestDecideIntoReusedVerdict(t *testing.T) {
+	l := mustNew(t, Config{})
+	defer l.Close()
+	now := time.Unix(1_700_000_000, 0)
+	policy := func(burst int64) Policy {
+		return Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Hour, Burst: burst}
+	}
+	zone := func(name string, burst int64, dry bool) Request {
+		return Request{Zone: name, Key: "k", Policy: policy(burst), Cost: 1, DryRun: dry}
+	}
+	cases := [][]Request{
+		{zone("a", 2, false)},
+		{zone("b", 3, false), zone("c", 4, false), zone("d", 5, false)},
+		{zone("e", 6, false), zone("f", 7, true)},
+		{zone("g", 8, true), zone("h", 9, false), zone("i", 10, true)},
+		{zone("j", 11, true), zone("k", 12, true)},
+		{zone("l", 13, false)},
+	}
+	var v, other Verdict
+	l.Decide(t.Context(), now, []Request{zone("other", 99, false)}, Caller{}, &other)
+	for round := range 2 {
+		for _, reqs := range cases {
+			v.Reset()
+			l.Decide(t.Context(), now, reqs, Caller{}, &v)
+			for i, r := range reqs {
+				d := v.Decisions[i]
+				if d.Limit != r.Policy.Limit() || d.Remaining != r.Policy.Limit()-1-int64(round) {
+					t.Fatalf("round %d, zone %s: decision %+v; want limit %d, remaining %d", round, r.Zone, d,
+						r.Policy.Limit(), r.Policy.Limit()-1-int64(round))
+				}
+			}
+			v.Release()
+		}
+	}
+	if d := other.Decisions[0]; d.Limit != 99 || d.Remaining != 98 {
+		t.Fatalf("another verdict's decision is now %+v", d)
+	}
+}
