@@ -11,7 +11,11 @@
 # sync, it also reports the sync rounds of the run by result and the
 # buckets they charged (caddy_rate_limit_syncs_total and synced_keys_total
 # from Caddy's /metrics), and says so loudly when a round failed or none
-# ran: a figure of a route whose rounds fail does not measure sync.
+# ran: a figure of a route whose rounds fail does not measure sync. A
+# synced zone costs Redis per bucket a round charges, not per request, so
+# it also reports the Redis CPU per bucket charged and the requests each
+# carried: µs per request is their quotient, and follows the traffic's
+# shape (requests per key and round) as much as the code.
 #
 # Routes: plain; memory (allowed, allowed with headers none, refused);
 # standalone Redis (64 keys);
@@ -301,6 +305,8 @@ run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 		sy=$(echo "$s0 $(syncs "$2")" | awk '{ printf "%d/%d/%d", $7 - $1, $8 - $2, $9 - $3 }')
 		echo "$sy" >"$TMP/$2.$1.syncs"
 		[[ $sy == */0/* && $sy != 0/* ]] || echo "WARNING: $2: sync rounds ok/error/buckets $sy: the run does not measure working sync" >&2
+		awk -v k="${sy##*/}" -v c="$rcpu" -v n="$reqs" \
+			'BEGIN { if (k > 0) printf "%.2f %.2f\n", c * 1e6 / k, n / k; else print "- -" }' >"$TMP/$2.$1.perkey"
 	fi
 	if [ -n "$peer" ]; then # the exchanges of the run with the peer region: ok/error/buckets, and its cost
 		sy=$(echo "$s0 $(syncs "$2")" | awk '{ printf "%d/%d/%d", $10 - $4, $11 - $5, $12 - $6 }')
@@ -343,6 +349,11 @@ for r in "${MEASURED[@]}"; do
 	printf '%-22s %-22s %6s %10s %10s %10s %10s %18s\n' "$r" "${ratios[*]}" "$(printf '%s\n' "${ratios[@]}" | median)" \
 		"$(cat "$TMP/$r".*.caddy | median)" "$(printf '%s\n' "${extras[@]}" | median)" "$(cat "$TMP/$r".*.redis | median)" \
 		"$(cat "$TMP/$r".*.cmds | median)" "$sy"
+done
+for r in "${MEASURED[@]}"; do # what a synced zone costs Redis: per bucket a round charges
+	[[ $r == *sync* ]] || continue
+	printf '%s: per bucket charged in a round, %s µs of Redis CPU, carrying %s requests (medians)\n' "$r" \
+		"$(cut -d' ' -f1 "$TMP/$r".*.perkey | median)" "$(cut -d' ' -f2 "$TMP/$r".*.perkey | median)"
 done
 for r in "${MEASURED[@]}"; do
 	[ -n "$(peer_of "$r")" ] || continue
