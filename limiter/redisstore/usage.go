@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/hex"
-	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,8 +65,8 @@ func scanUses(ctx context.Context, c *redis.Client, match string, start int64) (
 		for i, k := range keys {
 			gets[i] = pipe.GetRange(ctx, k, 0, maxUsageValue-1)
 		}
-		if _, err := pipe.Exec(ctx); err != nil && !isReply(err) {
-			return uses, false, err
+		if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil && Unavailable(err) {
+			return uses, false, err // one key's error reply (WRONGTYPE) is that key's
 		}
 		for i, g := range gets { // a key of another type (WRONGTYPE) is no count
 			if u, ok := useOf(keys[i], g.Val(), start); ok && g.Err() == nil {
@@ -82,13 +81,6 @@ func scanUses(ctx context.Context, c *redis.Client, match string, start int64) (
 			return uses, true, nil
 		}
 	}
-}
-
-// isReply reports whether err is Redis's answer to a command (nil, or an
-// error reply such as WRONGTYPE), not a failure to get one.
-func isReply(err error) bool {
-	var reply redis.Error
-	return err == redis.Nil || errors.As(err, &reply)
 }
 
 // useOf is the use a quota key holds of the period that starts at start.
