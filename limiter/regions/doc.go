@@ -37,8 +37,11 @@
 // R and D to the script.
 //
 // An Exchange is one instance's part of it: Record counts what this
-// instance admitted in global zones, by bucket; every interval the counts
-// are handed to each peer region's sender, which charges them to the
+// instance admitted in global zones, by bucket; every interval, from a
+// random phase of the instance's own (instances started together would
+// otherwise charge a peer's Redis at one instant, and its region's
+// requests wait behind all of it), the counts are handed to each peer
+// region's sender, which charges them to the
 // peer's Redis (Peer.ChargeAll, batched by node) and, at once, marks this
 // region there (Peer.MarkRegion, expiring after LinkTimeout, with this
 // region's Fingerprint: see fingerprint.go): one round
