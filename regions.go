@@ -406,10 +406,23 @@ func (h *Handler) logRegionBounds() {
 		if !z.Global {
 			continue
 		}
+		if z.policy.Algorithm == limiter.Quota {
+			h.logQuotaBound(z, names, down, counted)
+			continue
+		}
 		share := h.store.RegionShare(z.policy)
 		h.logger.Info("zone is global: each region decides from its own Redis, spending unseen its part of the burst (the whole burst while no other region asks for the client), and tells the others what it admitted every sync; over any period the regions together may admit beyond the exact limit up to (regions − 1) × ⌈burst / regions⌉ + 2 × rate × (sync + timeout)",
 			zap.String("zone", z.name), zap.Strings("regions", names), zap.Strings("links_down", down),
 			zap.Int("regions_counted", counted), zap.Duration("sync", h.Regions.interval()),
 			zap.Int64("burst_here", share.Burst), zap.Float64("bound", math.Round(h.store.RegionBound(z.policy))))
 	}
+}
+
+// logQuotaBound is logRegionBounds for a global quota.
+func (h *Handler) logQuotaBound(z *Zone, names, down []string, counted int) {
+	h.logger.Info("zone is global: each region counts the quota in its own Redis, spending unseen its share of what the period has left (the whole quota while no other region asks for the client), and tells the others what it counted every sync; in each period the regions together may admit beyond the quota up to (regions − 1) × ⌈quota / regions⌉",
+		zap.String("zone", z.name), zap.Strings("regions", names), zap.Strings("links_down", down),
+		zap.Int("regions_counted", counted), zap.Duration("sync", h.Regions.interval()),
+		zap.Int64("quota_share", limiter.RegionQuotaShare(z.policy.Rate, len(names))),
+		zap.Float64("bound", math.Round(h.store.RegionBound(z.policy))))
 }

@@ -153,6 +153,7 @@ func TestRegionsCaddyfileErrors(t *testing.T) {
 		{"global count_status", global("\t\t\tglobal\n\t\t\tcount_status 401"), `zone "z": global does not apply with count_status or cost_from_response: what they give back or charge after the response is not told to the other regions; leave global out, or count every request, at Caddyfile:15`},
 		{"global cost_from_response", global("\t\t\tcost_from_response X-Cost\n\t\t\tglobal"), `global does not apply with count_status or cost_from_response: what they give back or charge after the response is not told to the other regions; leave global out, or count every request, at Caddyfile:15`},
 		{"global events", withPeers("\t\t\tglobal\n\t\t\tevents 10\n\t\t\twindow 1m"), `not sliding_window_log: its state is the time of each request it admitted, and it cannot take a charge made in another region after the fact; use token_bucket, at Caddyfile:15`},
+		{"global quota with sync", withPeers("\t\t\tquota 10 per day\n\t\t\tglobal\n\t\t\tsync 1s"), `zone "z": a global quota is decided in each region's Redis, and does not sync: leave sync out (each request is one call to the region's own Redis), or global out, at Caddyfile:15`},
 		{"global max_concurrent", withPeers("\t\t\tmax_concurrent 5\n\t\t\tglobal"), `zone "z": global does not apply to max_concurrent: requests in flight are held and released in one region, and are not admissions that can be told to the other regions; leave global out (the limit is per region), at Caddyfile:14`},
 	}
 	for _, c := range cases {
@@ -162,6 +163,16 @@ func TestRegionsCaddyfileErrors(t *testing.T) {
 				t.Fatalf("error = %v\nwant it to contain %q", err, c.want)
 			}
 		})
+	}
+}
+
+// TestRegionsGlobalQuota: a quota may be global (without sync).
+func TestRegionsGlobalQuota(t *testing.T) {
+	src := ":8080 {\n\trate_limit {\n\t\tredis {\n\t\t\taddresses a:1\n\t\t}\n" + peerUS +
+		"\n\t\tzone z {\n\t\t\tkey k\n\t\t\tquota 10 per day\n\t\t\ttime_zone Europe/Paris\n\t\t\tglobal\n\t\t}\n\t}\n}"
+	out, err := adapt(t, src)
+	if want := `"global":true,"key":"k","quota":10,"quota_per":"day","time_zone":"Europe/Paris"`; err != nil || !strings.Contains(out, want) {
+		t.Errorf("a global quota adapted to %s, %v; want %s", out, err, want)
 	}
 }
 

@@ -26,8 +26,11 @@ func (h *Handler) regionFingerprint() limiter.RegionFingerprint {
 		}
 		p := z.policy
 		limit := fmt.Sprintf("%s %d/%d burst %d", p.Algorithm, p.Rate, p.Period, p.Burst)
-		if strings.Contains(z.Rate+string(z.Burst), "{") { // from placeholders: their templates
-			limit += " rate " + z.Rate + " burst " + string(z.Burst)
+		if p.Algorithm == limiter.Quota { // its calendar: the periods the regions count in
+			limit += " per " + p.Calendar.String()
+		}
+		if strings.Contains(z.Rate+string(z.Burst)+string(z.Quota), "{") { // from placeholders: their templates
+			limit += " rate " + z.Rate + " burst " + string(z.Burst) + " quota " + string(z.Quota)
 		}
 		f.Zones[z.name] = limiter.ZoneFingerprint{Key: printOf(z.Key), Limit: printOf(limit)}
 		if f.Secret == "" {

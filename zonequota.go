@@ -63,9 +63,9 @@ func (z *Zone) quotaConflicts() error {
 	case z.Algorithm != "" || z.Burst != "" || z.DefaultBurst != 0 || z.NoDelay || z.Lease != 0:
 		return about(fmt.Errorf("a quota counts requests per calendar period: algorithm, burst, nodelay and lease do not apply"),
 			"quota", "algorithm", "burst", "nodelay", "lease")
-	case z.Global:
-		return about(fmt.Errorf("global does not apply to a quota: regions share token buckets only; "+
-			"keep the quota per region, or put one Redis behind every region's Caddys"), "global", "quota")
+	case z.Global && z.Sync > 0:
+		return about(fmt.Errorf("a global quota is decided in each region's Redis, and does not sync: "+
+			"leave sync out (each request is one call to the region's own Redis), or global out"), "global", "sync")
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/regions"
 )
 
 // fallBack decides reqs as fallback says, Redis having failed: allow and
@@ -11,8 +12,8 @@ import (
 // process's memory, each limit divided by the instances that share it. A
 // global zone's (its policy the region's share of the burst, and of the
 // rate of the regions counted) is decided with the region's share of the
-// rate too: the peers are charged what it admits, but it does not see
-// theirs.
+// rate too (a quota's, with the region's share of the quota): the peers
+// are charged what it admits, but it does not see theirs.
 func (l *Limiter) fallBack(now time.Time, reqs []Request, c Caller) ([]Decision, func()) {
 	if c.Fallback.Mode != FallbackLocal {
 		return nil, nil
@@ -21,6 +22,9 @@ func (l *Limiter) fallBack(now time.Time, reqs []Request, c Caller) ([]Decision,
 	for i, r := range reqs {
 		if r.Global && c.counted > 1 && r.Policy.Algorithm == bucket.TokenBucket {
 			r.Policy.Period *= time.Duration(c.counted) // from rate × k / R to rate / R
+		}
+		if r.Global && r.Policy.Algorithm == bucket.Quota && l.regions != nil {
+			r.Policy.Rate = regions.ShareOf(r.Policy.Rate, int64(l.regions.Regions()))
 		}
 		if p, err := bucket.InstanceShare(r.Policy, max(c.Fallback.Instances, 1)); err == nil {
 			r.Policy = p

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/overrides"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/regions"
 )
 
 // The global zones (Request.Global): decided from this region's Redis
@@ -38,6 +39,10 @@ func (l *Limiter) RegionShare(p Policy) Policy {
 	}
 	return l.regions.Policy(p)
 }
+
+// RegionQuotaShare is a region's share of a global quota of n among
+// regions: what it admits alone (see package limiter/regions).
+func RegionQuotaShare(n int64, count int) int64 { return regions.ShareOf(n, int64(count)) }
 
 // RegionBound is how far beyond the world's exact limit of p the regions
 // together may admit over any period while their links are up (0 without
@@ -85,6 +90,8 @@ func (l *Limiter) decideGlobal(ctx context.Context, now time.Time, reqs []Reques
 	l.decide(ctx, now, scaled, c, v)
 	for i := range reqs {
 		switch {
+		case v.States[i] == Allowed && reqs[i].Policy.Algorithm == Quota && v.Decisions != nil:
+			l.regions.RecordPeriod(&reqs[i], v.Decisions[i].Reset) // counted in its period only
 		case v.States[i] == Allowed: // not what on_store_error allow let through uncounted
 			l.regions.Record(&reqs[i])
 		case v.States[i] == Refused && v.Decisions != nil && v.Calls[0].Failure == NoFailure:
@@ -116,12 +123,16 @@ func (l *Limiter) regional(req Request) Request {
 }
 
 // regionalWith is regional with k regions counted: an exact token
-// bucket's request also tagged with how its region decides (see
-// regions.Exchange.Tag).
+// bucket's or quota's request also tagged with how its region decides
+// (see regions.Exchange.Tag).
 func (l *Limiter) regionalWith(req Request, k int64) Request {
 	req.Policy = l.regions.PolicyWith(req.Policy, k)
-	if req.Policy.Algorithm == TokenBucket && req.Sync == 0 {
+	switch {
+	case req.Sync > 0:
+	case req.Policy.Algorithm == TokenBucket:
 		req.ID = l.regions.Tag(k)
+	case req.Policy.Algorithm == Quota:
+		req.ID = l.regions.TagQuota(k)
 	}
 	return req
 }

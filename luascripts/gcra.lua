@@ -18,139 +18,22 @@
 -- MaxDebt in Go, in µs: how far beyond the burst a charge may put the TAT
 local max_debt = 30 * 24 * 3600 * 1000000
 
--- records holds, by key, what follows the time in the key's value: the
--- records of the charges sent once (see charged_once), kept by every
--- write of the key
-local records = {}
-
--- own holds, by key, a global zone's region's own record (see regional
--- in token_bucket.lua), "|L:<tat>:<first>:<last>:<peer>:<win>:<n1>:…:<n5>"
--- in the key's value (no sender's name is upper case), kept by every
--- write of the key: its own TAT, when its region first and last asked
--- for the key, the last charge of a peer region (µs; 0 for none), and
--- its admissions in the quarter of D win and the four before it (n[1]
--- win's). A record of two counts (the window win of D and the one
--- before) is read as the last two quarters of that window: later than
--- they were, so counted no shorter.
--- times holds, by key, the time as stored (see touch).
-local own, times = {}, {}
-
--- the quarters of D a region's own record counts its admissions in
-local quarters = 4
-
--- how long a key's own record is kept after its last request or peer's
--- charge, in µs: a client that comes back within it is known
-local remember = 600 * 1000000
+-- times holds, by key, the time as stored (see touch); the records and
+-- the own record that follow it are regional.lua's.
+local times = {}
 
 -- the time stored in key, in µs from now, or nil
 local function stored_time(key)
   local v = redis.call('GET', key) or ''
   local us, ns, rest = string.match(v, '^(%d+)(%d%d%d)(.*)$')
-  records[key], own[key], times[key] = nil, nil, nil
-  if rest ~= '' and rest then
-    if string.match(rest, '^|[%w:|]*$') then
-      local mine = string.match(rest, '|L:[%d:]+')
-      if mine then
-        local f = {}
-        for n in string.gmatch(mine, '%d+') do
-          f[#f + 1] = tonumber(n)
-        end
-        local o = { tat = f[1] or 0, first = f[2] or 0, last = f[3] or 0, peer = f[4] or 0, win = f[5] or 0, n = {} }
-        for i = 1, quarters + 1 do
-          o.n[i] = f[5 + i] or 0
-        end
-        if #f == 7 then -- a window of D and the one before
-          o.win = (o.win + 1) * quarters - 1
-        end
-        own[key] = o
-        rest = string.gsub(rest, '|L:[%d:]+', '')
-      end
-      records[key] = rest ~= '' and rest or nil
-    else -- another shape
-      us = nil
-    end
+  times[key] = nil
+  if not read_rest(key, rest) then -- another shape
+    us = nil
   end
   if us then
     times[key] = us .. ns
     return tonumber(us) - now + tonumber(ns) / 1000
   end
-end
-
--- the own record of key (a new one when it has none)
-local function own_of(key)
-  return own[key] or { tat = 0, first = 0, last = 0, peer = 0, win = 0, n = { 0, 0, 0, 0, 0 } }
-end
-
--- the own record o as stored, and how long it is kept (µs; '', 0 when it
--- tells nothing any more)
-local function own_record(o)
-  local life = math.max(o.tat, o.last > 0 and o.last + remember or 0, o.peer > 0 and o.peer + remember or 0) - now
-  if life <= 0 then
-    return '', 0
-  end
-  local n = o.n
-  return string.format('|L:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f', o.tat, o.first, o.last, o.peer, o.win,
-    n[1], n[2], n[3], n[4], n[5]), life
-end
-
--- A charge sent once, by a region's exchange (see limiter/regions): its
--- id is "n:<sender>:<epoch>", the first send of an epoch, or
--- "o:<sender>:<epoch>", a send again; its cost is the total the sender
--- charged the key in that epoch, sent whole until the sender knows that
--- it ran. The key's value keeps, after its time, each sender's latest
--- "|<sender>:<epoch>:<total>" (at most max_records, the latest), and a
--- charge charges what its total adds to its sender's record: nothing for
--- a send that ran already, or a late copy (a lower total, an earlier
--- epoch). The records go with the key: a bucket that refilled is deleted
--- with them, and a send again then charges its whole total.
-local max_records = 8
-
--- Such a charge may end in ":<level>": how far the sender's region found
--- the bucket spent when it last refused it, as the time it was empty (see
--- token_bucket.lua), in µs from the call (negative: it held tokens then).
--- The bucket is lifted to it when it holds more (see gcra): so that the
--- regions' copies of a bucket, which differ after what one of them was
--- not told (a partition, a rollout, debt), converge to the most spent.
-
--- charged_once is what k's charge of key still has to charge, and
--- records it (any other charge: its cost); once_level is its level, or
--- nil. An id is parsed once for the keys that share it (an exchange's
--- first sends without a level).
-local once_id, once_tag, once_epoch, once_level
-local function charged_once(key, k)
-  local first = string.byte(k.id, 1)
-  if first ~= 110 and first ~= 111 then -- "n", "o"
-    once_id, once_tag, once_level = nil, nil, nil
-    return k.cost
-  end
-  if k.id ~= once_id then
-    local sender, epoch, level = string.match(k.id, '^.:(%w+):(%d+):?(%-?%d*)$')
-    once_id, once_tag, once_epoch = k.id, sender and '|' .. sender .. ':', tonumber(epoch)
-    once_level = tonumber(level)
-  end
-  if not once_tag then
-    return k.cost
-  end
-  local rest, applied = records[key] or '', 0
-  local i = string.find(rest, once_tag, 1, true)
-  if i then -- this sender's record: "<epoch>:<total>", cut out of rest
-    local j = string.find(rest, '|', i + 1, true)
-    local e, t = string.match(string.sub(rest, i + #once_tag, (j or 0) - 1), '^(%d+):(%d+)$')
-    e = tonumber(e) or 0
-    if e == once_epoch then
-      applied = tonumber(t) or 0
-    elseif e > once_epoch then
-      applied = k.cost
-    end
-    rest = string.sub(rest, 1, i - 1) .. (j and string.sub(rest, j) or '')
-  elseif rest ~= '' and select(2, string.gsub(rest, '|', '')) >= max_records then
-    rest = string.sub(rest, (string.find(rest, '|', 2, true) or #rest + 1)) -- the oldest goes
-  end
-  if applied >= k.cost then
-    return 0
-  end
-  records[key] = rest .. once_tag .. string.format('%.0f:%.0f', once_epoch, k.cost)
-  return k.cost - applied
 end
 
 -- how early a request may come and still pass, in µs: one, the clock's
@@ -207,7 +90,7 @@ local function gcra(key, k, empty)
     if age then -- as of age µs ago: a bucket full then refilled no more since
       wait = math.max(t and t + offset or -age, -age)
     end
-    wait = math.max(math.min(wait + charged_once(key, k) * interval, full + max_debt), 0)
+    wait = math.max(math.min(wait + charged_once(key, k.id, k.cost) * interval, full + max_debt), 0)
     if once_tag and once_level then -- lifted to the sender's level
       wait = math.max(wait, math.min(once_level + offset, full + max_debt))
     end

@@ -14,6 +14,8 @@ var (
 	common string
 	//go:embed gcra.lua
 	gcra string
+	//go:embed regional.lua
+	regional string
 	//go:embed token_bucket.lua
 	tokenBucket string
 	//go:embed fixed_window.lua
@@ -32,13 +34,13 @@ var (
 
 // The scripts, by algorithm, and the bans' script.
 var (
-	TokenBucket          = common + gcra + tokenBucket
+	TokenBucket          = common + regional + gcra + tokenBucket
 	FixedWindow          = common + fixedWindow
 	SlidingWindowLog     = common + slidingWindowLog
 	SlidingWindowCounter = common + slidingWindowCounter
-	LeakyBucket          = common + gcra + leakyBucket
+	LeakyBucket          = common + regional + gcra + leakyBucket
 	Concurrency          = common + concurrency
-	Quota                = common + quota
+	Quota                = common + regional + quota
 
 	//go:embed ban.lua
 	Ban string

@@ -32,7 +32,7 @@
 -- among R regions whose charges reach each other within D µs (see
 -- limiter/regions). The key then keeps, beside the world's time, which the
 -- regions' charges and levels move, the region's own record (own, in
--- gcra.lua).
+-- regional.lua).
 --
 -- Alone, a region decides on its own TAT, at its share's rate: what the
 -- others admit is within their shares, and what they still charge it
@@ -53,14 +53,6 @@
 -- the holder stops holding within D: so the regions spend unseen, at
 -- most, the room there was, a share for each other region, and the
 -- refill (see Bound in limiter/regions).
-local function regional(k)
-  if refund or charge then
-    return nil
-  end
-  local kind, regions, d = string.match(k.id, '^([GA])(%d+):?(%d*)$')
-  return kind, tonumber(regions), math.max(tonumber(d) or 0, 1)
-end
-
 -- the state of the token bucket g's decision from wait (its TAT, µs from
 -- now, of interval g's) of cost, with room (the most a charge may leave
 -- the TAT ahead, with the tolerance; g's when nil)
@@ -75,15 +67,6 @@ local function decided(g, k, wait, ok, room)
     s.retry = micros(s.wait + k.cost * g.interval - (room - tolerance(g.interval)))
   end
   return s
-end
-
--- asked records a request of the region in o, its own record: the first
--- and the last
-local function asked(o)
-  if o.first == 0 then
-    o.first = now
-  end
-  o.last = now
 end
 
 -- decide_alone decides k of key, a region's alone among regions (its
@@ -110,39 +93,6 @@ local function decide_alone(key, k, g, regions)
     o.tat = math.ceil(now + s.wait)
   end
   return w
-end
-
--- holds tells whether a region whose own record is o holds the whole
--- burst, among regions whose charges reach each other within d (see
--- regional)
-local function holds(o, d)
-  return o.first > 0 and now - o.first >= d and (o.peer == 0 or now - o.peer >= 2 * d)
-end
-
--- recent is how many of the region's own admissions of the key o counts
--- in the quarter of d now is in and the four before it: every admission
--- the peers may not have been charged yet (those of the last d), and at
--- most a quarter of d more
-local function recent(o, d)
-  local ago, sum = math.floor(now * quarters / d) - o.win, 0
-  for i = 1, quarters + 1 - math.max(ago, 0) do -- n[i] counts quarter win - i + 1
-    sum = sum + o.n[i]
-  end
-  return sum
-end
-
--- counted adds cost to o's count of the quarter of d now is in
-local function counted(o, d, cost)
-  local w = math.floor(now * quarters / d)
-  local ago, n = w - o.win, {}
-  if ago <= 0 then -- a time not after the record's (a skewed clock)
-    o.n[1] = o.n[1] + cost
-    return
-  end
-  for i = 1, quarters + 1 do
-    n[i] = i > ago and o.n[i - ago] or 0
-  end
-  n[1], o.n, o.win = n[1] + cost, n, w
 end
 
 -- decide_whole decides k of key, of a region with the whole rate among
@@ -189,7 +139,7 @@ end
 
 local function decide(key, k)
   local g = gcra(key, k, true)
-  local kind, regions, d = regional(k)
+  local kind, regions, d = regional(k.id)
   if kind == 'A' then
     return decide_alone(key, k, g, regions)
   elseif kind == 'G' then

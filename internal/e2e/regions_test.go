@@ -90,8 +90,9 @@ func (w *regionsWorld) site(name string, addrs []string) string {
 		secret = "\t\t\tkey_secret " + s + "\n"
 	}
 	return fmt.Sprintf("\trate_limit {\n\t\tredis {\n\t\t\taddresses %s\n\t\t\tkey_prefix %s\n\t\t\ttimeout 1s\n%s\t\t}\n"+
-		"\t\tregions %s {\n%s\t\t\tsync %s\n\t\t}\n\t\ton_store_error deny\n%s%s\t}\n\trespond \"ok\"\n",
-		strings.Join(addrs, " "), w.prefix, secret, name, peers.String(), regionsSync, zone("api", "/api", "\t\t\tglobal\n"), zone("local", "/local", ""))
+		"\t\tregions %s {\n%s\t\t\tsync %s\n\t\t}\n\t\ton_store_error deny\n%s%s%s\t}\n\trespond \"ok\"\n",
+		strings.Join(addrs, " "), w.prefix, secret, name, peers.String(), regionsSync, zone("api", "/api", "\t\t\tglobal\n"), zone("local", "/local", ""),
+		quotaZone)
 }
 
 // cut cuts (or heals) every link into and out of region.
@@ -113,9 +114,13 @@ func (w *regionsWorld) boundLogged() float64 {
 	w.t.Helper()
 	bound := -1.0
 	for _, c := range w.caddys {
-		logs := c.WaitLogs(`"zone is global`)
-		line := logs[strings.LastIndex(logs[:max(strings.Index(logs, `"zone is global`), 0)], "\n")+1:]
-		line, _, _ = strings.Cut(line, "\n")
+		line := ""
+		for _, l := range strings.Split(c.WaitLogs(`"zone is global`), "\n") {
+			if strings.Contains(l, `"zone is global`) && strings.Contains(l, `"zone":"api"`) {
+				line = l
+				break
+			}
+		}
 		var l struct {
 			Zone    string
 			Regions []string
@@ -184,6 +189,7 @@ func TestRegionsEndToEnd(t *testing.T) {
 	}
 	w.perRegion(w.paced("/local", "local", 2*time.Second))
 	w.oneRegion(bound)
+	w.quota()
 
 	link := 2 * (regionsSync + time.Second) // regions.LinkTimeout
 	w.cut("eu", true)

@@ -54,8 +54,8 @@ func evalCmd(ctx context.Context, sr scriptRun, sha bool, now string, mode scrip
 			flag = 2 // a window that syncs: what its charges put past the limit carries (see carry in common.lua)
 		}
 		var id any = reqs[i].ID
-		if p.Algorithm == bucket.Quota { // quota.lua: the periods around this clock's reading
-			id = quotaPeriods(p.Calendar, now)
+		if p.Algorithm == bucket.Quota { // quota.lua: the periods around this clock's reading, after a global zone's tag
+			id = quotaPeriods(p.Calendar, now, reqs[i])
 		}
 		pa := policyArgs(p.Rate, period, burst)
 		a = append(a, pa[0], pa[1], pa[2], reqs[i].Cost, flag, id)
@@ -71,17 +71,22 @@ func evalCmd(ctx context.Context, sr scriptRun, sha bool, now string, mode scrip
 // computed from (tests set it off Redis's).
 var wallClock = time.Now
 
-// quotaPeriods is quota.lua's id argument for a quota of calendar c: the
-// starts of the periods before, at and after now (the time of the call in
-// µs, or "" for this clock), and the end of the next, in µs.
-func quotaPeriods(c bucket.Calendar, now string) string {
+// quotaPeriods is quota.lua's id argument for r, a quota of calendar c:
+// the starts of the periods before, at and after now (the time of the
+// call in µs, or "" for this clock), and the end of the next, in µs;
+// after r's ID and "/" when r is a global zone's (its tag: see
+// limiter/regions).
+func quotaPeriods(c bucket.Calendar, now string, r bucket.Request) string {
 	t := wallClock()
 	if us, err := strconv.ParseInt(now, 10, 64); err == nil {
 		t = time.UnixMicro(us)
 	}
 	b := c.Around(t)
-	var room [72]byte
+	var room [128]byte
 	s := room[:0]
+	if r.Global && r.ID != "" {
+		s = append(append(s, r.ID...), '/')
+	}
 	for i, x := range b {
 		if i > 0 {
 			s = append(s, ':')

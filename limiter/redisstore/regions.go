@@ -55,12 +55,12 @@ func (s *Store) RegionMarks(ctx context.Context, regions []string, limit int) ([
 
 // Prepare readies this Redis for exchanges from another region: it
 // connects to every master and loads there the scripts an exchange runs
-// (the token bucket's, the ban's), so that the first exchange costs one
+// (the token bucket's, the quota's, the ban's), so that the first exchange costs one
 // round trip, not four or five (a connection, the slot map, NOSCRIPT,
 // the script's text).
 func (s *Store) Prepare(ctx context.Context) error {
 	load := func(ctx context.Context, c redis.Cmdable) error {
-		for _, src := range []string{luascripts.TokenBucket, luascripts.Ban} {
+		for _, src := range []string{luascripts.TokenBucket, luascripts.Quota, luascripts.Ban} {
 			if err := c.ScriptLoad(ctx, src).Err(); err != nil {
 				return err
 			}

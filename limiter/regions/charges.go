@@ -28,12 +28,13 @@ import (
 
 // doubt is a bucket whose charges to the peer may not have run.
 type doubt struct {
-	p     *bucket.Policy // the policy it is charged with
-	epoch uint64         // the exchange that first sent them
-	total int64          // what this epoch's charges add up to
-	since time.Time      // when they were first sent
-	again bool           // sent before in this epoch: the peer may hold a record
-	empty int64          // the bucket's level, if it refused (count's): Unix ns
+	p      *bucket.Policy // the policy it is charged with
+	epoch  uint64         // the exchange that first sent them
+	total  int64          // what this epoch's charges add up to
+	since  time.Time      // when they were first sent
+	again  bool           // sent before in this epoch: the peer may hold a record
+	empty  int64          // the bucket's level, if it refused (count's)
+	period int64          // a quota's: the end of the period its charges count in (count's)
 }
 
 // maxTotal bounds a bucket's total in an epoch: the scripts' largest cost.
@@ -61,8 +62,11 @@ func (s *sender) take(now time.Time, epoch uint64) ([]bucket.Request, []sent) {
 	all := make([]sent, 0, len(s.backlog)+len(s.doubts))
 	for id, c := range s.backlog {
 		d, ok := s.doubts[id]
-		if !ok {
-			d = doubt{p: c.p, epoch: epoch, since: now}
+		if ok && c.period < d.period { // a quota's count of a period before the doubt's: none
+			continue
+		}
+		if !ok || c.period > d.period { // a quota's new period: its own epoch (the doubt's period went)
+			d = doubt{p: c.p, epoch: epoch, since: now, period: c.period}
 		}
 		d.total = min(d.total+min(c.cost, maxCharge(*c.p, s.x.regions, elapsed)), maxTotal)
 		d.empty = max(d.empty, c.empty)
@@ -155,22 +159,31 @@ func (s *sender) charge(ctx context.Context, reqs []bucket.Request, all []sent) 
 }
 
 // withLevels is the requests of part, their ids ending in ":<level>" for
-// the buckets that refused here (see Refused): when each was empty, in µs
-// from when the peer runs the charge (now, and half the last charges'
-// round trip), unless it is full by then. The level a peer lifts its copy
-// to is thus late by how much the way out is longer than the way back,
-// and lifts only what differs by more.
+// the buckets that refused here (see Refused), and a quota's in
+// "@<end>", the end of the period its charge counts in (µs). A token
+// bucket's level is when it was empty, in µs from when the peer runs the
+// charge (now, and half the last charges' round trip), unless it is full
+// by then: the level a peer lifts its copy to is thus late by how much
+// the way out is longer than the way back, and lifts only what differs by
+// more. A quota's is its count.
 func (s *sender) withLevels(reqs []bucket.Request, all []sent, part []int) []bucket.Request {
 	picked := bucket.Pick(reqs, part)
 	at := s.x.now().UnixNano() + s.oneWay.Load()
 	for k, i := range part {
 		d := all[i].d
-		if d.empty == 0 || d.p.Rate <= 0 {
-			continue
-		}
-		rel := (d.empty - at) / 1000
-		if full := int64(float64(d.p.Period.Microseconds()) / float64(d.p.Rate) * float64(d.p.Burst)); rel+full > 0 {
-			picked[k].ID += ":" + strconv.FormatInt(rel, 10)
+		switch {
+		case d.p.Algorithm == bucket.Quota:
+			if d.empty > 0 {
+				picked[k].ID += ":" + strconv.FormatInt(d.empty, 10)
+			}
+			if d.period > 0 {
+				picked[k].ID += "@" + strconv.FormatInt(d.period, 10)
+			}
+		case d.empty != 0 && d.p.Rate > 0:
+			rel := (d.empty - at) / 1000
+			if full := int64(float64(d.p.Period.Microseconds()) / float64(d.p.Rate) * float64(d.p.Burst)); rel+full > 0 {
+				picked[k].ID += ":" + strconv.FormatInt(rel, 10)
+			}
 		}
 	}
 	return picked
@@ -210,9 +223,12 @@ func (s *sender) doubtful(all []sent, part []int) {
 }
 
 // maxCharge is twice what a bucket of policy p (its burst the region's
-// share) admits in elapsed among regions, holding the whole burst, at
-// least 1.
+// share) admits in elapsed among regions, holding the whole burst (a
+// quota's: its quota), at least 1.
 func maxCharge(p bucket.Policy, regions int64, elapsed time.Duration) int64 {
+	if p.Algorithm == bucket.Quota { // all of a period's quota at most
+		return max(2*p.Rate, 1)
+	}
 	if p.Period <= 0 {
 		return math.MaxInt64 / 2
 	}
@@ -224,9 +240,8 @@ func maxCharge(p bucket.Policy, regions int64, elapsed time.Duration) int64 {
 func (s *sender) merge(id bucket.ID, c count) {
 	b, ok := s.backlog[id]
 	if !ok {
-		b.p = c.p
+		s.backlog[id] = c
+		return
 	}
-	b.cost = min(b.cost+c.cost, math.MaxInt64/2)
-	b.empty = max(b.empty, c.empty)
-	s.backlog[id] = b
+	s.backlog[id] = b.merged(c)
 }

@@ -128,11 +128,27 @@ type Exchange struct {
 
 // count is what this instance admitted of one bucket (its ID the key of
 // the map that holds it), the policy a peer is charged with, and the
-// bucket's level, if it refused: 24 bytes.
+// bucket's level, if it refused; a quota's, of the period that ends at
+// period: 32 bytes.
 type count struct {
-	p     *bucket.Policy
-	cost  int64
-	empty int64 // Unix ns: when this region's bucket was last empty, as it refused (see Refused); 0: none
+	p      *bucket.Policy
+	cost   int64
+	empty  int64 // Unix ns: when this region's bucket was last empty, as it refused (see Refused); a quota's count; 0: none
+	period int64 // a quota's: the Unix µs its period ends at; 0: none (a token bucket)
+}
+
+// merged is c with what d adds: their sums and levels, of the later
+// period of the two (a count of an earlier period is none: that period's
+// count went with it).
+func (c count) merged(d count) count {
+	switch {
+	case d.period > c.period:
+		c.cost, c.empty, c.period = 0, 0, d.period
+	case d.period < c.period:
+		return c
+	}
+	c.cost, c.empty = min(c.cost+d.cost, math.MaxInt64/2), max(c.empty, d.empty)
+	return c
 }
 
 // maxPolicies bounds the policies an Exchange keeps once (zones' and their
@@ -206,7 +222,8 @@ func (x *Exchange) PolicyWith(p bucket.Policy, k int64) bucket.Policy {
 // region counted, "A<R>:<D>" alone, D the interval and timeout in µs, so
 // that the bucket decides on the world's time, holding the whole burst
 // while no other region may spend from it, or on the region's own (see
-// token_bucket.lua); "" otherwise.
+// token_bucket.lua); "" otherwise. A quota's take carries it too (see
+// quota.lua), alone with fewer than every region counted (TagQuota).
 func (x *Exchange) Tag(k int64) string {
 	switch {
 	case x.regions < 2:
@@ -219,6 +236,15 @@ func (x *Exchange) Tag(k int64) string {
 	return ""
 }
 
+// TagQuota is Tag for a quota's take: alone unless every region is
+// counted (a quota has no rate to scale to the regions counted).
+func (x *Exchange) TagQuota(k int64) string {
+	if k < x.regions {
+		k = 1
+	}
+	return x.Tag(k)
+}
+
 // Counted is how many regions are counted as admitting up to the rate
 // now (see Links).
 func (x *Exchange) Counted() int64 { return x.counted.Load() }
@@ -228,13 +254,25 @@ func shareOf(burst, regions int64) int64 {
 	return max((burst+regions-1)/regions, 1)
 }
 
+// ShareOf is a region's share of n (a burst, a quota) among regions:
+// ⌈n / regions⌉, at least 1.
+func ShareOf(n, regions int64) int64 { return shareOf(n, max(regions, 1)) }
+
 // Bound is how far over the exact limit the regions together may admit
 // over any period, for policy p (the zone's, not scaled) while every link
 // is up, in tokens: see the package doc.
+//
+// A quota's is (R − 1) × ⌈quota / R⌉: the regions spend unseen at most
+// what the period had left, and, while one holds the whole quota, each
+// other that starts asking its share of what it sees left (see
+// quota.lua).
 func Bound(p bucket.Policy, regions int, interval, timeout time.Duration) float64 {
 	r := int64(regions)
 	if p.Rate <= 0 || p.Period <= 0 || r < 2 {
 		return 0
+	}
+	if p.Algorithm == bucket.Quota {
+		return float64((r - 1) * shareOf(p.Rate, r))
 	}
 	rate := float64(p.Rate) / p.Period.Seconds()
 	return float64((r-1)*shareOf(p.Burst, r)) + 2*rate*(interval+timeout).Seconds()
@@ -249,7 +287,26 @@ func (x *Exchange) Record(r *bucket.Request) {
 	if !r.Global || r.DryRun || r.Cost <= 0 {
 		return
 	}
-	x.add(r, r.Cost, 0)
+	x.add(r, count{cost: r.Cost})
+}
+
+// RecordPeriod is Record for a quota's admission counted in the period
+// that ends at end (its decision's Reset): the peers count it in that
+// period, and not in another.
+func (x *Exchange) RecordPeriod(r *bucket.Request, end time.Time) {
+	if !r.Global || r.DryRun || r.Cost <= 0 {
+		return
+	}
+	x.add(r, count{cost: r.Cost, period: periodOf(end)})
+}
+
+// periodOf is a quota's period end as a count keeps it: in Unix µs, 0
+// for none.
+func periodOf(end time.Time) int64 {
+	if end.IsZero() {
+		return 0
+	}
+	return end.UnixMicro()
 }
 
 // Refused tells the peers, at the next interval, how far this region's
@@ -258,23 +315,28 @@ func (x *Exchange) Record(r *bucket.Request) {
 // (by Policy). Each peer lifts its copy of the bucket to it, if it holds
 // more: so that copies that differ, after what one region was not told,
 // converge (see the package doc).
+//
+// A quota's level is its count in the period d's Reset ends.
 func (x *Exchange) Refused(r *bucket.Request, scaled bucket.Policy, d bucket.Decision, now time.Time) {
-	if !r.Global || r.DryRun || d.Cached || d.At.IsZero() || d.Reset.IsZero() ||
-		scaled.Algorithm != bucket.TokenBucket || scaled.Rate <= 0 || scaled.Period <= 0 {
+	if !r.Global || r.DryRun || d.Cached || d.At.IsZero() || d.Reset.IsZero() || scaled.Rate <= 0 {
 		return
 	}
-	full := time.Duration(float64(scaled.Period) / float64(scaled.Rate) * float64(scaled.Burst))
-	x.add(r, 0, now.Add(d.Reset.Sub(d.At)-full).UnixNano())
+	switch {
+	case scaled.Algorithm == bucket.Quota && d.Used > 0:
+		x.add(r, count{empty: d.Used, period: periodOf(d.Reset)})
+	case scaled.Algorithm == bucket.TokenBucket && scaled.Period > 0:
+		full := time.Duration(float64(scaled.Period) / float64(scaled.Rate) * float64(scaled.Burst))
+		x.add(r, count{empty: now.Add(d.Reset.Sub(d.At) - full).UnixNano()})
+	}
 }
 
-// add adds cost and the level empty to r's count.
-func (x *Exchange) add(r *bucket.Request, cost, empty int64) {
+// add adds c (its cost, level and period) to r's count.
+func (x *Exchange) add(r *bucket.Request, c count) {
 	id := bucket.IDOf(*r) // no client key kept
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if c, ok := x.pending[id]; ok {
-		c.cost, c.empty = min(c.cost+cost, math.MaxInt64/2), max(c.empty, empty)
-		x.pending[id] = c
+	if have, ok := x.pending[id]; ok {
+		x.pending[id] = have.merged(c)
 		return
 	}
 	if len(x.pending) >= maxBacklog {
@@ -295,7 +357,8 @@ func (x *Exchange) add(r *bucket.Request, cost, empty int64) {
 			x.policies[p] = shared
 		}
 	}
-	x.pending[id] = count{p: shared, cost: cost, empty: empty}
+	c.p = shared
+	x.pending[id] = c
 }
 
 // Bound is Bound of p for this exchange's regions, interval and timeout.

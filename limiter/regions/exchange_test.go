@@ -2,6 +2,7 @@ package regions
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"runtime"
 	"strconv"
@@ -74,6 +75,37 @@ func TestRecord(t *testing.T) {
 	c, ok := x.pending[bucket.IDOf(reqs[0])]
 	if !ok || c.cost != 5 || c.p.Burst != 5 {
 		t.Fatalf("key a counted %+v; want 5, with burst 5 (the share of 10 among 2)", c)
+	}
+}
+
+// TestRecordPeriod: a quota's admissions are counted by the period they
+// counted in: those of a later period replace the count (the earlier
+// period's count went with it), those of an earlier one, late, are
+// dropped; a refusal's level is the count. A bucket in doubt of an
+// earlier period is charged anew, in the later period's own epoch.
+func TestRecordPeriod(t *testing.T) {
+	x := New(Config{This: "eu", Peers: map[string]Peer{"us": nil}, Interval: time.Second, Timeout: time.Second})
+	p := bucket.Policy{Algorithm: bucket.Quota, Rate: 100, Burst: 100, Period: bucket.Day.Nominal(), Calendar: bucket.Calendar{Unit: bucket.Day}}
+	day := time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
+	r := bucket.Request{Zone: "q", Key: "a", Policy: p, Cost: 2, Global: true}
+	x.RecordPeriod(&r, day)
+	x.RecordPeriod(&r, day.Add(24*time.Hour))
+	x.RecordPeriod(&r, day) // late: of the period before
+	x.Refused(&r, p, bucket.Decision{Used: 40, At: day, Reset: day.Add(24 * time.Hour)}, day)
+	c := x.pending[bucket.IDOf(r)]
+	if c.cost != 2 || c.period != day.Add(24*time.Hour).UnixMicro() || c.empty != 40 {
+		t.Fatalf("counted %+v; want 2 of the second day, level 40", c)
+	}
+	s := x.peers[0]
+	id := bucket.IDOf(r)
+	s.doubts[id] = doubt{p: c.p, epoch: 1, total: 7, period: day.UnixMicro()}
+	s.backlog[id] = c
+	reqs, all := s.take(day, 2)
+	if len(reqs) != 1 || reqs[0].Cost != 2 || all[0].d.epoch != 2 || all[0].d.period != c.period {
+		t.Fatalf("charged %+v (%+v); want 2, in epoch 2, of the second day", reqs, all)
+	}
+	if got := s.withLevels(reqs, all, []int{0})[0].ID; got != fmt.Sprintf("n:%s:2:40@%d", x.id, c.period) {
+		t.Errorf("the charge's id %q; want its level and its period's end", got)
 	}
 }
 

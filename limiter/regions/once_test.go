@@ -44,8 +44,18 @@ func (p *lossyPeer) ChargeAll(ctx context.Context, reqs []bucket.Request) ([]buc
 // TestChargesInDoubtRunOnce: an exchange whose charges time out, having
 // run or not, charges them again until they are known to have run, and
 // the peer applies each once: after the traffic, every bucket in the
-// peer holds exactly what this region admitted.
+// peer holds exactly what this region admitted; a quota's count too.
 func TestChargesInDoubtRunOnce(t *testing.T) {
+	quota := bucket.Policy{Algorithm: bucket.Quota, Rate: 10000, Burst: 10000, Period: bucket.Day.Nominal(), Calendar: bucket.Calendar{Unit: bucket.Day}}
+	if _, end := quota.Calendar.Bounds(time.Now()); time.Until(end) < time.Minute {
+		t.Skip("too near midnight UTC: the run must be within one day")
+	}
+	for _, p := range []bucket.Policy{{Algorithm: bucket.TokenBucket, Rate: 1, Period: time.Hour, Burst: 10000}, quota} {
+		t.Run(p.Algorithm.String(), func(t *testing.T) { testChargesOnce(t, p) })
+	}
+}
+
+func testChargesOnce(t *testing.T, p bucket.Policy) {
 	store, err := redisstore.Open(redisstore.Options{Addresses: []string{redistest.StandaloneAddr(t)},
 		KeyPrefix: fmt.Sprintf("once%d:", time.Now().UnixNano()), Timeout: time.Second})
 	if err != nil {
@@ -57,13 +67,18 @@ func TestChargesInDoubtRunOnce(t *testing.T) {
 	x := regions.New(regions.Config{This: "eu", Home: store, Peers: map[string]regions.Peer{"us": peer},
 		Interval: interval, Timeout: time.Second})
 	x.Start()
-	p := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 1, Period: time.Hour, Burst: 10000}
+	_, end := p.Calendar.Bounds(time.Now())
 	admitted := map[string]int64{}
 	for tick := range 100 {
 		for k := range 30 {
 			if (tick+k)%3 == 0 {
 				key := fmt.Sprint("client", k)
-				x.Record(&bucket.Request{Zone: "api", Key: key, Policy: p, Cost: 1, Global: true})
+				r := bucket.Request{Zone: "api", Key: key, Policy: p, Cost: 1, Global: true}
+				if p.Algorithm == bucket.Quota {
+					x.RecordPeriod(&r, end)
+				} else {
+					x.Record(&r)
+				}
 				admitted[key]++
 			}
 		}
@@ -79,7 +94,9 @@ func TestChargesInDoubtRunOnce(t *testing.T) {
 		t.Fatalf("%d charges in all; want enough to lose some", calls)
 	}
 	share := p
-	share.Burst = 5000 // ⌈burst / 2⌉: a region's bucket
+	if p.Algorithm == bucket.TokenBucket {
+		share.Burst = 5000 // ⌈burst / 2⌉: a region's bucket
+	}
 	for key, n := range admitted {
 		d, err := store.Peek(context.Background(), bucket.Request{Zone: "api", Key: key, Policy: share, Global: true})
 		if err != nil {
