@@ -156,6 +156,33 @@
 // a region admits unseen until then: at most ⌈burst/R⌉ + rate ×
 // (LinkTimeout + interval) per region cut off.
 //
+// # Quotas
+//
+// A global quota (a calendar quota: bucket.Quota) is held the same way,
+// with a count per period instead of a time (see quota.lua). Each copy
+// counts, in the period that holds its Redis's clock, what its region
+// admitted and what the others charged it; a charge names the end of the
+// period its admissions counted in (RecordPeriod, from the decision's
+// Reset; "@<end>" after its id), and counts in no other: a count of a
+// period that turned before it arrived went with that period, and a new
+// period starts whole. A count in doubt of a period that turned is
+// charged anew, in the new period's own epoch (charges.go). With every
+// region counted (TagQuota: "G<R>:<D>"), a region admits within the
+// quota's count and, unless it holds the whole quota (as a token bucket
+// holds its burst), its own admissions of the last D within its share of
+// what the others left, ⌈(quota − (count − own recent)) / R⌉; a refusal
+// by that share, while the count has room, says to ask again when the
+// quarter of D turns. Alone ("A<R>:<D>", any region not counted), it
+// admits at most ⌈quota / R⌉ of the period, what it admitted with every
+// region counted included, and within the count. A refusal's level is
+// the region's count, and a peer lifts its copy to it (counts only rise,
+// and no copy counts more than the world admitted, so the bound holds).
+// The bound is (R − 1) × ⌈quota / R⌉ in each period: the regions spend
+// unseen at most what the period had left, and a share for each region
+// that starts asking while one holds. on_store_error local decides with
+// the region's share of the quota. A quota's key keeps its region's own
+// record to the period's end and 10 minutes past its last request.
+//
 // # Invariants
 //
 //   - Requests never wait on a peer: Record and Policy take a mutex and
@@ -189,6 +216,13 @@
 //     clients within 25 ms, every admission is charged or counted
 //     dropped, the instance floods and recovers (TestExchangeFlood); a
 //     bucket counted takes at most 120 bytes (TestPendingMemory).
+//   - A global quota: each charge counts once and in its own period
+//     (TestChargesInDoubtRunOnce, TestRecordPeriod; in Redis,
+//     TestRegionalQuota and TestRegionalQuotaAlone in
+//     limiter/redisstore); 240 clients in four shapes through three
+//     regions stay within the bound, refusing under 3 % of what the exact
+//     quota admits with the links up (TestRegionsQuota; end to end,
+//     TestRegionsEndToEnd in internal/e2e).
 //   - Regions whose fingerprints differ (fingerprint.go) decide with their
 //     shares, charge each other nothing, say what differs once, and stay
 //     within Bound (TestRegionsDifferentSecrets, TestRegionsDifferentLimits,
