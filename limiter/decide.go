@@ -31,8 +31,12 @@ type Call struct {
 // keeps no reference to reqs once it returns, but in v.Requests: what
 // outlives it (slots to renew or release) is copied, so the caller may
 // reuse reqs as soon as it is done with v. Requests whose dry-run ones
-// come last are decided without copies.
+// come last are decided without copies. A caller without Events is told
+// nothing.
 func (l *Limiter) Decide(ctx context.Context, now time.Time, reqs []Request, c Caller, v *Verdict) {
+	if c.Events == nil {
+		c.Events = noEvents{}
+	}
 	if l.regions != nil && anyGlobal(reqs) {
 		l.decideGlobal(ctx, now, reqs, c, v)
 		return
@@ -430,3 +434,12 @@ func (l *Limiter) cachedRefusal(reqs []Request, now time.Time) ([]Decision, bool
 	}
 	return nil, false
 }
+
+// noEvents are the Events of a caller that gave none: nothing is told.
+type noEvents struct{}
+
+func (noEvents) StoreFailing(error)               {}
+func (noEvents) StoreRecovered(string)            {}
+func (noEvents) ScriptFailed(error, bool)         {}
+func (noEvents) BanStarted(string, time.Duration) {}
+func (noEvents) Debug(string, error)              {}

@@ -106,6 +106,26 @@ func TestFailureReportedOncePerNode(t *testing.T) {
 	}
 }
 
+// TestDecideNoEvents: a caller without Events (a program using the
+// package, not Caddy) is told nothing when Redis fails: its fallback
+// decides, and Decide does not crash. Before, the failure report
+// dereferenced the nil Events.
+func TestDecideNoEvents(t *testing.T) {
+	srv := redistest.NewServer(t)
+	l := mustNew(t, Config{Redis: &RedisOptions{Addresses: []string{srv.Addr}, KeyPrefix: "noevents:", Timeout: 200 * time.Millisecond}})
+	defer l.Close()
+	srv.Kill()
+	p := Policy{Algorithm: TokenBucket, Rate: 1, Period: time.Hour, Burst: 1}
+	for i, want := range []State{Allowed, Refused} {
+		var v Verdict
+		l.Decide(t.Context(), time.Time{}, []Request{{Zone: "z", Key: "k", Policy: p, Cost: 1}}, Caller{}, &v)
+		if v.States[0] != want || v.Calls[0].Failure == NoFailure {
+			t.Errorf("request %d, Redis down, no Events: %v, failure %v; want %v by the local fallback", i, v.States[0], v.Calls[0].Failure, want)
+		}
+		v.Release()
+	}
+}
+
 // TestBlockedRequest: a blocked request is refused with the block's time
 // left, nothing charged, in the enforced zones; a dry-run zone would refuse.
 func TestBlockedRequest(t *testing.T) {

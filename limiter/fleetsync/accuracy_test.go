@@ -75,6 +75,14 @@ type accuracy struct {
 // the same, at the times they were decided, to one exact bucket.
 func replay(t *testing.T, rng *rand.Rand, fleet []*limiter.Limiter, arrivals []arrival, p limiter.Policy, interval time.Duration) accuracy {
 	t.Helper()
+	return replayWith(t, rng, fleet, arrivals, p, interval, limiter.Caller{}, nil)
+}
+
+// replayWith is replay with the fleet's caller c, and event called once
+// the run has gone on for at (none when nil).
+func replayWith(t *testing.T, rng *rand.Rand, fleet []*limiter.Limiter, arrivals []arrival, p limiter.Policy, interval time.Duration,
+	c limiter.Caller, event *runEvent) accuracy {
+	t.Helper()
 	exact, err := limiter.New(limiter.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -90,8 +98,12 @@ func replay(t *testing.T, rng *rand.Rand, fleet []*limiter.Limiter, arrivals []a
 	start := time.Now()
 	for _, a := range arrivals {
 		time.Sleep(time.Until(start.Add(a.at)))
+		if event != nil && a.at >= event.at && event.do != nil {
+			event.do()
+			event.do = nil
+		}
 		req := limiter.Request{Zone: "acc", Key: fmt.Sprint("client-", a.client), Policy: p, Cost: 1, Sync: interval}.WithDigest(nil)
-		fleet[rng.IntN(len(fleet))].Decide(context.Background(), time.Time{}, []limiter.Request{req}, limiter.Caller{}, &v)
+		fleet[rng.IntN(len(fleet))].Decide(context.Background(), time.Time{}, []limiter.Request{req}, c, &v)
 		if !v.Refused() {
 			synced[a.client]++
 		}
@@ -115,6 +127,13 @@ func replay(t *testing.T, rng *rand.Rand, fleet []*limiter.Limiter, arrivals []a
 	}
 	acc.requests = len(arrivals)
 	return acc
+}
+
+// runEvent is what happens once a run has gone on for at (do is called
+// once).
+type runEvent struct {
+	at time.Duration
+	do func()
 }
 
 // syncBound is the stated bound of a zone of p syncing every interval on
