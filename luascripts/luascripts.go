@@ -2,9 +2,11 @@
 // embedded in the binary: one per algorithm, each with common.lua in front
 // of it. common.lua reads the arguments and builds the reply, the same for
 // every algorithm (it documents both); an algorithm's script only decides
-// one key and writes its state. regional.lua, after it for the algorithms
-// a global zone may have (the token bucket, the quota), reads and keeps
-// what such a key holds beside its state (see package limiter/regions).
+// one key and writes its state. regional.lua, after it for the token
+// bucket and the quota (the algorithms a global zone may have) and for
+// the leaky bucket (gcra.lua reads a value through it), reads and keeps
+// what a global zone's key holds beside its state (see package
+// limiter/regions).
 // gcra.lua, between them for the token and leaky buckets, keeps their
 // state: one integer, GCRA's theoretical arrival time. ban.lua, the
 // bans' script, stands alone.
