@@ -137,9 +137,11 @@ func (s *sender) charge(ctx context.Context, reqs []bucket.Request, all []sent) 
 		go func() {
 			defer func() { <-slots; wg.Done() }()
 			began := time.Now()
-			if _, errs[j] = s.peer.ChargeAll(ctx, s.withLevels(reqs, all, part)); errs[j] != nil {
+			ds, err := s.peer.ChargeAll(ctx, s.withLevels(reqs, all, part))
+			if errs[j] = err; err != nil {
 				s.doubtful(all, part)
 			} else {
+				s.doubtful(all, early(all, part, ds))
 				charged.Add(int64(len(part)))
 				ran.Add(1)
 				took.Add(int64(time.Since(began)))
@@ -156,6 +158,23 @@ func (s *sender) charge(ctx context.Context, reqs []bucket.Request, all []sent) 
 		}
 	}
 	return int(charged.Load()), nil
+}
+
+// early is what of part, charged with replies ds, are a quota's charges
+// of a period the peer's clock has not reached (its Redis behind this
+// region's near a period's turn): the peer counted nothing of them (see
+// charge_once in quota.lua), so they stay in doubt, charged again until
+// the peer's period is theirs, within LinkTimeout.
+func early(all []sent, part []int, ds []bucket.Decision) []int {
+	var out []int
+	for k, i := range part {
+		d := all[i].d
+		if d.period > 0 && d.p.Algorithm == bucket.Quota && k < len(ds) && !ds[k].Reset.IsZero() &&
+			ds[k].Reset.UnixMicro() < d.period {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // withLevels is the requests of part, their ids ending in ":<level>" for
