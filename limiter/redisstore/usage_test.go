@@ -44,3 +44,22 @@ func TestTopUsesOnce(t *testing.T) {
 		t.Fatalf("top 2 of a, b, a: %+v", uses)
 	}
 }
+
+// TestQuotaUsageGlobal: a global quota's key keeps, after its count and
+// start, what its region admitted and its records ("<count>:<start>:
+// <own>|…", quota.lua); the usage listing gives its count all the same.
+func TestQuotaUsageGlobal(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	s := newRedisStore(t, c)
+	ctx := context.Background()
+	for _, tag := range []string{"G3:2000000", "G3:2000000", ""} {
+		if _, err := s.TakeAt(ctx, t0, []bucket.Request{{Zone: "gq", Key: "a", Policy: quotaNine, Cost: 1, Global: true, ID: tag}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	uses, _, err := s.QuotaUsage(ctx, "gq", quotaNine, t0, 10)
+	if err != nil || len(uses) != 1 || uses[0].Used != 3 {
+		t.Fatalf("usage of a global quota's client: %+v, %v; want its count, 3", uses, err)
+	}
+}
