@@ -83,9 +83,14 @@ func scanUses(ctx context.Context, c *redis.Client, match string, start int64) (
 	}
 }
 
-// useOf is the use a quota key holds of the period that starts at start.
+// useOf is the use a quota key holds of the period that starts at start:
+// "<count>:<start>", then, a global quota's, ":<own>" or "|" and its
+// records (see quota.lua), which are not read.
 func useOf(key, s string, start int64) (bucket.Use, bool) {
 	count, at, ok := strings.Cut(s, ":")
+	if end := strings.IndexAny(at, ":|"); end >= 0 {
+		at = at[:end]
+	}
 	used, err1 := strconv.ParseInt(count, 10, 64)
 	st, err2 := strconv.ParseInt(at, 10, 64)
 	i, j := strings.IndexByte(key, '{'), strings.IndexByte(key, '}')
