@@ -91,17 +91,9 @@ end
 -- limiter/regions). regionally decides k, with count and own the key's,
 -- and returns whether it passes, what is left after it, and, refused,
 -- when to ask again (µs; nil: at the period's end).
---
--- A region that asks again after more than d without asking starts
--- anew (its first ask now): a peer that comes back at the same time,
--- after as long without charging, would hold too, and each would spend
--- unseen the whole quota left. So a region holds only once it has been
--- asking for d, by when a peer that came back with it has charged it.
 local function regionally(key, k, kind, regions, d, count, mine)
   local o, limit, cost = own_of(key), k.rate, k.cost
-  if o.last > 0 and now - o.last > d then
-    o.first = now
-  end
+  resumed(o, d)
   local left, wait = limit - count, nil
   if kind == 'A' then
     left = math.min(left, math.ceil(limit / regions) - mine)

@@ -164,6 +164,18 @@ local function asked(o)
   o.last = now
 end
 
+-- resumed starts o anew (its first ask now) when its region asks again
+-- after more than d without asking: a peer that comes back at the same
+-- time, after as long without charging, would hold too, and each would
+-- spend unseen the whole burst (quota) left. So a region holds only once
+-- it has been asking for d, by when a peer that came back with it has
+-- charged it. Called before holds.
+local function resumed(o, d)
+  if o.last > 0 and now - o.last > d then
+    o.first = now
+  end
+end
+
 -- holds tells whether a region whose own record is o holds the whole
 -- burst (a quota: the whole quota), among regions whose charges reach
 -- each other within d: it first asked for the key at least d ago (a

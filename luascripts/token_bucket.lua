@@ -45,9 +45,10 @@
 --
 -- With the whole rate, a region decides on the world's time with the
 -- whole burst (R shares): see decide_whole. It holds the burst while no
--- other region asks for the key: it first asked for it at least D ago (a
--- region that asked at the same time has charged it since), and no peer
--- charged the key for 2D; a region alone counts as a peer that charged
+-- other region asks for the key: it has been asking for it for at least
+-- D, never D without a request (a region that asked at the same time has
+-- charged it since: see resumed), and no peer charged the key for 2D; a
+-- region alone counts as a peer that charged
 -- (it cannot be told), so holds never outlive a partition. Another region
 -- that starts asking for the key meanwhile spends its part at once, and
 -- the holder stops holding within D: so the regions spend unseen, at
@@ -106,6 +107,7 @@ end
 -- at the share's rate, never in debt.
 local function decide_whole(key, k, g, regions, d)
   local o, whole, cost = own_of(key), k.burst * regions, k.cost
+  resumed(o, d)
   local room = whole * g.interval + tolerance(g.interval)
   local wait = g.wait
   local ok = cost * g.interval <= room and wait + cost * g.interval <= room

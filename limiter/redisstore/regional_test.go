@@ -190,3 +190,50 @@ func TestRegionalRecentOld(t *testing.T) {
 		t.Errorf("%+v; want refused: the 9 of the old record's window still count, D after its end", d[0])
 	}
 }
+
+// TestRegionalBothResume: two regions of a global token bucket (R = 2,
+// D = 2 s, burst 30: 15 a region) that each served a client in the
+// morning, and were charged each other's admissions then, both met the
+// hold's rule by noon (each first asked hours ago, no peer charged for
+// 2D). When the client comes back through both at once, each would spend
+// the whole burst unseen by the other: 60 for a burst of 30, beyond the
+// bound (R − 1) × ⌈burst / R⌉ + 2 × rate × D. A region that asks again
+// after more than D without asking starts anew, as a quota's does.
+func TestRegionalBothResume(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StandaloneAddr(t)})
+	defer c.Close()
+	p := bucket.Policy{Algorithm: bucket.TokenBucket, Rate: 1, Period: time.Hour, Burst: 15} // the share
+	const tag = "G2:2000000"
+	a, b := newRedisStore(t, c), newRedisStore(t, c)
+	take := func(s *Store, at time.Duration) bool {
+		t.Helper()
+		r := bucket.Request{Zone: "resume", Key: "both", Policy: p, Cost: 1, Global: true, ID: tag}
+		d, err := s.TakeAt(context.Background(), t0.Add(at), []bucket.Request{r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d[0].Allowed
+	}
+	charge := func(s *Store, id string, at time.Duration) {
+		t.Helper()
+		r := bucket.Request{Zone: "resume", Key: "both", Policy: p, Cost: 1, Global: true, ID: id}
+		if _, err := s.ChargeAt(context.Background(), t0.Add(at), []bucket.Request{r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	take(a, -3*time.Hour)
+	take(b, -3*time.Hour)
+	charge(a, "n:b:1", -3*time.Hour+time.Second)
+	charge(b, "n:a:1", -3*time.Hour+time.Second)
+	admitted := 0
+	for range 30 { // noon: the client comes back through both at once, its bucket full again
+		for _, s := range []*Store{a, b} {
+			if take(s, 0) {
+				admitted++
+			}
+		}
+	}
+	if bound := 30 + 15 + 1; admitted > bound { // the exact 30, (R − 1) × 15, 2 × rate × D under 1
+		t.Errorf("admitted %d at noon through both regions; want at most %d", admitted, bound)
+	}
+}

@@ -28,13 +28,15 @@
 // TestRegionsAccuracy); among more regions, that region's part of the
 // rate is smaller. A region holds the whole
 // burst, unbounded by that share, while no other region asks for the
-// key: it first asked for it at least D ago (a region that asked at the
-// same time has charged it since), and no peer has charged it for 2D. A
-// region that starts asking meanwhile spends its part at once; the holder
-// hears of it within D and stops holding. So a client of one region gets
-// its whole burst there, from D after its first request (a region keeps a
-// key's record 10 minutes after its last request or charge). Tag carries
-// R and D to the script.
+// key: it has been asking for it for at least D, with no gap of more
+// than D (a region that asked at the same time, or came back at the same
+// time after a pause, has charged it since), and no peer has charged it
+// for 2D. A region that starts asking meanwhile spends its part at once;
+// the holder hears of it within D and stops holding. So a client of one
+// region gets its whole burst there, from D after its first request, or
+// after its first after a pause of more than D (a region keeps a key's
+// record 10 minutes after its last request or charge). Tag carries R and
+// D to the script.
 //
 // An Exchange is one instance's part of it: Record counts what this
 // instance admitted in global zones, by bucket; every interval, from a
@@ -199,7 +201,9 @@
 //   - A client of one region gets the exact limit's whole burst, and a
 //     client that moves is admitted again, within the bound
 //     (TestRegionsOneRegionBurst, TestRegionsMovingClient); the rules
-//     of the hold and the wait (TestRegionalHold in limiter/redisstore).
+//     of the hold and the wait (TestRegionalHold in limiter/redisstore);
+//     two regions that come back to a client at once hold nothing
+//     (TestRegionalBothResume, TestRegionalQuotaBothResume).
 //   - Copies of a bucket apart by 40 tokens converge, and no region
 //     starves (TestRegionsCopiesConverge); with a region's Redis stopped,
 //     on_store_error local keeps it to its share and the others admit
