@@ -95,7 +95,9 @@ func TestProvisionErrors(t *testing.T) {
 
 // BenchmarkServeHTTP: an allowed request on the memory store, through one
 // zone or three, keyed by a header or by the client address, with the
-// X-RateLimit headers or (one_zone_ietf) the IETF ones; the handler
+// X-RateLimit headers or (one_zone_ietf) the IETF ones; then one zone on
+// the standalone Redis, decided there (redis_standalone) or from the
+// allowance of a zone that syncs every 100ms (redis_sync); the handler
 // alone (see benchServer). caddy_request and caddy_request_no_handler add
 // what Caddy's server makes for every request (a replacer, the request's
 // context values, a header map with Server): their difference is the
@@ -124,6 +126,15 @@ func BenchmarkServeHTTP(b *testing.B) {
 		}
 		h.logger = infoLogger()
 		s := newBenchServer(b, h, http.StatusOK)
+		b.ReportAllocs()
+		for b.Loop() {
+			s.serve(b)
+		}
+	})
+	b.Run("redis_sync", func(b *testing.B) {
+		h := syncHandler(b, "bench_sync", "1000000000r/s")
+		s := newBenchServer(b, h, http.StatusOK)
+		s.serve(b) // the bucket's first request, in Redis, seeds its entry
 		b.ReportAllocs()
 		for b.Loop() {
 			s.serve(b)
@@ -255,8 +266,18 @@ func testLogger(t testing.TB) *zap.Logger { return zap.NewNop() }
 // benchServer), its logger at info level (Caddy's default): as it is by
 // default (no events app), with an event subscriber (whose events app
 // logs each event with the debug logger Caddy gives tests), and with
-// log_refusals (throttled: no line written).
+// log_refusals (throttled: no line written); and refused by the
+// allowance of a zone that syncs every 100ms (redis_sync, 1r/h).
 func BenchmarkServeHTTPRefused(b *testing.B) {
+	b.Run("redis_sync", func(b *testing.B) {
+		h := syncHandler(b, "refused_sync", "1r/h")
+		serve(h, benchRequest()) // the one request allowed, in Redis, seeds the bucket's entry
+		s := newBenchServer(b, h, http.StatusTooManyRequests)
+		b.ReportAllocs()
+		for b.Loop() {
+			s.serve(b)
+		}
+	})
 	for _, c := range []string{"default", "event_subscriber", "log_refusals"} {
 		b.Run(c, func(b *testing.B) {
 			h := &Handler{Zones: map[string]*Zone{"a": {Key: "{http.request.header.X-Key}", Rate: "1r/h"}}}

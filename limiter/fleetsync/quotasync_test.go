@@ -77,7 +77,7 @@ func (f *quotaFleet) CountSync(context.Context, string, time.Duration) (int64, e
 
 // quotaSyncer is a warm Syncer of one instance on f whose clock the test
 // sets; it runs no rounds of its own (the test calls round).
-func quotaSyncer(t *testing.T, f *quotaFleet, clock *time.Time) *Syncer {
+func quotaSyncer(t testing.TB, f *quotaFleet, clock *time.Time) *Syncer {
 	m := memstore.New(0)
 	t.Cleanup(func() { m.Close() })
 	s := NewSyncer(f, m, time.Second)
