@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/bucket"
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/fleetsync"
 	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/redisstore"
 )
 
@@ -28,11 +29,11 @@ type Call struct {
 // refuses at once; else the store charges every enforced zone, all or
 // nothing, and the dry-run zones apart (before them). When the store
 // fails, c's fallback decides. The zero now is the wall clock. Decide
-// keeps no reference to reqs once it returns, but in v.Requests: what
-// outlives it (slots to renew or release) is copied, so the caller may
-// reuse reqs as soon as it is done with v. Requests whose dry-run ones
-// come last are decided without copies. A caller without Events is told
-// nothing.
+// keeps no reference to reqs once it returns, but in v (its Requests, and
+// the take of the zones that sync, which v's Reset drops): what outlives
+// it (slots to renew or release) is copied, so the caller may reuse reqs
+// as soon as it is done with v. Requests whose dry-run ones come last are
+// decided without copies. A caller without Events is told nothing.
 func (l *Limiter) Decide(ctx context.Context, now time.Time, reqs []Request, c Caller, v *Verdict) {
 	if c.Events == nil {
 		c.Events = noEvents{}
@@ -51,8 +52,8 @@ func (l *Limiter) decide(ctx context.Context, now time.Time, reqs []Request, c C
 		v.States = append(v.States, NotAsked)
 	}
 	v.Requests, v.Decisions, v.Calls, v.release = reqs, nil, [2]Call{}, nil
-	if l.redis == nil && cap(v.room) < len(reqs) { // the memory store's, kept by Reset
-		v.room = make([]Decision, len(reqs))
+	if l.redis == nil && cap(v.room.decisions) < len(reqs) { // the memory store's, kept by Reset
+		v.room.decisions = make([]Decision, len(reqs))
 	}
 	n := 0 // the enforced requests before the first dry-run one
 	for n < len(reqs) && !reqs[n].DryRun {
@@ -66,9 +67,9 @@ func (l *Limiter) decide(ctx context.Context, now time.Time, reqs []Request, c C
 	}
 	switch n {
 	case len(reqs):
-		v.Decisions, v.release = l.decidePart(ctx, now, reqs, c, v.States, &v.Calls[0], v.room)
+		v.Decisions, v.release = l.decidePart(ctx, now, reqs, c, v.States, &v.Calls[0], &v.room)
 	case 0:
-		v.Decisions, v.release = l.decidePart(ctx, now, reqs, c, v.States, &v.Calls[1], v.room)
+		v.Decisions, v.release = l.decidePart(ctx, now, reqs, c, v.States, &v.Calls[1], &v.room)
 	default:
 		dry, dryRelease := l.decidePart(ctx, now, reqs[n:], c, v.States[n:], &v.Calls[1], nil)
 		enforced, release := l.decidePart(ctx, now, reqs[:n], c, v.States[:n], &v.Calls[0], nil)
@@ -121,8 +122,8 @@ func both(a, b func()) func() {
 
 // decidePart decides reqs, all enforced or all dry-run, setting states and
 // call; it returns the decisions and the release of the slots taken. The
-// memory store writes its decisions in room when it has room for them.
-func (l *Limiter) decidePart(ctx context.Context, now time.Time, reqs []Request, c Caller, states []State, call *Call, room []Decision) ([]Decision, func()) {
+// stores write their decisions in room when it is not nil (see take).
+func (l *Limiter) decidePart(ctx context.Context, now time.Time, reqs []Request, c Caller, states []State, call *Call, room *room) ([]Decision, func()) {
 	dryRun := reqs[0].DryRun
 	if d, blocked := blocked(now, reqs); blocked {
 		stateOf(d, states)
@@ -175,23 +176,29 @@ func anySync(reqs []Request) bool {
 
 // takeSynced decides reqs, some of zones that sync: those from this
 // instance's allowances first, then, if they all pass, the others in
-// Redis; a refusal there gives the allowances back (all or nothing).
-func (l *Limiter) takeSynced(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call) ([]Decision, func()) {
+// Redis; a refusal there gives the allowances back (all or nothing). The
+// allowances' take is room's, when room is not nil: all of reqs syncing
+// and none left to Redis, their decisions are in it.
+func (l *Limiter) takeSynced(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call, room *room) ([]Decision, func()) {
 	if now.IsZero() {
 		now = time.Now()
 	}
+	t := new(fleetsync.Taken)
+	if room != nil {
+		t = &room.taken
+	}
 	if allSync(reqs) { // the common case: no copies of the requests and their decisions
 		start := time.Now()
-		sd, toRedis, undo := l.sync.Take(now, reqs, c.Fallback.Instances)
+		l.sync.Take(now, reqs, c.Fallback.Instances, t)
 		call.Store, call.Took = "sync", time.Since(start)
-		if undo == nil || len(toRedis) == 0 {
-			return sd, nil
+		if !t.Allowed() || len(t.Exact) == 0 {
+			return t.Decisions, nil
 		}
 		all := make([]int, len(reqs))
 		for i := range all {
 			all[i] = i
 		}
-		return l.takeRest(ctx, now, reqs, all, nil, sd, toRedis, undo, c, call)
+		return l.takeRest(ctx, now, reqs, all, nil, t, c, call)
 	}
 	var synced, exact []int
 	for i, r := range reqs {
@@ -202,9 +209,9 @@ func (l *Limiter) takeSynced(ctx context.Context, now time.Time, reqs []Request,
 		}
 	}
 	start := time.Now()
-	sd, toRedis, undo := l.sync.Take(now, bucket.Pick(reqs, synced), c.Fallback.Instances)
+	l.sync.Take(now, bucket.Pick(reqs, synced), c.Fallback.Instances, t)
 	call.Store, call.Took = "sync", time.Since(start)
-	return l.takeRest(ctx, now, reqs, synced, exact, sd, toRedis, undo, c, call)
+	return l.takeRest(ctx, now, reqs, synced, exact, t, c, call)
 }
 
 // allSync reports whether every request of reqs syncs.
@@ -217,18 +224,19 @@ func allSync(reqs []Request) bool {
 	return true
 }
 
-// takeRest decides, after the allowances decided reqs at synced (sd; undo
-// nil: refused), the others in Redis: exact, and the synced ones at
-// toRedis; a refusal there gives the allowances back (all or nothing).
-func (l *Limiter) takeRest(ctx context.Context, now time.Time, reqs []Request, synced, exact []int, sd []Decision, toRedis []int,
-	undo func(), c Caller, call *Call) ([]Decision, func()) {
+// takeRest decides, after the allowances decided reqs at synced (t), the
+// others in Redis: exact, and the synced ones t left to Redis; a refusal
+// there undoes t (all or nothing).
+func (l *Limiter) takeRest(ctx context.Context, now time.Time, reqs []Request, synced, exact []int, t *fleetsync.Taken,
+	c Caller, call *Call) ([]Decision, func()) {
 	d := make([]Decision, len(reqs))
 	for j, i := range synced {
-		d[i] = sd[j]
+		d[i] = t.Decisions[j]
 	}
-	if undo == nil {
+	if !t.Allowed() {
 		return d, nil
 	}
+	toRedis := t.Exact
 	for _, j := range toRedis { // a bucket's first request here, or a cost over the share
 		exact = append(exact, synced[j])
 	}
@@ -244,7 +252,7 @@ func (l *Limiter) takeRest(ctx context.Context, now time.Time, reqs []Request, s
 		}
 	}
 	if refused {
-		undo()
+		t.Undo()
 		for _, i := range synced {
 			if !slices.Contains(exact, i) {
 				d[i] = Decision{}
@@ -315,23 +323,29 @@ func fill(states []State, s State) {
 
 // take decides reqs with Redis when configured, else in memory. When
 // Redis cannot decide, c's fallback decides. The memory store decides
-// into room when it can.
-func (l *Limiter) take(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call, room []Decision) ([]Decision, func()) {
+// into room's decisions when it can, the allowances of the zones that
+// sync into room's take.
+func (l *Limiter) take(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call, room *room) ([]Decision, func()) {
 	if l.sync != nil && anySync(reqs) {
-		return l.takeSynced(ctx, now, reqs, c, call)
+		return l.takeSynced(ctx, now, reqs, c, call, room)
 	}
 	return l.takeExact(ctx, now, reqs, c, call, room)
 }
 
-// takeExact decides reqs with Redis, or in memory without Redis; when
-// Redis cannot decide, c's fallback decides.
-func (l *Limiter) takeExact(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call, room []Decision) ([]Decision, func()) {
+// takeExact decides reqs with Redis, or in memory without Redis (into
+// room's decisions, room not nil); when Redis cannot decide, c's fallback
+// decides.
+func (l *Limiter) takeExact(ctx context.Context, now time.Time, reqs []Request, c Caller, call *Call, room *room) ([]Decision, func()) {
 	if l.redis == nil {
 		start := time.Now()
 		if now.IsZero() {
 			now = start // one clock reading
 		}
-		d := l.memory.TakeInto(now, reqs, room)
+		var dst []Decision
+		if room != nil {
+			dst = room.decisions
+		}
+		d := l.memory.TakeInto(now, reqs, dst)
 		call.Store, call.Took = "memory", time.Since(start)
 		return d, l.holdSlots(l.memory, reqs, d, c.Events)
 	}

@@ -3,6 +3,8 @@ package limiter
 import (
 	"fmt"
 	"time"
+
+	"github.com/caddy-ratelimit/caddy-rate-limit/limiter/fleetsync"
 )
 
 // State is what a Verdict says of one zone of a request.
@@ -98,14 +100,23 @@ type Verdict struct {
 	Calls [2]Call
 	// release gives back the concurrency slots taken; nil when none were.
 	release func()
-	// room is where the memory store writes the decisions, kept by Reset
-	// for the next verdict (Decisions may be it).
-	room []Decision
+	// room is where the stores write the decisions, kept by Reset for the
+	// next verdict (Decisions may be in it).
+	room room
+}
+
+// room is what a verdict keeps for the next one's decisions: where the
+// memory store writes them, and the take of the allowances of the zones
+// that sync (fleetsync.Taken).
+type room struct {
+	decisions []Decision
+	taken     fleetsync.Taken
 }
 
 // Reset empties v for another request's verdict, keeping the room of its
-// States and Decisions (the memory store clears what it uses of it).
+// States and Decisions (each store clears what it uses of it).
 func (v *Verdict) Reset() {
+	v.room.taken.Reset()
 	*v = Verdict{States: v.States[:0], room: v.room}
 }
 

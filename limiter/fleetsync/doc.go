@@ -19,12 +19,16 @@
 // # Deciding
 //
 // Take decides the synced requests of one HTTP request from their allowances,
-// all or nothing among them, and lists those it leaves to the exact store: in
-// Redis, a bucket without an entry (its first request here, or any past
-// maxSyncEntries, 2^20), a cost over the share, and every request while the
-// instance is not warm (a storage fleet reads a new bucket at once, and
-// decides one past maxSyncEntries by the local share). The limiter decides
-// those exactly, and a refusal there gives the allowances back (undo). Seed
+// all or nothing among them, into a Taken its caller keeps from one request
+// to the next (a limiter.Verdict's: with Redis, a request that none of its
+// zones sends there allocates nothing here), and lists those it leaves to the
+// exact store: in Redis, a bucket without an entry (its first request here,
+// or any past maxSyncEntries, 2^20), a cost over the share, and every request
+// while the instance is not warm (a storage fleet reads a new bucket at once,
+// and decides one past maxSyncEntries by the local share). The limiter
+// decides those exactly, and a refusal there gives the allowances back
+// (Taken.Undo: a method of the value, as golang.org/x/time/rate's
+// Reservation.Cancel, not a closure made per request). Seed
 // takes their answers: the entry of a bucket's first requests in flight is
 // made when the last is answered, from the answer read last in the fleet (the
 // latest At; of one batched call, the least remaining), which counts the

@@ -35,11 +35,13 @@ func (in *instance) Decide(_ context.Context, now time.Time, reqs []limiter.Requ
 	if now.IsZero() {
 		now = time.Now()
 	}
-	d, _, undo := in.sync.Take(now, reqs, c.Fallback.Instances)
+	var t fleetsync.Taken
+	in.sync.Take(now, reqs, c.Fallback.Instances, &t)
+	d := t.Decisions
 	v.Requests, v.Decisions, v.States = reqs, d, v.States[:0]
 	for i := range d {
 		state := limiter.Refused
-		if undo != nil && d[i].Allowed {
+		if t.Allowed() && d[i].Allowed {
 			state = limiter.Allowed
 		}
 		v.States = append(v.States, state)

@@ -91,15 +91,16 @@ func quotaSyncer(t testing.TB, f *quotaFleet, clock *time.Time) *Syncer {
 // decide is one request through the Syncer as limiter.takeSynced makes it:
 // from the allowance, else exactly in the fleet, which seeds the entry.
 func decide(s *Syncer, f *quotaFleet, r bucket.Request, now time.Time) bucket.Decision {
-	d, exact, undo := s.Take(now, []bucket.Request{r}, 1)
-	if undo != nil && len(exact) > 0 {
+	var t Taken
+	s.Take(now, []bucket.Request{r}, 1, &t)
+	if t.Allowed() && len(t.Exact) > 0 {
 		f.mu.Lock()
 		dd := f.decide(r, false)
 		f.mu.Unlock()
 		s.Seed(r, dd, now, 1)
 		return dd
 	}
-	return d[0]
+	return t.Decisions[0]
 }
 
 // TestQuotaSyncNewDayWhole: a client that spent its day's quota of 3

@@ -72,8 +72,9 @@ func (h *hiddenFleet) sync(attack func()) {
 
 // take has instance i decide r, and reports whether it admitted it.
 func (h *hiddenFleet) take(i int, r bucket.Request) bool {
-	d, _, undo := h.syncs[i].Take(h.now(), []bucket.Request{r}, 1)
-	return undo != nil && d[0].Allowed
+	var t Taken
+	h.syncs[i].Take(h.now(), []bucket.Request{r}, 1, &t)
+	return t.Allowed() && t.Decisions[0].Allowed
 }
 
 // run steps the clock by every for d: at each step, every instance

@@ -206,56 +206,6 @@ func share(r, n int64) int64 { return max(r, 0) / max(n, 1) }
 // least the fleet on_store_error local names (min).
 func (s *Syncer) instances(min int) int64 { return max(s.n.Load(), int64(min), 1) }
 
-// Take decides reqs (all of zones that sync) at now, all or nothing among
-// those it decides, from the allowances; n is the least number of
-// instances to share among. exact lists the requests it leaves to Redis
-// (their decisions are zero): a bucket this instance has no entry of (its
-// first request reads Redis, which seeds the entry: see seed), a cost
-// over the share, or no room for a new entry. undo gives back what it
-// admitted (another zone of the request refused); nil when it refused.
-func (s *Syncer) Take(now time.Time, reqs []bucket.Request, n int) (d []bucket.Decision, exact []int, undo func()) {
-	s.Start(reqs)
-	s.floor.Store(int64(n))
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	d = make([]bucket.Decision, len(reqs))
-	es := make([]*syncEntry, len(reqs))
-	allowed := true
-	for i, r := range reqs {
-		var how int
-		es[i], d[i], how = s.takeOne(now, r, n)
-		switch how {
-		case tookExact:
-			exact = append(exact, i)
-		case tookRefused:
-			allowed = false
-		}
-	}
-	if !allowed {
-		for i := range d { // none charged: a refusal shows, the others are not asked
-			if d[i].Allowed {
-				d[i] = bucket.Decision{}
-			}
-		}
-		for _, i := range exact { // not sent: no answer to wait for
-			if e := s.entries[bucket.IDOf(reqs[i])]; e != nil {
-				e.confirming = time.Time{}
-			}
-		}
-		return d, nil, nil
-	}
-	charged := s.spend(reqs, es)
-	for _, i := range exact { // the first requests of a bucket in flight: seed waits for the last
-		if id := bucket.IDOf(reqs[i]); s.entries[id] == nil {
-			if s.seeding[id] == nil {
-				s.seeding[id] = &seeding{}
-			}
-			s.seeding[id].n++
-		}
-	}
-	return d, exact, func() { s.giveBack(es, reqs, charged) }
-}
-
 // What takeOne did with a request.
 const (
 	tookAllowed = iota // from the entry's allowance (or the local share): the entry is to spend
@@ -312,46 +262,6 @@ func (s *Syncer) takeOne(now time.Time, r bucket.Request, n int) (*syncEntry, bu
 	return e, bucket.Decision{Allowed: true, Limit: r.Policy.Limit(), Remaining: e.allowance - cost, Reset: e.reset, At: now}, tookAllowed
 }
 
-// spend takes what reqs cost from their entries es (nil: none), charging
-// an in-process fleet at once; it reports whether it did (else the rounds
-// charge it). The caller holds mu.
-func (s *Syncer) spend(reqs []bucket.Request, es []*syncEntry) bool {
-	_, inProcess := s.fleet.(inProcessFleet)
-	charged := inProcess && s.chargeNow(reqs, es)
-	for i, e := range es {
-		if e == nil {
-			continue
-		}
-		cost := bucket.BoundedCost(reqs[i].Cost)
-		e.allowance = max(e.allowance-cost, 0)
-		if !charged { // charged at a round
-			e.spent = min(e.spent+cost, bucket.MaxCost)
-			if 2*e.spent >= e.granted {
-				s.flag(e)
-			}
-		}
-	}
-	return charged
-}
-
-// chargeNow charges an in-process fleet what the take of reqs admitted
-// (the entries es), as it is admitted: its window is the one it counts in,
-// and the others see it at this instance's next write. False when the fleet
-// failed (charged nothing: the rounds charge it).
-func (s *Syncer) chargeNow(reqs []bucket.Request, es []*syncEntry) bool {
-	var charge []bucket.Request
-	for i, e := range es {
-		if e != nil {
-			r := reqs[i]
-			r.Key, r.ID = "", ""
-			charge = append(charge, r)
-		}
-	}
-	_, err := s.fleet.ChargeAll(context.Background(), charge)
-	s.failing.Store(err != nil)
-	return err == nil
-}
-
 // shareOnly decides r, of a bucket the Syncer keeps no entry of (past
 // maxSyncEntries), by the instance's share of its limit, in memory.
 func (s *Syncer) shareOnly(now time.Time, r bucket.Request, n int) (bucket.Decision, bool) {
@@ -362,29 +272,6 @@ func (s *Syncer) shareOnly(now time.Time, r bucket.Request, n int) (bucket.Decis
 	r.Policy = p
 	d := s.memory.TakeAt(now, []bucket.Request{r})
 	return d[0], d[0].Allowed
-}
-
-// giveBack undoes a take whose request another zone refused; charged:
-// the take charged an in-process fleet at once.
-func (s *Syncer) giveBack(es []*syncEntry, reqs []bucket.Request, charged bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var give []bucket.Request
-	for i, e := range es {
-		if e == nil {
-			continue
-		}
-		cost := bucket.BoundedCost(reqs[i].Cost)
-		e.allowance += cost
-		if charged {
-			give = append(give, reqs[i])
-			continue
-		}
-		e.spent = max(e.spent-cost, e.sending)
-	}
-	if len(give) > 0 {
-		s.fleet.(inProcessFleet).give(give)
-	}
 }
 
 // confirm reports whether a request that e's allowance lacks cost for is
