@@ -53,9 +53,16 @@ func (z *Zone) apply(e *overrides.Effect, req *limiter.Request, logger *zap.Logg
 }
 
 // effectTarget is z as its overrides see it, for a request whose
-// policy under the config is p.
+// policy under the config is p. Its check is the method value provision
+// made (a method value made here is allocated at every request, since
+// overrides.Set.Effect lets it escape); one of its own for a zone that
+// was not provisioned.
 func (z *Zone) effectTarget(p limiter.Policy) overrides.Target {
-	return overrides.Target{Zone: z.name, Policy: p, BurstSet: z.Burst != "", Check: z.takesOverridden}
+	check := z.checkOverridden
+	if check == nil {
+		check = z.takesOverridden
+	}
+	return overrides.Target{Zone: z.name, Policy: p, BurstSet: z.Burst != "", Check: check}
 }
 
 // takesOverridden reports whether z takes p, a policy under an override,

@@ -195,6 +195,9 @@ type Zone struct {
 	policy      limiter.Policy // the static policy, or the defaults
 	cost        int64          // the static cost, or the default
 	warned      [numDynamicFields]atomic.Bool
+	// checkOverridden is takesOverridden, as a func value made once
+	// (effectTarget).
+	checkOverridden func(limiter.Policy) error
 	// noMetrics leaves the zone's decisions out of the metrics
 	// (the handler's disable_metrics).
 	noMetrics bool
@@ -304,6 +307,7 @@ func (z *Zone) provision(ctx caddy.Context, name string) error {
 		return fmt.Errorf("empty zone")
 	}
 	z.name = name
+	z.checkOverridden = z.takesOverridden
 	for _, f := range [...][2]string{{"key", z.Key}, {"rate", z.Rate}, {"burst", string(z.Burst)}, {"cost", string(z.Cost)}} {
 		if err := checkPlaceholders(f[0], f[1]); err != nil {
 			return err
