@@ -17,8 +17,10 @@
 --
 -- A counter is a string, "<count>:<start>[:<own>]", the period's start in
 -- µs, then, for a global zone, what of the count its region admitted: a
--- count of another period is none. It expires at its period's end; a
--- count of 0 with nothing regional to keep is no key.
+-- count of another period is none. It expires at its period's end (a
+-- global zone's, at the later of that and its own record's life: 10
+-- minutes after its last request or peer's charge); a count of 0 with
+-- nothing regional to keep is no key.
 --
 -- Reply per key: allowed, remaining, µs until the period ends, µs until
 -- the same request could pass (the period's end; a global zone's share
