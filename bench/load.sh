@@ -7,7 +7,8 @@
 #
 # Besides req/s and p99, each run reports the CPU time Caddy and the Redis
 # servers it uses (masters and replicas) spent per request, from /proc and
-# INFO cpu: the figures of the README's capacity plan. For the routes that
+# INFO cpu (less what those servers spend idle, measured before the reps):
+# the figures of the README's capacity plan. For the routes that
 # sync, it also reports the sync rounds of the run by result and the
 # buckets they charged (caddy_rate_limit_syncs_total and synced_keys_total
 # from Caddy's /metrics), and says so loudly when a round failed or none
@@ -281,6 +282,28 @@ syncs() { # [route]
 		END { printf "%d %d %d %d %d %d\n", ok, err, keys, xok, xerr, xkeys }'
 }
 
+# IDLE holds, by the addresses of a route's Redis servers, the CPU they
+# spend a second with no traffic (their cron, a Cluster's bus), measured
+# once before the reps (idle_rates): a run's Redis CPU is reported less
+# it, so that a route is charged what its requests cost Redis, not what
+# the servers spend anyway.
+declare -A IDLE
+idle_rates() {
+	local a c0 t0
+	for a in "$RL_REDIS_STANDALONE" "$CLUSTER"; do
+		c0=$(redis_cpu "$a") t0=$(date +%s.%N)
+		sleep 3
+		IDLE[$a]=$(awk -v c0="$c0" -v c1="$(redis_cpu "$a")" -v t0="$t0" -v t1="$(date +%s.%N)" 'BEGIN { printf "%.6f", (c1 - c0) / (t1 - t0) }')
+	done
+}
+# net_cpu <cpu> <addresses> <seconds>: cpu less what the servers at
+# addresses spend idle in that many seconds, at least 0.
+net_cpu() {
+	local idle=0
+	[ -z "$2" ] || idle=${IDLE[$2]:-0}
+	awk -v c="$1" -v i="$idle" -v s="$3" 'BEGIN { n = c - i * s; printf "%.3f", (n > 0 ? n : 0) }'
+}
+
 run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 	local out="$TMP/$2.$1.txt" c0 r0 k0 s0 prof=""
 	if [ "$1" = 1 ] && [ "$2" = "${PROFILE:-}" ]; then
@@ -291,10 +314,14 @@ run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 	peer=$(peer_of "$2")
 	[ -z "$peer" ] || p0=$(redis_cpu "$peer") pk0=$(redis_cmds "$peer")
 	c0=$(caddy_cpu "$2") r0=$(redis_cpu "$(redis_of "$2")") k0=$(redis_cmds "$(redis_of "$2")") s0=$(syncs "$2")
+	local t0 t1
+	t0=$(date +%s.%N)
 	KEYS=$(keys_of "$2") wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$TMP/keys.lua" "http://127.0.0.1:${PORT[$2]}/" >"$out"
-	local rps p99 non2xx reqs ccpu rcpu rcmds
+	t1=$(date +%s.%N)
+	local rps p99 non2xx reqs ccpu rcpu rcmds secs
+	secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
 	ccpu=$(awk -v a="$c0" -v b="$(caddy_cpu "$2")" 'BEGIN { printf "%.3f", b - a }')
-	rcpu=$(awk -v a="$r0" -v b="$(redis_cpu "$(redis_of "$2")")" 'BEGIN { printf "%.3f", b - a }')
+	rcpu=$(net_cpu "$(awk -v a="$r0" -v b="$(redis_cpu "$(redis_of "$2")")" 'BEGIN { print b - a }')" "$(redis_of "$2")" "$secs")
 	rcmds=$(($(redis_cmds "$(redis_of "$2")") - k0))
 	rps=$(awk '/Requests\/sec/ {print $2}' "$out")
 	reqs=$(awk '/requests in/ {print $1}' "$out")
@@ -312,7 +339,7 @@ run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 		sy=$(echo "$s0 $(syncs "$2")" | awk '{ printf "%d/%d/%d", $10 - $4, $11 - $5, $12 - $6 }')
 		echo "$sy" >"$TMP/$2.$1.syncs"
 		[[ $sy == */0/* && $sy != 0/* ]] || echo "WARNING: $2: exchanges ok/error/buckets $sy: the run does not measure working exchanges" >&2
-		awk -v k="$(($(redis_cmds "$peer") - pk0))" -v c="$(awk -v a="$p0" -v b="$(redis_cpu "$peer")" 'BEGIN { print b - a }')" -v n="$reqs" \
+		awk -v k="$(($(redis_cmds "$peer") - pk0))" -v c="$(net_cpu "$(awk -v a="$p0" -v b="$(redis_cpu "$peer")" 'BEGIN { print b - a }')" "$peer" "$secs")" -v n="$reqs" \
 			'BEGIN { printf "%.5f %.2f\n", k / n, c * 1e6 / n }' >"$TMP/$2.$1.peer"
 	fi
 	printf '%-4s %-22s %12s %10s %10s %14s %14s %16s\n' "$1" "$2" "$rps" "$p99" "${non2xx:-0}" \
@@ -327,6 +354,8 @@ run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 
 echo "wrk -t2 -c$CONNS -d${DURATION}s, $REPS interleaved reps; caddy $(./caddy version | cut -d' ' -f1); $(nproc) cores"
 printf '%-4s %-22s %12s %10s %10s %14s %14s %16s\n' rep route req/s p99 non-2xx caddy-µs/req redis-µs/req syncs-ok/err/keys
+idle_rates
+echo "Redis CPU idle, a second (less from each run's): standalone ${IDLE[$RL_REDIS_STANDALONE]} s, cluster ${IDLE[$CLUSTER]} s"
 for rep in $(seq "$REPS"); do
 	for r in "${MEASURED[@]}"; do run "$rep" "$r"; done
 done
