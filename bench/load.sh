@@ -44,6 +44,13 @@
 # ONLY="<route> ..." measures plain and those routes alone (all of them are
 # still served).
 #
+# RATE=<req/s> offers every route about that rate (each connection waits
+# connections × 1000 / RATE ms after each answer) instead of as many as
+# it answers: routes compared at one rate, when each keeps up, cost what
+# their requests cost, not what a busier or idler machine does per
+# request (a closed loop's rate differs by route, and the CPU a request
+# costs Caddy with it: fewer wake-ups a request at a higher rate).
+#
 # OTHER_CADDY=<binary> also serves the measured routes from that Caddy
 # (built from another commit, say), as <route>@other, run right after
 # each route in every rep: a before/after in one run. Set ONLY to routes
@@ -59,8 +66,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${1:-5}
+RATE=${RATE:-}
 REPS=${2:-3}
 CONNS=${3:-64}
+DELAY=0 # ms each connection waits after an answer: RATE's offered rate
+[ -z "$RATE" ] || DELAY=$(awk -v c="$CONNS" -v r="$RATE" 'BEGIN { d = int(c * 1000 / r + 0.5); print (d < 1 ? 1 : d) }')
 VEGETA_VERSION=v12.12.0
 
 need() {
@@ -213,9 +223,14 @@ if [ -n "$CRL_CADDY" ]; then
 	for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/${PORT[crl_refused]}") 2>/dev/null && break; sleep 0.1; done
 fi
 
-# keys.lua cycles through N API keys (N from the environment).
+# keys.lua cycles through N API keys (N from the environment), each
+# connection waiting DELAY ms after each answer when DELAY is set (RATE).
 cat >"$TMP/keys.lua" <<'LUA'
 local n, keys = 0, tonumber(os.getenv("KEYS") or "64")
+local pause = tonumber(os.getenv("DELAY") or "0")
+if pause > 0 then
+  delay = function() return pause end
+end
 request = function()
   n = n + 1
   return wrk.format("GET", "/", { ["X-API-Key"] = "key-" .. (n % keys) })
@@ -316,7 +331,7 @@ run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 	c0=$(caddy_cpu "$2") r0=$(redis_cpu "$(redis_of "$2")") k0=$(redis_cmds "$(redis_of "$2")") s0=$(syncs "$2")
 	local t0 t1
 	t0=$(date +%s.%N)
-	KEYS=$(keys_of "$2") wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$TMP/keys.lua" "http://127.0.0.1:${PORT[$2]}/" >"$out"
+	DELAY=$DELAY KEYS=$(keys_of "$2") wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$TMP/keys.lua" "http://127.0.0.1:${PORT[$2]}/" >"$out"
 	t1=$(date +%s.%N)
 	local rps p99 non2xx reqs ccpu rcpu rcmds secs
 	secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
@@ -352,7 +367,7 @@ run() { # rep route -> prints a line; writes $TMP/<route>.<rep>
 	[ -z "$prof" ] || wait "$prof" # the profile
 }
 
-echo "wrk -t2 -c$CONNS -d${DURATION}s, $REPS interleaved reps; caddy $(./caddy version | cut -d' ' -f1); $(nproc) cores"
+echo "wrk -t2 -c$CONNS -d${DURATION}s${RATE:+, about $RATE req/s offered (each connection waits $DELAY ms after an answer)}, $REPS interleaved reps; caddy $(./caddy version | cut -d' ' -f1); $(nproc) cores"
 printf '%-4s %-22s %12s %10s %10s %14s %14s %16s\n' rep route req/s p99 non-2xx caddy-µs/req redis-µs/req syncs-ok/err/keys
 idle_rates
 echo "Redis CPU idle, a second (less from each run's): standalone ${IDLE[$RL_REDIS_STANDALONE]} s, cluster ${IDLE[$CLUSTER]} s"
