@@ -74,11 +74,19 @@ func TestRegionalQuotaBothResume(t *testing.T) {
 	if take(a, "both", 3*time.Second) || take(b, "both", 3*time.Second) {
 		t.Errorf("after the exchange, the quota spent: admitted; want refused")
 	}
-	take(a, "one", -3*time.Hour) // a client of one region gets its whole quota there, D after it comes back
+	oneRegionBack(t, func(at time.Duration) bool { return take(a, "one", at) })
+}
+
+// oneRegionBack checks that a client of one region (take, at a time from
+// t0) gets its whole quota of 30 there, D (2 s) after it comes back after
+// hours.
+func oneRegionBack(t *testing.T, take func(at time.Duration) bool) {
+	t.Helper()
+	take(-3 * time.Hour)
 	got := 1
 	for _, at := range []time.Duration{0, 2 * time.Second} {
 		for range 30 {
-			if take(a, "one", at) {
+			if take(at) {
 				got++
 			}
 		}
