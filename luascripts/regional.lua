@@ -165,13 +165,17 @@ local function asked(o)
 end
 
 -- resumed starts o anew (its first ask now) when its region asks again
--- after more than d without asking: a peer that comes back at the same
--- time, after as long without charging, would hold too, and each would
--- spend unseen the whole burst (quota) left. So a region holds only once
--- it has been asking for d, by when a peer that came back with it has
--- charged it. Called before holds.
+-- after more than d without asking, and a peer region has asked for the
+-- key (its charges are in o.peer): that peer may come back at the same
+-- time, after as long without charging, and would hold too, and each
+-- would spend unseen the whole burst (quota) left. So such a region holds
+-- only once it has been asking for d, by when a peer that came back with
+-- it has charged it. A key no peer asked for while this region kept its
+-- record (no other region holds a record of it: each charged the others
+-- what it admitted, or refused) keeps its hold across pauses. Called
+-- before holds.
 local function resumed(o, d)
-  if o.last > 0 and now - o.last > d then
+  if o.last > 0 and o.peer > 0 and now - o.last > d then
     o.first = now
   end
 end

@@ -46,9 +46,9 @@
 -- With the whole rate, a region decides on the world's time with the
 -- whole burst (R shares): see decide_whole. It holds the burst while no
 -- other region asks for the key: it has been asking for it for at least
--- D, never D without a request (a region that asked at the same time has
--- charged it since: see resumed), and no peer charged the key for 2D; a
--- region alone counts as a peer that charged
+-- D (a region that asked at the same time has charged it since; after a
+-- pause, see resumed), and no peer charged the key for 2D; a region
+-- alone counts as a peer that charged
 -- (it cannot be told), so holds never outlive a partition. Another region
 -- that starts asking for the key meanwhile spends its part at once, and
 -- the holder stops holding within D: so the regions spend unseen, at

@@ -28,15 +28,20 @@
 // TestRegionsAccuracy); among more regions, that region's part of the
 // rate is smaller. A region holds the whole
 // burst, unbounded by that share, while no other region asks for the
-// key: it has been asking for it for at least D, with no gap of more
-// than D (a region that asked at the same time, or came back at the same
-// time after a pause, has charged it since), and no peer has charged it
-// for 2D. A region that starts asking meanwhile spends its part at once;
-// the holder hears of it within D and stops holding. So a client of one
-// region gets its whole burst there, from D after its first request, or
-// after its first after a pause of more than D (a region keeps a key's
-// record 10 minutes after its last request or charge). Tag carries R and
-// D to the script.
+// key: it has been asking for it for at least D (a region that asked at
+// the same time has charged it since), and no peer has charged it for 2D.
+// A region that starts asking meanwhile spends its part at once; the
+// holder hears of it within D and stops holding. So a client of one
+// region gets its whole burst there, from D after its first request (a
+// region keeps a key's record 10 minutes after its last request or
+// charge). A key another region asked for too, while the record was
+// kept, holds again after a pause of more than D only once its region
+// has been asking for D anew (see resumed in regional.lua): both regions
+// may come back to it at once, each unheard by the other for 2D, and
+// would both hold. Such a client, after a pause, gets its share at once
+// and the rest D later; a request that costs more than the share waits
+// until its region has been asking for D (its retries within D of each
+// other). Tag carries R and D to the script.
 //
 // An Exchange is one instance's part of it: Record counts what this
 // instance admitted in global zones, by bucket; every interval, from a
@@ -203,7 +208,9 @@
 //     (TestRegionsOneRegionBurst, TestRegionsMovingClient); the rules
 //     of the hold and the wait (TestRegionalHold in limiter/redisstore);
 //     two regions that come back to a client at once hold nothing
-//     (TestRegionalBothResume, TestRegionalQuotaBothResume).
+//     (TestRegionalBothResume, TestRegionalQuotaBothResume), and a
+//     client of one region alone keeps its hold across pauses
+//     (TestRegionalLoneClientCostly, TestRegionalLoneClientBursts).
 //   - Copies of a bucket apart by 40 tokens converge, and no region
 //     starves (TestRegionsCopiesConverge); with a region's Redis stopped,
 //     on_store_error local keeps it to its share and the others admit
