@@ -210,7 +210,7 @@ func (x *Exchange) PolicyWith(p bucket.Policy, k int64) bucket.Policy {
 	if p.Algorithm != bucket.TokenBucket || p.Rate <= 0 {
 		return p
 	}
-	p.Burst = shareOf(p.Burst, x.regions)
+	p.Burst = ShareOf(p.Burst, x.regions)
 	if k = max(k, 1); k < x.regions {
 		p.Period = p.Period * time.Duration(x.regions) / time.Duration(k)
 	}
@@ -249,14 +249,12 @@ func (x *Exchange) TagQuota(k int64) string {
 // now (see Links).
 func (x *Exchange) Counted() int64 { return x.counted.Load() }
 
-// shareOf is ⌈burst / regions⌉, at least 1.
-func shareOf(burst, regions int64) int64 {
-	return max((burst+regions-1)/regions, 1)
-}
-
 // ShareOf is a region's share of n (a burst, a quota) among regions:
 // ⌈n / regions⌉, at least 1.
-func ShareOf(n, regions int64) int64 { return shareOf(n, max(regions, 1)) }
+func ShareOf(n, regions int64) int64 {
+	regions = max(regions, 1)
+	return max((n+regions-1)/regions, 1)
+}
 
 // Bound is how far over the exact limit the regions together may admit
 // over any period, for policy p (the zone's, not scaled) while every link
@@ -272,10 +270,10 @@ func Bound(p bucket.Policy, regions int, interval, timeout time.Duration) float6
 		return 0
 	}
 	if p.Algorithm == bucket.Quota {
-		return float64((r - 1) * shareOf(p.Rate, r))
+		return float64((r - 1) * ShareOf(p.Rate, r))
 	}
 	rate := float64(p.Rate) / p.Period.Seconds()
-	return float64((r-1)*shareOf(p.Burst, r)) + 2*rate*(interval+timeout).Seconds()
+	return float64((r-1)*ShareOf(p.Burst, r)) + 2*rate*(interval+timeout).Seconds()
 }
 
 // Record counts what r, with its zone's policy (not scaled by Policy),
@@ -348,7 +346,7 @@ func (x *Exchange) add(r *bucket.Request, c count) {
 	}
 	p := r.Policy
 	if p.Algorithm == bucket.TokenBucket {
-		p.Burst = shareOf(p.Burst, x.regions)
+		p.Burst = ShareOf(p.Burst, x.regions)
 	}
 	shared := x.policies[p]
 	if shared == nil {
